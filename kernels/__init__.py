@@ -1,0 +1,1 @@
+"""Triton kernels for 2:4 training (imported as sparsity_lab.kernels)."""

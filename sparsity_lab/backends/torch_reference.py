@@ -1,0 +1,45 @@
+"""The reference backend: plain PyTorch, CPU or GPU. The ground truth for every faster backend."""
+from __future__ import annotations
+
+import torch
+
+from ..masks.nm import nm_mask
+from ..masks.transposable import transposable_mask
+from ..methods.mvue import mvue24
+from ..methods.soft_threshold import soft_threshold
+
+
+class TorchBackend:
+    name = "torch"
+
+    def mask(self, weight, n, m, transposable):
+        if transposable:
+            return transposable_mask(weight, n, m, solver="auto", check=False)
+        return nm_mask(weight, n, m, dim=1, check=False)
+
+    def sparse_weight(self, weight, mask, beta, n, m):
+        if beta is None:
+            return weight * mask
+        return beta.to(weight.dtype) * soft_threshold(weight, mask, n, m, check=False)
+
+    def prepare(self, sparse_weight):
+        return sparse_weight  # the dense tensor with zeros is the operand
+
+    def linear(self, x, operand, bias):
+        return torch.nn.functional.linear(x, operand, bias)
+
+    def grad_input(self, grad_out, operand):
+        return grad_out @ operand
+
+    def grad_weight(self, grad_out, x, mvue, generator):
+        if mvue:
+            tokens = grad_out.shape[0]
+            pad = (-tokens) % 4
+            if pad:  # zero rows change nothing: an all-zero group stays zero, others stay unbiased
+                grad_out = torch.nn.functional.pad(grad_out, (0, 0, 0, pad))
+                x = torch.nn.functional.pad(x, (0, 0, 0, pad))
+            grad_out = mvue24(grad_out, dim=0, generator=generator, check=False)
+        return grad_out.t() @ x
+
+    def masked_decay_(self, grad, weight, mask, decay):
+        grad.add_(weight.detach() * (~mask), alpha=decay)

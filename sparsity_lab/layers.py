@@ -1,0 +1,234 @@
+"""SparseLinear: one 2:4 (N:M) linear layer for every training method.
+
+Three products per training step, for Z = X W^T with W (out, in) and X (tokens, in):
+    forward         Z  = X S(W)^T + b
+    input gradient  dX = dZ S(W)
+    weight gradient dW = dZ^T X          (or MVUE(dZ^T) X, groups of 4 along the tokens)
+S(W) is m * W (STE family) or beta * soft_threshold(W) (S-STE). The gradient reaches the dense W
+unchanged (straight-through); SR-STE adds decay * (1 - m) * W to it inside the backward.
+
+State: the mask and beta are buffers; the integer counters (optimizer steps, when the mask was
+computed, flip counts, the MVUE draw counter) are the module's extra state. Both are in
+``state_dict()``, so a stopped run resumes exactly.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .backends import get_backend
+from .backends.base import Backend
+from .methods.config import STE, SparsityMethod
+from .methods.flip_rate import mask_flips
+from .methods.soft_threshold import soft_threshold, sste_beta
+from .validation import check_divisible
+
+_COUNTERS = ("step", "mask_step", "mask_updates", "last_flips", "flips_total", "mvue_seed", "mvue_calls")
+
+
+@dataclass
+class _BackwardPlan:
+    """What the backward pass needs besides tensors."""
+
+    backend: Backend
+    operand: Any
+    mask: torch.Tensor
+    decay: float
+    mvue: bool
+    generator: torch.Generator | None
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return x.dtype
+
+
+class _SparseLinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, plan: _BackwardPlan):
+        dtype = _compute_dtype(x)
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).to(dtype)
+        operand = plan.operand
+        b = bias.to(dtype) if bias is not None else None
+        with torch.autocast(x.device.type, enabled=False):
+            z = plan.backend.linear(x2, operand, b)
+        ctx.save_for_backward(x2, weight)
+        ctx.plan, ctx.shape, ctx.dtype, ctx.x_dtype = plan, shape, dtype, x.dtype
+        ctx.has_bias = bias is not None
+        return z.reshape(*shape[:-1], z.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x2, weight = ctx.saved_tensors
+        plan: _BackwardPlan = ctx.plan
+        dz = grad_out.reshape(-1, grad_out.shape[-1]).to(ctx.dtype)
+        grad_x = grad_w = grad_b = None
+        with torch.autocast(dz.device.type, enabled=False):
+            if ctx.needs_input_grad[0]:
+                grad_x = plan.backend.grad_input(dz, plan.operand).to(ctx.x_dtype).reshape(ctx.shape)
+            if ctx.needs_input_grad[1]:
+                grad_w = plan.backend.grad_weight(dz, x2, plan.mvue, plan.generator).to(weight.dtype)
+                if plan.decay:
+                    plan.backend.masked_decay_(grad_w, weight, plan.mask, plan.decay)
+            if ctx.has_bias and ctx.needs_input_grad[2]:
+                grad_b = dz.float().sum(0)
+        return grad_x, grad_w, grad_b, None
+
+
+class SparseLinear(nn.Linear):
+    """A drop-in ``nn.Linear`` whose products use an N:M sparse weight.
+
+    weight (out, in); in divisible by M (and out too for transposable masks). The method (see
+    ``sparsity_lab.methods``) fixes the algorithm; ``method.backend`` fixes how products run.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 method: SparsityMethod | None = None, device=None, dtype=None) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self._setup(method if method is not None else STE())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, method: SparsityMethod) -> "SparseLinear":
+        """Wrap an existing linear; the new layer shares its Parameter objects."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.in_features, layer.out_features = linear.in_features, linear.out_features
+        layer.weight = linear.weight
+        layer.bias = linear.bias
+        layer._setup(method)
+        return layer
+
+    # --- set-up ---------------------------------------------------------------------------
+    def _setup(self, method: SparsityMethod) -> None:
+        if not isinstance(method, SparsityMethod):
+            raise TypeError(f"method must be a SparsityMethod (e.g. STE()), got {type(method).__name__}")
+        check_divisible(self.in_features, method.m, "in_features", 1)
+        if method.transposable:
+            check_divisible(self.out_features, method.m, "out_features (transposable mask)", 0)
+        self.method = method
+        self.backend = get_backend(method.backend)
+        self.attached_optimizer = False
+        self._operand_cache: tuple[tuple, Any] | None = None
+        for name in _COUNTERS:
+            setattr(self, name, 0)
+        self.mvue_seed = int(torch.randint(0, 2**62, (1,)).item())
+        w = self.weight
+        self.register_buffer("mask", torch.ones(w.shape, dtype=torch.bool, device=w.device))
+        self.register_buffer("beta", torch.ones((), dtype=torch.float32, device=w.device))
+        self.refresh_mask()
+        if method.soft_threshold:
+            # beta is computed once, here, and never updated (updating it makes it grow).
+            with torch.no_grad():
+                self.beta.copy_(sste_beta(w, soft_threshold(w, self.mask, method.n, method.m)))
+
+    def get_extra_state(self) -> dict:
+        return {name: int(getattr(self, name)) for name in _COUNTERS}
+
+    def set_extra_state(self, state: dict) -> None:
+        for name in _COUNTERS:
+            setattr(self, name, int(state[name]))
+        self._operand_cache = None
+
+    # --- schedule ---------------------------------------------------------------------------
+    @property
+    def dense_now(self) -> bool:
+        """True when the output uses the dense W: a Dense method, or the dense fine-tune phase."""
+        start = self.method.dense_finetune_step
+        return (not self.method.sparse_forward) or (start is not None and self.step >= start)
+
+    @property
+    def tracks_mask(self) -> bool:
+        """Whether masks are still computed: sparse phases always, Dense when it tracks flips."""
+        if not self.method.sparse_forward:
+            return bool(getattr(self.method, "track_flips", False))
+        return not self.dense_now
+
+    def mask_due(self) -> bool:
+        return self.tracks_mask and self.step - self.mask_step >= self.method.mask_refresh_interval
+
+    @property
+    def last_flip_rate(self) -> float:
+        """Flip rate of the latest mask computation (NaN before the second one)."""
+        return self.last_flips / self.mask.numel() if self.mask_updates >= 2 else math.nan
+
+    @torch.no_grad()
+    def refresh_mask(self) -> None:
+        """Recompute the mask from the current weight and count the flips."""
+        m = self.method
+        new = self.backend.mask(self.weight.detach(), m.n, m.m, m.transposable)
+        if self.mask_updates > 0:
+            self.last_flips = mask_flips(self.mask, new)
+            self.flips_total += self.last_flips
+        self.mask.copy_(new)
+        self.mask_step = self.step
+        self.mask_updates += 1
+        self._operand_cache = None
+
+    def advance_step(self) -> None:
+        """Called after every optimizer step (``attach_optimizer`` does it)."""
+        self.step += 1
+        self._operand_cache = None
+
+    @torch.no_grad()
+    def apply_masked_decay(self) -> None:
+        """grad += decay * (1 - m) * W, for methods that decay right before the optimizer step."""
+        decay = self.method.decay_before_step
+        if decay and not self.dense_now and self.weight.grad is not None:
+            self.backend.masked_decay_(self.weight.grad, self.weight, self.mask, decay)
+
+    # --- products -----------------------------------------------------------------------------
+    def sparse_weight(self) -> torch.Tensor:
+        """The weight the products use now: m * W or beta * S(W) (dense W in a dense phase)."""
+        if self.dense_now:
+            return self.weight
+        m = self.method
+        beta = self.beta if m.soft_threshold else None
+        return self.backend.sparse_weight(self.weight.detach(), self.mask, beta, m.n, m.m)
+
+    def _operand(self) -> Any:
+        # one prepared (pruned, and for hardware backends compressed) weight per optimizer step,
+        # reused by every gradient-accumulation micro-step
+        key = (self.step, self.weight._version, self.mask_updates, self.weight.dtype, self.weight.device)
+        if self._operand_cache is None or self._operand_cache[0] != key:
+            self._operand_cache = (key, self.backend.prepare(self.sparse_weight()))
+        return self._operand_cache[1]
+
+    def _generator(self, device: torch.device) -> torch.Generator | None:
+        if not self.method.mvue:
+            return None
+        # counter-based: draw k of this layer is a function of (seed, k) alone, so resume is exact
+        gen = torch.Generator(device=device)
+        gen.manual_seed((self.mvue_seed * 1_000_003 + self.mvue_calls) % (2**63 - 1))
+        self.mvue_calls += 1
+        return gen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.is_grad_enabled():
+            if not self.attached_optimizer:
+                warnings.warn(
+                    "SparseLinear is training but no optimizer is attached, so masks are not "
+                    "refreshed and schedules do not advance: call "
+                    "sparsity_lab.attach_optimizer(model, optimizer)", stacklevel=2)
+            if self.mask_due():
+                self.refresh_mask()
+        if self.dense_now:
+            return F.linear(x, self.weight, self.bias)
+        grad_needed = torch.is_grad_enabled() and self.weight.requires_grad
+        plan = _BackwardPlan(
+            backend=self.backend, operand=self._operand(), mask=self.mask,
+            decay=self.method.decay_in_backward, mvue=self.method.mvue,
+            generator=self._generator(x.device) if grad_needed else None,
+        )
+        return _SparseLinearFn.apply(x, self.weight, self.bias, plan)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, method={self.method.describe()}, backend={self.backend.name}"

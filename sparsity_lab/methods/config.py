@@ -1,0 +1,168 @@
+"""Training methods as small, frozen config objects.
+
+A method says *what* a 2:4 layer does; the backend (``backend="torch"`` and later ones) says *how*
+the products run. ``sparsify(model, method)`` hands one method to every converted layer.
+
+Common fields
+    n, m                   the N:M pattern (2:4 runs on sparse tensor cores).
+    transposable           one mask that is N:M along ``in`` (forward) and along ``out`` (input
+                           gradient); otherwise a row-wise mask along ``in``.
+    mask_refresh_interval  optimizer steps between mask computations (1 = every step). Values
+                           are refreshed every step from the current dense weight.
+    mvue                   weight gradient dW = MVUE(dZ^T) X, groups of 4 along the tokens.
+    total_steps            planned optimizer steps (needed for the dense fine-tune switch).
+    dense_finetune_at      fraction of total_steps after which the layer runs dense W (None: never).
+    backend                "torch" (reference, CPU and GPU); later issues add faster ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from ..validation import check_nm
+
+
+@dataclass(frozen=True)
+class SparsityMethod:
+    n: int = 2
+    m: int = 4
+    transposable: bool = False
+    mask_refresh_interval: int = 1
+    mvue: bool = False
+    total_steps: int | None = None
+    dense_finetune_at: float | None = None
+    backend: str = "torch"
+
+    name: ClassVar[str] = "base"
+    sparse_forward: ClassVar[bool] = True  # False for Dense: output uses the dense W
+    soft_threshold: ClassVar[bool] = False  # S-STE: beta * S(W) instead of m * W
+
+    def __post_init__(self) -> None:
+        check_nm(self.n, self.m)
+        if isinstance(self.mask_refresh_interval, bool) or not isinstance(self.mask_refresh_interval, int) \
+                or self.mask_refresh_interval < 1:
+            raise ValueError(f"mask_refresh_interval must be an int >= 1, got {self.mask_refresh_interval!r}")
+        if self.total_steps is not None and (not isinstance(self.total_steps, int) or self.total_steps < 1):
+            raise ValueError(f"total_steps must be a positive int or None, got {self.total_steps!r}")
+        if self.dense_finetune_at is not None:
+            if not 0.0 < float(self.dense_finetune_at) <= 1.0:
+                raise ValueError(f"dense_finetune_at must be in (0, 1] or None, got {self.dense_finetune_at!r}")
+            if self.total_steps is None:
+                raise ValueError(
+                    f"{type(self).__name__}: dense_finetune_at={self.dense_finetune_at:.4g} needs total_steps "
+                    "(the planned number of optimizer steps); pass total_steps=... or dense_finetune_at=None"
+                )
+        if self.mvue and self.m != 4:
+            raise ValueError("mvue=True implements MVUE 2:4 (groups of 4 along the tokens); set m=4")
+
+    # --- behaviour derived from the config -------------------------------------------------
+    @property
+    def decay_in_backward(self) -> float:
+        """SR-STE's lambda_W, added to dW inside the backward pass (before clipping)."""
+        return 0.0
+
+    @property
+    def decay_before_step(self) -> float:
+        """Masked decay's lambda_W, added to dW after unscale/clipping, before the optimizer step."""
+        return 0.0
+
+    @property
+    def dense_finetune_step(self) -> int | None:
+        """First optimizer step (0-based) that runs dense, or None."""
+        if self.dense_finetune_at is None or self.total_steps is None:
+            return None
+        return int(round(self.dense_finetune_at * self.total_steps))
+
+    def with_total_steps(self, total_steps: int) -> "SparsityMethod":
+        return replace(self, total_steps=total_steps)
+
+    def describe(self) -> str:
+        parts = [f"{self.name} {self.n}:{self.m}", "transposable" if self.transposable else "row-wise"]
+        if self.mask_refresh_interval != 1:
+            parts.append(f"mask every {self.mask_refresh_interval} steps")
+        if self.mvue:
+            parts.append("MVUE dW")
+        if self.decay_in_backward:
+            parts.append(f"decay {self.decay_in_backward:g} in backward")
+        if self.decay_before_step:
+            parts.append(f"decay {self.decay_before_step:g} before step")
+        if self.dense_finetune_step is not None:
+            parts.append(f"dense from step {self.dense_finetune_step}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Dense(SparsityMethod):
+    """Plain dense training. The would-be N:M mask is still computed at the refresh interval so that
+    the dense run gives the reference flip-rate curve (``track_flips=False`` turns that off)."""
+
+    track_flips: bool = True
+    name: ClassVar[str] = "dense"
+    sparse_forward: ClassVar[bool] = False
+
+
+@dataclass(frozen=True)
+class STE(SparsityMethod):
+    """Straight-through estimator: forward m(W) * W, the gradient reaches the dense W unchanged."""
+
+    name: ClassVar[str] = "ste"
+
+
+@dataclass(frozen=True)
+class SRSTE(SparsityMethod):
+    """SR-STE (Zhou et al. 2021): dW += decay * (1 - m) * W inside the backward pass."""
+
+    decay: float = 2e-4
+    name: ClassVar[str] = "srste"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.decay >= 0:
+            raise ValueError(f"decay must be >= 0, got {self.decay!r}")
+
+    @property
+    def decay_in_backward(self) -> float:
+        return float(self.decay)
+
+
+@dataclass(frozen=True)
+class MaskedDecay(SparsityMethod):
+    """Masked decay on gradients (Hu et al. 2024): dW += decay * (1 - m) * W after unscaling and
+    gradient clipping, right before the optimizer step (``attach_optimizer`` places it there), and a
+    dense fine-tune for the last 1/6 of training. Reference decays: GPT-2 124M 6e-5, 350M 2e-4."""
+
+    decay: float = 6e-5
+    dense_finetune_at: float | None = 5 / 6
+    name: ClassVar[str] = "masked_decay"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.decay >= 0:
+            raise ValueError(f"decay must be >= 0, got {self.decay!r}")
+
+    @property
+    def decay_before_step(self) -> float:
+        return float(self.decay)
+
+
+@dataclass(frozen=True)
+class SSTE(SparsityMethod):
+    """S-STE (Hu, Zhu, Chen 2024): forward beta * S(W) with the continuous soft threshold S and a
+    per-tensor beta computed once at conversion and frozen; identity gradient; no decay, no dense
+    fine-tune. ``mvue=True`` adds the MVUE weight gradient of the paper's recipe."""
+
+    name: ClassVar[str] = "sste"
+    soft_threshold: ClassVar[bool] = True
+
+
+METHODS: dict[str, type[SparsityMethod]] = {
+    cls.name: cls for cls in (Dense, STE, SRSTE, MaskedDecay, SSTE)
+}
+
+
+def method_from_name(name: str, **kwargs) -> SparsityMethod:
+    """Build a method from its name ("dense", "ste", "srste", "masked_decay", "sste")."""
+    key = name.lower().replace("-", "_")
+    if key not in METHODS:
+        raise ValueError(f"unknown method {name!r}; choose one of {sorted(METHODS)}")
+    return METHODS[key](**kwargs)

@@ -1,0 +1,48 @@
+"""S-STE's soft threshold and its frozen per-tensor scale (Hu, Zhu, Chen 2024).
+
+Per group of M along the rows, with the N:M mask m of the group:
+    t   = the largest pruned |w| of the group (for 2:4 row-wise masks: the 2nd smallest |w|)
+    S(w)_i = m_i * sign(w_i) * max(|w_i| - t, 0)
+S is continuous in w: when two magnitudes cross, both sit at the threshold, so the entry that
+leaves the mask and the one that enters it are both 0 there. Hard thresholding (m * w) jumps.
+With a transposable mask the same t (largest pruned |w| in the row group) is used; the result is
+still N:M both ways (it only zeros entries), but the continuity argument is for row-wise masks.
+
+beta = <W, S(W)> / <S(W), S(W)> (least squares) rescales S(W) towards W; it is computed once at
+conversion and frozen. Gaussian W gives beta ~ 1.48.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..masks.nm import nm_mask
+from ..validation import check_2d, check_divisible, check_float_tensor
+
+
+def soft_threshold(weight: torch.Tensor, mask: torch.Tensor | None = None, n: int = 2, m: int = 4,
+                   check: bool = True) -> torch.Tensor:
+    """S(W) for a 2-D weight (out, in), groups of M along ``in``. Returns a tensor like weight.
+
+    mask: the N:M keep mask to use (bool, same shape); None computes the row-wise magnitude mask.
+    check=False skips the argument checks (hot paths).
+    """
+    if check:
+        check_float_tensor(weight, "weight")
+        check_2d(weight, "weight")
+        check_divisible(weight.shape[1], m, "weight", 1)
+    if mask is None:
+        mask = nm_mask(weight, n, m, check=check)
+    elif mask.shape != weight.shape:
+        raise ValueError(f"mask has shape {tuple(mask.shape)}, expected weight's {tuple(weight.shape)}")
+    a = weight.abs()
+    pruned = a.masked_fill(mask, 0).reshape(weight.shape[0], -1, m)
+    t = pruned.amax(dim=-1, keepdim=True).expand(-1, -1, m).reshape(weight.shape)
+    return torch.where(mask, torch.sign(weight) * (a - t).clamp_min(0), torch.zeros_like(weight))
+
+
+def sste_beta(weight: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
+    """beta = <W, S(W)> / <S(W), S(W)>, as a float32 scalar tensor (1.0 when S(W) = 0)."""
+    w, s = weight.detach().double(), soft.detach().double()
+    den = (s * s).sum()
+    beta = (w * s).sum() / den if den > 0 else torch.ones((), dtype=torch.float64)
+    return beta.float()

@@ -1,0 +1,102 @@
+"""The one verb: ``sparsify(model, method)`` turns a model's chosen linears into SparseLinear.
+
+Like ``torchao.quantize_``: it walks the model and swaps modules in place, driven by a small
+method object; ``select`` picks the modules (by default the FFN/MLP linears of a transformer).
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Callable, Iterable
+
+from torch import nn
+
+from .layers import SparseLinear
+from .methods.config import SparsityMethod
+from .methods.flip_rate import overall_flip_rate
+from .training_hooks import sparse_layers
+
+# Names of feed-forward blocks in common transformer code (nanoGPT, HF GPT-2/BERT/Llama, timm).
+FFN_NAME_PATTERN = re.compile(r"(^|\.)(mlp|ffn|feed_?forward|fc[12]|c_fc|intermediate|up_proj|down_proj|gate_proj)(\.|$)",
+                              re.IGNORECASE)
+
+Selector = Callable[[str, nn.Linear], bool]
+
+
+def is_ffn_linear(name: str, module: nn.Linear) -> bool:
+    """Default selector: a linear whose qualified name says it belongs to an FFN/MLP block."""
+    return bool(FFN_NAME_PATTERN.search(name))
+
+
+def _selector(select: Selector | str | Iterable[str] | None) -> Selector:
+    if select is None or select == "ffn":
+        return is_ffn_linear
+    if select == "all":
+        return lambda name, module: True
+    if callable(select):
+        return select
+    if isinstance(select, str):
+        raise ValueError(f"select must be 'ffn', 'all', a callable or a list of module names, got {select!r}")
+    names = set(select)
+    return lambda name, module: name in names
+
+
+def sparsify(model: nn.Module, method: SparsityMethod,
+             select: Selector | str | Iterable[str] | None = None) -> nn.Module:
+    """Replace the selected ``nn.Linear`` modules of ``model`` by ``SparseLinear`` (in place).
+
+    method: a config object (``STE()``, ``SRSTE()``, ``MaskedDecay(total_steps=...)``, ``SSTE()``,
+    ``Dense()`` for the dense reference with flip tracking). select: "ffn" (default), "all", a
+    list of qualified module names, or ``fn(name, module) -> bool``.
+    Returns the model. Raises ValueError when nothing matches or a shape cannot take N:M.
+    Create the optimizer afterwards and call ``attach_optimizer(model, optimizer)``.
+    """
+    if not isinstance(method, SparsityMethod):
+        raise TypeError(f"method must be a SparsityMethod (e.g. sparsity_lab.STE()), got {type(method).__name__}")
+    chosen = _selector(select)
+    targets = [(name, mod) for name, mod in model.named_modules()
+               if type(mod) is nn.Linear and chosen(name, mod)]
+    if not targets:
+        raise ValueError("no nn.Linear matched select="
+                         f"{select!r}; pass select='all', a list of module names or a function")
+    if isinstance(select, (list, tuple, set)):
+        unknown = set(select) - {name for name, _ in targets}
+        if unknown:
+            raise ValueError(f"select names modules that are not nn.Linear in the model: {sorted(unknown)}")
+    for name, linear in targets:
+        try:
+            layer = SparseLinear.from_linear(linear, method)
+        except ValueError as err:
+            raise ValueError(f"cannot make {name!r} ({linear.out_features}x{linear.in_features}) "
+                             f"{method.n}:{method.m}: {err}") from err
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, layer)
+    return model
+
+
+def flip_report(model: nn.Module) -> dict[str, float]:
+    """Latest flip rate per sparse layer and ``"overall"`` (flips summed / weights summed).
+
+    Layers that have computed fewer than two masks report NaN and stay out of the overall.
+    """
+    report: dict[str, float] = {}
+    pairs = []
+    for name, layer in sparse_layers(model):
+        report[name] = layer.last_flip_rate
+        if not math.isnan(layer.last_flip_rate):
+            pairs.append((layer.last_flips, layer.mask.numel()))
+    report["overall"] = overall_flip_rate(pairs)
+    return report
+
+
+def sparsity_summary(model: nn.Module) -> list[dict]:
+    """One row per sparse layer: name, shape, method, density of its mask, dense phase, step."""
+    rows = []
+    for name, layer in sparse_layers(model):
+        rows.append({
+            "layer": name, "shape": tuple(layer.weight.shape), "method": layer.method.describe(),
+            "density": float(layer.mask.float().mean()), "dense_now": layer.dense_now,
+            "step": layer.step, "beta": float(layer.beta),
+        })
+    return rows
