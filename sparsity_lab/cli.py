@@ -1,0 +1,36 @@
+"""Command line: ``sparsity-lab COMMAND`` (or ``python -m sparsity_lab COMMAND``).
+
+Each command lives in its own module with ``add_arguments(parser)`` and ``run(args) -> int``;
+modules are imported only when their command runs.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("sparsity_lab.demo", "a short tour: a 2:4 mask, the solvers compared, a flip-rate trace"),
+    "bench-masks": ("sparsity_lab.benchmarks.mask_solvers", "time and compare the transposable-mask solvers (CPU)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sparsity-lab", description="2:4 sparse pre-training toolkit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(importlib.import_module(args._module).run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
