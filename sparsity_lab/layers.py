@@ -160,6 +160,11 @@ class SparseLinear(nn.Linear):
         """Flip rate of the latest mask computation (NaN before the second one)."""
         return self.last_flips / self.mask.numel() if self.mask_updates >= 2 else math.nan
 
+    @property
+    def mask_is_fresh(self) -> bool:
+        """True when the latest mask computation happened at the current step (and had a predecessor)."""
+        return self.mask_updates >= 2 and self.mask_step == self.step
+
     @torch.no_grad()
     def refresh_mask(self) -> None:
         """Recompute the mask from the current weight and count the flips."""

@@ -75,16 +75,20 @@ def sparsify(model: nn.Module, method: SparsityMethod,
     return model
 
 
-def flip_report(model: nn.Module) -> dict[str, float]:
+def flip_report(model: nn.Module, fresh_only: bool = False) -> dict[str, float]:
     """Latest flip rate per sparse layer and ``"overall"`` (flips summed / weights summed).
 
     Layers that have computed fewer than two masks report NaN and stay out of the overall.
+    fresh_only=True also reports NaN for layers whose latest mask was not computed at the current
+    step (call it after the forward pass and before ``optimizer.step()``): a log then holds flip
+    rates only at mask computations (refresh interval > 1, dense fine-tune phase).
     """
     report: dict[str, float] = {}
     pairs = []
     for name, layer in sparse_layers(model):
-        report[name] = layer.last_flip_rate
-        if not math.isnan(layer.last_flip_rate):
+        stale = fresh_only and not layer.mask_is_fresh
+        report[name] = math.nan if stale else layer.last_flip_rate
+        if not math.isnan(report[name]):
             pairs.append((layer.last_flips, layer.mask.numel()))
     report["overall"] = overall_flip_rate(pairs)
     return report

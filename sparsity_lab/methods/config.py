@@ -16,10 +16,18 @@ Common fields
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from numbers import Real
 from typing import ClassVar
 
 from ..validation import check_nm
+
+
+def _check_decay(decay: object) -> None:
+    """lambda_W: a finite real number >= 0."""
+    if isinstance(decay, bool) or not isinstance(decay, Real) or not math.isfinite(decay) or decay < 0:
+        raise ValueError(f"decay must be a finite number >= 0, got {decay!r}")
 
 
 @dataclass(frozen=True)
@@ -42,10 +50,11 @@ class SparsityMethod:
         if isinstance(self.mask_refresh_interval, bool) or not isinstance(self.mask_refresh_interval, int) \
                 or self.mask_refresh_interval < 1:
             raise ValueError(f"mask_refresh_interval must be an int >= 1, got {self.mask_refresh_interval!r}")
-        if self.total_steps is not None and (not isinstance(self.total_steps, int) or self.total_steps < 1):
+        if self.total_steps is not None and (isinstance(self.total_steps, bool) or not isinstance(self.total_steps, int)
+                                             or self.total_steps < 1):
             raise ValueError(f"total_steps must be a positive int or None, got {self.total_steps!r}")
         if self.dense_finetune_at is not None:
-            if not 0.0 < float(self.dense_finetune_at) <= 1.0:
+            if not isinstance(self.dense_finetune_at, Real) or not 0.0 < float(self.dense_finetune_at) <= 1.0:
                 raise ValueError(f"dense_finetune_at must be in (0, 1] or None, got {self.dense_finetune_at!r}")
             if self.total_steps is None:
                 raise ValueError(
@@ -54,6 +63,7 @@ class SparsityMethod:
                 )
         if self.mvue and self.m != 4:
             raise ValueError("mvue=True implements MVUE 2:4 (groups of 4 along the tokens); set m=4")
+
 
     # --- behaviour derived from the config -------------------------------------------------
     @property
@@ -117,8 +127,7 @@ class SRSTE(SparsityMethod):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.decay >= 0:
-            raise ValueError(f"decay must be >= 0, got {self.decay!r}")
+        _check_decay(self.decay)
 
     @property
     def decay_in_backward(self) -> float:
@@ -137,8 +146,7 @@ class MaskedDecay(SparsityMethod):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.decay >= 0:
-            raise ValueError(f"decay must be >= 0, got {self.decay!r}")
+        _check_decay(self.decay)
 
     @property
     def decay_before_step(self) -> float:

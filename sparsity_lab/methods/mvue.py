@@ -11,7 +11,9 @@ Variance sum_i x_i^2 (1/p_i - 1) is minimised by inclusion probabilities p_i pro
   q_i = |x_i| / sum|x|, then a second proportional to |x| among the other three; the matching
   inclusion probability is p_i = q_i + sum_{j != i} q_j q_i / (1 - q_j). Unbiased, a little more
   variance.
-Groups with fewer than 2 non-zeros keep those exactly (p = 1); all-zero groups stay zero.
+Groups with fewer than 2 non-zeros keep those exactly (p = 1); all-zero groups stay zero. Both
+probability functions return the true inclusion probabilities of their sampler, so sum p = 2 in
+every group (the leftover picks land on zeros).
 """
 from __future__ import annotations
 
@@ -19,53 +21,88 @@ import torch
 
 from ..validation import check_divisible, check_float_tensor, normalize_dim
 
-_EPS = 1e-30
+
+def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """num / den where den > 0, else 0. Exact zero tests, no epsilon: gradients of 1e-35 are real
+    values and must keep their exact inclusion probabilities (an epsilon clamp made them biased)."""
+    positive = den > 0
+    return torch.where(positive, num / torch.where(positive, den, torch.ones_like(den)), torch.zeros_like(num))
+
+
+def _degenerate_probabilities(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For groups with fewer than 2 non-zeros: (mask of such groups, their inclusion probabilities).
+
+    Non-zeros are kept (p = 1); the remaining picks fall uniformly on the zeros, which add nothing.
+    That keeps sum p = 2 in every group, the inclusion probabilities of both samplers below.
+    """
+    nonzero = (a > 0).sum(-1, keepdim=True)
+    few = nonzero < 2
+    on_zeros = (2 - nonzero).double() / (4 - nonzero).double()
+    return few, torch.where(a > 0, torch.ones_like(a), on_zeros)
 
 
 def mvue_probabilities(groups: torch.Tensor) -> torch.Tensor:
-    """Minimum-variance inclusion probabilities for groups (..., 4) of magnitudes: p in [0, 1], sum 2."""
+    """Minimum-variance inclusion probabilities for groups (..., 4): p in [0, 1], sum 2.
+
+    Minimising sum_i x_i^2 (1/p_i - 1) subject to sum p = 2, p <= 1 gives p_i = min(1, c |x_i|)
+    (water-filling). Either nothing is capped (p = 2|x| / sum|x|), or only the largest is
+    (p = 1 for it, |x_i| / (sum of the other three) for the rest, which are then all <= 1).
+    Returns float64.
+    """
     a = groups.abs().double()
     srt, order = torch.sort(a, dim=-1, descending=True, stable=True)
     total = srt.sum(-1, keepdim=True)
-    # case 1: nothing capped; case 2: the largest capped at 1; case 3: the two largest at 1
-    p1 = 2 * srt / total.clamp_min(_EPS)
     rest = srt[..., 1:].sum(-1, keepdim=True)
-    p2 = torch.cat([torch.ones_like(srt[..., :1]), srt[..., 1:] / rest.clamp_min(_EPS)], -1)
-    p3 = torch.cat([torch.ones_like(srt[..., :2]), torch.zeros_like(srt[..., 2:])], -1)
-    cap1 = p1[..., :1] > 1
-    cap2 = cap1 & (p2[..., 1:2] > 1) | (rest <= _EPS)
-    p_sorted = torch.where(cap2, p3, torch.where(cap1, p2, p1))
-    # an all-zero or single-non-zero group: spread the leftover mass over the zeros (they add 0)
-    nonzero = (srt > 0).sum(-1, keepdim=True)
-    few = nonzero < 2
-    spread = torch.where(srt > 0, torch.ones_like(srt), (2 - nonzero).double() / (4 - nonzero).double())
-    p_sorted = torch.where(few, spread, p_sorted)
+    p_uncapped = _safe_div(2 * srt, total)
+    p_capped = torch.cat([torch.ones_like(srt[..., :1]), _safe_div(srt[..., 1:], rest)], -1)
+    # the largest is capped when 2 a_0 / total > 1, i.e. a_0 > the sum of the other three
+    p_sorted = torch.where(srt[..., :1] > rest, p_capped, p_uncapped)
+    few, p_few = _degenerate_probabilities(srt)
+    p_sorted = torch.where(few, p_few, p_sorted)
     p = torch.empty_like(p_sorted)
     p.scatter_(-1, order, p_sorted)
     return p
 
 
 def sequential_probabilities(groups: torch.Tensor) -> torch.Tensor:
-    """Inclusion probabilities of "draw one by |x|, then one by |x| among the rest"."""
+    """Inclusion probabilities of "draw one by |x|, then one by |x| among the other three".
+
+    p_i = q_i + sum_{j != i} q_j * a_i / (S - a_j), with q = a / S and S = sum a. S - a_j is summed
+    from the other three entries (not computed as 1 - q_j, which cancels catastrophically when
+    one entry dominates). Groups with fewer than 2 non-zeros: see the sampler (sum p = 2).
+    Returns float64.
+    """
     a = groups.abs().double()
-    q = a / a.sum(-1, keepdim=True).clamp_min(_EPS)
-    second = (q.unsqueeze(-1) * q.unsqueeze(-2) / (1 - q.unsqueeze(-1)).clamp_min(_EPS))  # [j, i]
+    total = a.sum(-1, keepdim=True)
+    q = _safe_div(a, total)
     eye = torch.eye(4, dtype=torch.bool, device=groups.device)
+    # others[..., j] = sum of a over the entries other than j
+    others = a.unsqueeze(-2).expand(*a.shape[:-1], 4, 4).masked_fill(eye, 0).sum(-1)
+    second = q.unsqueeze(-1) * _safe_div(a.unsqueeze(-2), others.unsqueeze(-1))  # [j, i]
     p = q + second.masked_fill(eye, 0).sum(-2)
-    return p.clamp_max(1.0)
+    few, p_few = _degenerate_probabilities(a)
+    return torch.where(few, p_few, p).clamp(0.0, 1.0)
 
 
 def _systematic_pick(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Bool keep mask of two entries per group; entry i is kept with probability p_i exactly."""
+    """Bool keep mask of two entries per group; entry i is kept with probability p_i exactly.
+
+    Entry i owns [lo_i, hi_i) with hi = cumsum p; it is picked if u or u + 1 falls in it. lo is
+    the previous hi (not hi - p) so the intervals tile [0, 2) without rounding gaps, and the last
+    hi is set to 2 so that u + 1 always lands somewhere.
+    """
     hi = torch.cumsum(p, -1)
-    lo = hi - p
-    # entry i is picked if u or u + 1 falls in [lo_i, hi_i)
+    hi = torch.cat([hi[..., :-1], torch.full_like(hi[..., -1:], 2.0)], -1)
+    lo = torch.cat([torch.zeros_like(hi[..., :1]), hi[..., :-1]], -1)
     return ((lo <= u) & (u < hi)) | ((lo <= u + 1) & (u + 1 < hi))
 
 
 def _sequential_pick(groups: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+    """Bool keep mask: one index drawn by |x|, a second by |x| among the other three (uniform
+    over the zeros when no non-zero is left)."""
     a = groups.abs().double()
-    flat = a.reshape(-1, 4)
+    # non-finite groups are passed through by the caller; keep multinomial's weights finite
+    flat = torch.where(torch.isfinite(a), a, torch.ones_like(a)).reshape(-1, 4)
     zero = flat.sum(-1) <= 0
     w1 = torch.where(zero.unsqueeze(-1), torch.ones_like(flat), flat)
     first = torch.multinomial(w1, 1, generator=gen)
@@ -85,7 +122,8 @@ def mvue24(x: torch.Tensor, dim: int = -1, generator: torch.Generator | None = N
     Returns a tensor like x with at most 2 non-zeros in every group of 4 along ``dim`` and
     E[result] = x. ``generator`` makes draws reproducible (it must live on x's device).
     check=False skips the NaN/Inf scan (a gradient may legitimately overflow under a GradScaler,
-    which then skips the step).
+    which then skips the step); groups holding NaN/Inf are then passed through unchanged, so the
+    overflow still reaches dW and the scaler sees it (dropping it would hide it).
     """
     if check:
         check_float_tensor(x, "x")
@@ -102,7 +140,10 @@ def mvue24(x: torch.Tensor, dim: int = -1, generator: torch.Generator | None = N
     else:
         p = sequential_probabilities(groups)
         keep = _sequential_pick(groups, generator)
-    scaled = torch.where(keep & (p > 0), groups.double() / p.clamp_min(_EPS), torch.zeros_like(p))
+    scaled = torch.where(keep, _safe_div(groups.double(), p), torch.zeros_like(p))
+    if not check:
+        non_finite = ~torch.isfinite(groups).all(-1, keepdim=True)
+        scaled = torch.where(non_finite, groups.double(), scaled)
     return scaled.to(x.dtype).reshape(moved.shape).movedim(-1, dim)
 
 

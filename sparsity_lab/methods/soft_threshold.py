@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..masks.nm import nm_mask
-from ..validation import check_2d, check_divisible, check_float_tensor
+from ..validation import check_2d, check_divisible, check_float_tensor, check_nm
 
 
 def soft_threshold(weight: torch.Tensor, mask: torch.Tensor | None = None, n: int = 2, m: int = 4,
@@ -27,13 +27,18 @@ def soft_threshold(weight: torch.Tensor, mask: torch.Tensor | None = None, n: in
     check=False skips the argument checks (hot paths).
     """
     if check:
+        check_nm(n, m)
         check_float_tensor(weight, "weight")
         check_2d(weight, "weight")
         check_divisible(weight.shape[1], m, "weight", 1)
     if mask is None:
         mask = nm_mask(weight, n, m, check=check)
-    elif mask.shape != weight.shape:
-        raise ValueError(f"mask has shape {tuple(mask.shape)}, expected weight's {tuple(weight.shape)}")
+    else:  # cheap checks (no device sync), kept even with check=False
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise TypeError(f"mask must be a bool tensor (True = kept), got {got}")
+        if mask.shape != weight.shape:
+            raise ValueError(f"mask has shape {tuple(mask.shape)}, expected weight's {tuple(weight.shape)}")
     a = weight.abs()
     pruned = a.masked_fill(mask, 0).reshape(weight.shape[0], -1, m)
     t = pruned.amax(dim=-1, keepdim=True).expand(-1, -1, m).reshape(weight.shape)
@@ -41,7 +46,12 @@ def soft_threshold(weight: torch.Tensor, mask: torch.Tensor | None = None, n: in
 
 
 def sste_beta(weight: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
-    """beta = <W, S(W)> / <S(W), S(W)>, as a float32 scalar tensor (1.0 when S(W) = 0)."""
+    """beta = <W, S(W)> / <S(W), S(W)>, as a float32 scalar tensor (1.0 when S(W) = 0).
+
+    weight and soft: same shape (no broadcasting: a mismatch would give a silently wrong beta).
+    """
+    if soft.shape != weight.shape:
+        raise ValueError(f"soft has shape {tuple(soft.shape)}, expected weight's {tuple(weight.shape)}")
     w, s = weight.detach().double(), soft.detach().double()
     den = (s * s).sum()
     beta = (w * s).sum() / den if den > 0 else torch.ones((), dtype=torch.float64)
