@@ -38,23 +38,29 @@ class _BackwardPlan:
 
     backend: Backend
     operand: Any
+    dtype: torch.dtype  # the products' dtype (the autocast dtype under autocast)
     mask: torch.Tensor
     decay: float
     mvue: bool
     generator: torch.Generator | None
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype the products run in, as nn.Linear would: the autocast dtype under autocast
+    (float64 is left alone, as autocast does), else the common dtype of x and W (which must agree)."""
     dev = x.device.type
-    if torch.is_autocast_enabled(dev):
+    if torch.is_autocast_enabled(dev) and x.dtype != torch.float64:
         return torch.get_autocast_dtype(dev)
+    if x.dtype != weight.dtype:
+        raise TypeError(f"x has dtype {x.dtype} but the layer's weight is {weight.dtype}; cast x "
+                        "(or the layer) or run under torch.autocast")
     return x.dtype
 
 
 class _SparseLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, plan: _BackwardPlan):
-        dtype = _compute_dtype(x)
+        dtype = plan.dtype
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).to(dtype)
         operand = plan.operand
@@ -63,7 +69,7 @@ class _SparseLinearFn(torch.autograd.Function):
             z = plan.backend.linear(x2, operand, b)
         ctx.save_for_backward(x2, weight)
         ctx.plan, ctx.shape, ctx.dtype, ctx.x_dtype = plan, shape, dtype, x.dtype
-        ctx.has_bias = bias is not None
+        ctx.bias_dtype = bias.dtype if bias is not None else None
         return z.reshape(*shape[:-1], z.shape[-1])
 
     @staticmethod
@@ -79,8 +85,10 @@ class _SparseLinearFn(torch.autograd.Function):
                 grad_w = plan.backend.grad_weight(dz, x2, plan.mvue, plan.generator).to(weight.dtype)
                 if plan.decay:
                     plan.backend.masked_decay_(grad_w, weight, plan.mask, plan.decay)
-            if ctx.has_bias and ctx.needs_input_grad[2]:
-                grad_b = dz.float().sum(0)
+            if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
+                # accumulate half/bf16 in fp32; float64 stays float64
+                acc = torch.float32 if dz.element_size() < 4 else dz.dtype
+                grad_b = dz.sum(0, dtype=acc).to(ctx.bias_dtype)
         return grad_x, grad_w, grad_b, None
 
 
@@ -118,6 +126,7 @@ class SparseLinear(nn.Linear):
         self.backend = get_backend(method.backend)
         self.attached_optimizer = False
         self._operand_cache: tuple[tuple, Any] | None = None
+        self.prepare_count = 0  # how many operands were prepared (diagnostic, not saved)
         for name in _COUNTERS:
             setattr(self, name, 0)
         self.mvue_seed = int(torch.randint(0, 2**62, (1,)).item())
@@ -134,6 +143,9 @@ class SparseLinear(nn.Linear):
         return {name: int(getattr(self, name)) for name in _COUNTERS}
 
     def set_extra_state(self, state: dict) -> None:
+        missing = [name for name in _COUNTERS if name not in state]
+        if missing:
+            raise ValueError(f"SparseLinear extra state lacks counters {missing}; was it saved by SparseLinear?")
         for name in _COUNTERS:
             setattr(self, name, int(state[name]))
         self._operand_cache = None
@@ -184,11 +196,15 @@ class SparseLinear(nn.Linear):
         self._operand_cache = None
 
     @torch.no_grad()
-    def apply_masked_decay(self) -> None:
-        """grad += decay * (1 - m) * W, for methods that decay right before the optimizer step."""
+    def apply_masked_decay(self, grad_scale: float = 1.0) -> None:
+        """grad += decay * (1 - m) * W, for methods that decay right before the optimizer step.
+
+        grad_scale: the factor the gradients still carry (a fused optimizer under a GradScaler
+        unscales inside its step), so that the decay is right once they are unscaled.
+        """
         decay = self.method.decay_before_step
         if decay and not self.dense_now and self.weight.grad is not None:
-            self.backend.masked_decay_(self.weight.grad, self.weight, self.mask, decay)
+            self.backend.masked_decay_(self.weight.grad, self.weight, self.mask, decay * grad_scale)
 
     # --- products -----------------------------------------------------------------------------
     def sparse_weight(self) -> torch.Tensor:
@@ -199,12 +215,14 @@ class SparseLinear(nn.Linear):
         beta = self.beta if m.soft_threshold else None
         return self.backend.sparse_weight(self.weight.detach(), self.mask, beta, m.n, m.m)
 
-    def _operand(self) -> Any:
+    def _operand(self, dtype: torch.dtype) -> Any:
         # one prepared (pruned, and for hardware backends compressed) weight per optimizer step,
-        # reused by every gradient-accumulation micro-step
-        key = (self.step, self.weight._version, self.mask_updates, self.weight.dtype, self.weight.device)
+        # reused by every gradient-accumulation micro-step; rebuilt when W, the mask or beta change
+        key = (self.step, self.weight._version, self.mask._version, self.beta._version, self.mask_updates,
+               dtype, self.weight.device)
         if self._operand_cache is None or self._operand_cache[0] != key:
-            self._operand_cache = (key, self.backend.prepare(self.sparse_weight()))
+            self.prepare_count += 1
+            self._operand_cache = (key, self.backend.prepare(self.sparse_weight().to(dtype)))
         return self._operand_cache[1]
 
     def _generator(self, device: torch.device) -> torch.Generator | None:
@@ -227,9 +245,12 @@ class SparseLinear(nn.Linear):
                 self.refresh_mask()
         if self.dense_now:
             return F.linear(x, self.weight, self.bias)
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"x must have shape (..., in_features={self.in_features}), got {tuple(x.shape)}")
+        dtype = _compute_dtype(x, self.weight)
         grad_needed = torch.is_grad_enabled() and self.weight.requires_grad
         plan = _BackwardPlan(
-            backend=self.backend, operand=self._operand(), mask=self.mask,
+            backend=self.backend, operand=self._operand(dtype), dtype=dtype, mask=self.mask,
             decay=self.method.decay_in_backward, mvue=self.method.mvue,
             generator=self._generator(x.device) if grad_needed else None,
         )

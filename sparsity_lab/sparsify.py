@@ -28,7 +28,7 @@ def is_ffn_linear(name: str, module: nn.Linear) -> bool:
     return bool(FFN_NAME_PATTERN.search(name))
 
 
-def _selector(select: Selector | str | Iterable[str] | None) -> Selector:
+def module_selector(select: Selector | str | Iterable[str] | None) -> Selector:
     if select is None or select == "ffn":
         return is_ffn_linear
     if select == "all":
@@ -53,22 +53,27 @@ def sparsify(model: nn.Module, method: SparsityMethod,
     """
     if not isinstance(method, SparsityMethod):
         raise TypeError(f"method must be a SparsityMethod (e.g. sparsity_lab.STE()), got {type(method).__name__}")
-    chosen = _selector(select)
+    if select is not None and not isinstance(select, str) and not callable(select):
+        select = list(select)  # a generator of names is read once, here
+    chosen = module_selector(select)
     targets = [(name, mod) for name, mod in model.named_modules()
                if type(mod) is nn.Linear and chosen(name, mod)]
     if not targets:
-        raise ValueError("no nn.Linear matched select="
-                         f"{select!r}; pass select='all', a list of module names or a function")
-    if isinstance(select, (list, tuple, set)):
+        what = "the FFN/MLP name pattern (default select='ffn')" if select in (None, "ffn") else f"select={select!r}"
+        raise ValueError(f"no nn.Linear matched {what}; pass select='all', a list of module names or a function")
+    if isinstance(select, list):
         unknown = set(select) - {name for name, _ in targets}
         if unknown:
             raise ValueError(f"select names modules that are not nn.Linear in the model: {sorted(unknown)}")
+    # build every layer first: a shape error leaves the model untouched, not half converted
+    layers = []
     for name, linear in targets:
         try:
-            layer = SparseLinear.from_linear(linear, method)
+            layers.append((name, SparseLinear.from_linear(linear, method)))
         except ValueError as err:
             raise ValueError(f"cannot make {name!r} ({linear.out_features}x{linear.in_features}) "
                              f"{method.n}:{method.m}: {err}") from err
+    for name, layer in layers:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, layer)
