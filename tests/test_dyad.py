@@ -69,3 +69,19 @@ def test_bad_arguments_are_named():
         DyadLinear(10, 8, 4)
     with pytest.raises(ValueError, match="n_blocks"):
         DyadLinear(8, 8, 0)
+
+
+def test_benchmark_runs_small_on_cpu_and_writes_json(tmp_path):
+    import argparse
+    import json
+
+    from sparsity_lab.benchmarks import dyad as bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--widths", "64", "--blocks", "4", "--variants", "it", "--tokens", "32",
+                              "--dtype", "float32", "--repeats", "2", "--allow-cpu", "--out-dir", str(tmp_path)])
+    assert bench.run(args) == 0
+    data = json.loads((tmp_path / "dyad_cpu.json").read_text())
+    assert data["provenance"]["torch"] and len(data["rows"]) == 2
+    assert all(r["dense_ms"] > 0 and r["dyad_ms"] > 0 for r in data["rows"])
