@@ -1,7 +1,8 @@
 """Command line: ``sparsity-lab COMMAND`` (or ``python -m sparsity_lab COMMAND``).
 
 Each command lives in its own module with ``add_arguments(parser)`` and ``run(args) -> int``;
-modules are imported only when their command runs.
+only the module of the command being run is imported (a broken or heavy command module never
+stops the others).
 """
 from __future__ import annotations
 
@@ -17,19 +18,23 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s own arguments are loaded (from its module)."""
     parser = argparse.ArgumentParser(prog="sparsity-lab", description="2:4 sparse pre-training toolkit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
+        if name == command:
+            importlib.import_module(module).add_arguments(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     return int(importlib.import_module(args._module).run(args) or 0)
 
 
