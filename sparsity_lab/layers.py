@@ -127,6 +127,7 @@ class SparseLinear(nn.Linear):
         self.attached_optimizer = False
         self._operand_cache: tuple[tuple, Any] | None = None
         self.prepare_count = 0  # how many operands were prepared (diagnostic, not saved)
+        self._decayed_at_step = -1  # SR-STE: step whose backward already carries the decay
         for name in _COUNTERS:
             setattr(self, name, 0)
         self.mvue_seed = int(torch.randint(0, 2**62, (1,)).item())
@@ -234,6 +235,17 @@ class SparseLinear(nn.Linear):
         self.mvue_calls += 1
         return gen
 
+    def _backward_decay(self) -> float:
+        """SR-STE's decay, once per optimizer step: with k gradient-accumulation micro-steps (each
+        loss divided by k) the term keeps the size it has without accumulation. Under a
+        GradScaler the term is added to the *scaled* gradient, so it shrinks by the loss scale:
+        use bf16 autocast (no scaler) or MaskedDecay, whose decay lands after unscaling."""
+        decay = self.method.decay_in_backward
+        if not decay or self._decayed_at_step == self.step:
+            return 0.0
+        self._decayed_at_step = self.step
+        return decay
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and torch.is_grad_enabled():
             if not self.attached_optimizer:
@@ -251,7 +263,7 @@ class SparseLinear(nn.Linear):
         grad_needed = torch.is_grad_enabled() and self.weight.requires_grad
         plan = _BackwardPlan(
             backend=self.backend, operand=self._operand(dtype), dtype=dtype, mask=self.mask,
-            decay=self.method.decay_in_backward, mvue=self.method.mvue,
+            decay=self._backward_decay() if grad_needed else 0.0, mvue=self.method.mvue,
             generator=self._generator(x.device) if grad_needed else None,
         )
         return _SparseLinearFn.apply(x, self.weight, self.bias, plan)

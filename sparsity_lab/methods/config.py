@@ -47,6 +47,9 @@ class SparsityMethod:
 
     def __post_init__(self) -> None:
         check_nm(self.n, self.m)
+        for flag in ("transposable", "mvue"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         if isinstance(self.mask_refresh_interval, bool) or not isinstance(self.mask_refresh_interval, int) \
                 or self.mask_refresh_interval < 1:
             raise ValueError(f"mask_refresh_interval must be an int >= 1, got {self.mask_refresh_interval!r}")
@@ -169,8 +172,12 @@ METHODS: dict[str, type[SparsityMethod]] = {
 
 
 def method_from_name(name: str, **kwargs) -> SparsityMethod:
-    """Build a method from its name ("dense", "ste", "srste", "masked_decay", "sste")."""
-    key = name.lower().replace("-", "_")
-    if key not in METHODS:
+    """Build a method from its name ("dense", "ste", "srste", "masked_decay", "sste"); case, "-" and
+    "_" are ignored, so the papers' spellings ("SR-STE", "S-STE", "MaskedDecay") work too."""
+    def canonical(text: str) -> str:
+        return text.lower().replace("-", "").replace("_", "")
+
+    by_key = {canonical(key): cls for key, cls in METHODS.items()}
+    if not isinstance(name, str) or canonical(name) not in by_key:
         raise ValueError(f"unknown method {name!r}; choose one of {sorted(METHODS)}")
-    return METHODS[key](**kwargs)
+    return by_key[canonical(name)](**kwargs)

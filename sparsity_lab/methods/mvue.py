@@ -47,7 +47,8 @@ def mvue_probabilities(groups: torch.Tensor) -> torch.Tensor:
     Minimising sum_i x_i^2 (1/p_i - 1) subject to sum p = 2, p <= 1 gives p_i = min(1, c |x_i|)
     (water-filling). Either nothing is capped (p = 2|x| / sum|x|), or only the largest is
     (p = 1 for it, |x_i| / (sum of the other three) for the rest, which are then all <= 1).
-    Returns float64.
+    Returns float64 (float32/16 inputs never underflow there; a float64 entry below ~1e-300 of its
+    group's sum would get p = 0).
     """
     a = groups.abs().double()
     srt, order = torch.sort(a, dim=-1, descending=True, stable=True)
