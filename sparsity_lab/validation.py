@@ -51,6 +51,8 @@ def check_2d(x: torch.Tensor, name: str) -> None:
 
 
 def normalize_dim(dim: int, ndim: int, name: str = "dim") -> int:
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"{name} must be an int, got {type(dim).__name__} ({dim!r})")
     if not -ndim <= dim < ndim:
         raise ValueError(f"{name}={dim} is out of range for a {ndim}-D tensor")
     return dim % ndim

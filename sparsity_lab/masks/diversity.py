@@ -63,6 +63,11 @@ def mask_diversity(kind: str, n: int = 2, m: int = 4, block: tuple[int, int] = (
     rows) must be divisible by M.
     """
     check_nm(n, m)
+    if kind not in ("unstructured", "nm", "transposable"):
+        raise ValueError(f"kind must be 'unstructured', 'nm' or 'transposable', got {kind!r}")
+    if (not isinstance(block, (tuple, list)) or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        raise ValueError(f"block must be (rows, cols), two positive ints, got {block!r}")
     rows, cols = block
     if kind == "unstructured":
         total = rows * cols
@@ -73,8 +78,7 @@ def mask_diversity(kind: str, n: int = 2, m: int = 4, block: tuple[int, int] = (
         raise ValueError(f"block columns ({cols}) must be divisible by m={m}")
     if kind == "nm":
         return comb(m, n) ** (rows * cols // m)
-    if kind == "transposable":
-        if rows % m:
-            raise ValueError(f"block rows ({rows}) must be divisible by m={m} for transposable masks")
-        return count_fixed_line_sums(m, n) ** ((rows // m) * (cols // m))
-    raise ValueError(f"kind must be 'unstructured', 'nm' or 'transposable', got {kind!r}")
+    # transposable
+    if rows % m:
+        raise ValueError(f"block rows ({rows}) must be divisible by m={m} for transposable masks")
+    return count_fixed_line_sums(m, n) ** ((rows // m) * (cols // m))

@@ -66,6 +66,13 @@ def is_nm(mask: torch.Tensor, n: int = 2, m: int = 4, dim: int = -1, exact: bool
 
 
 def kept_fraction(weight: torch.Tensor, mask: torch.Tensor) -> float:
-    """sum |w| over kept entries / sum |w|."""
+    """sum |w| over kept entries / sum |w|. ``mask`` must have ``weight``'s shape (no broadcasting)."""
+    check_float_tensor(weight, "weight")
+    if not isinstance(mask, torch.Tensor) or mask.shape != weight.shape:
+        got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise ValueError(f"mask must be a tensor of weight's shape {tuple(weight.shape)}, got {got}")
     a = weight.detach().abs().double()
-    return float((a * mask).sum() / a.sum())
+    total = a.sum()
+    if total == 0:
+        raise ValueError("weight is all zeros: the kept fraction of |w| is undefined")
+    return float((a * (mask != 0)).sum() / total)

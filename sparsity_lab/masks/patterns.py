@@ -13,6 +13,8 @@ from functools import lru_cache
 
 import torch
 
+from ..validation import check_nm
+from .diversity import count_fixed_line_sums
 from .tiles import from_tiles, to_tiles
 
 # Above this many patterns the search is slower than min-cost flow (4:8 has 1.2e11).
@@ -56,10 +58,12 @@ def _patterns_cached(n: int, m: int) -> tuple[tuple[int, ...], ...]:
 
 def transposable_patterns(n: int = 2, m: int = 4) -> torch.Tensor:
     """(P, M, M) bool: every valid transposable N:M tile pattern, in a fixed order."""
-    pats = _patterns_cached(n, m)
-    if len(pats) > MAX_PATTERNS:
-        raise ValueError(f"{n}:{m} has {len(pats)} patterns; use solver='flow' for large M")
-    return torch.tensor(pats, dtype=torch.bool).reshape(-1, m, m)
+    check_nm(n, m)
+    # count first (cheap DP): enumerating e.g. 4:8's 1.2e11 patterns would never return
+    count = count_fixed_line_sums(m, n)
+    if count > MAX_PATTERNS:
+        raise ValueError(f"{n}:{m} has {count} patterns (more than {MAX_PATTERNS}); use solver='flow'")
+    return torch.tensor(_patterns_cached(n, m), dtype=torch.bool).reshape(-1, m, m)
 
 
 def pattern_count_small(n: int, m: int) -> bool:
