@@ -15,6 +15,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("sparsity_lab.demo", "a short tour: a 2:4 mask, the solvers compared, a flip-rate trace"),
     "bench-masks": ("sparsity_lab.benchmarks.mask_solvers", "time and compare the transposable-mask solvers (CPU)"),
     "bench-dyad": ("sparsity_lab.benchmarks.dyad", "DYAD layers against nn.Linear, forward+backward (GPU)"),
+    "bench-kernels": ("sparsity_lab.benchmarks.kernels", "the Triton kernels against the copy ceiling and baselines (GPU)"),
+    "train": ("sparsity_lab.lab.train", "pre-train the lab GPT on bytes with one method (dense, ste, srste, ...)"),
+    "compare": ("sparsity_lab.lab.compare", "every method, same seed, data and token budget: table, claims, figures"),
+    "decay-search": ("sparsity_lab.lab.decay_search", "choose masked decay's lambda_W by warm-up trials (our procedure)"),
 }
 
 

@@ -1,0 +1,334 @@
+"""``sparsity-lab compare``: every method, same seed, same data, same token budget.
+
+Each variant trains the same GPT (same initial weights, same batches, same validation windows,
+same schedule) and logs to ``OUT/<variant>/log.jsonl``. The comparison writes ``OUT/results.csv``,
+``OUT/results.json`` (with provenance), prints the table and a check of the seed papers' claims,
+and, when plotly is installed, ``OUT/loss_curves.html`` and ``OUT/flip_rates.html``.
+
+Metrics (T = planned steps; windows are fractions of T, chosen to end before the dense fine-tune
+switch at 5/6 T):
+    final_val_loss      validation loss after the last step
+    val_before_switch   validation loss after switch - 1 steps, where switch is the masked-decay dense
+                        fine-tune step: the last evaluation at which every variant still runs 2:4
+                        (at the switch step itself a fine-tuning run already evaluates its dense W)
+    flip_early          mean overall flip rate over steps in (0.10 T, 0.20 T]
+    flip_late           mean overall flip rate over steps in (0.70 T, 0.80 T]
+    flip_trend          flip_late / flip_early (< 1: the masks settle; >= 1: they do not)
+"""
+from __future__ import annotations
+
+import csv
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from ..methods.config import MaskedDecay
+from ..provenance import write_result
+from . import fp8_sim
+from .data import load_corpus
+from .options import add_common_arguments, cli_errors, common_method_options, config_from_args, given
+from .runlog import finite_json
+from .trainer import TrainConfig, Trainer, TrainingDiverged
+
+# variant -> (method name, method options). Decays are filled in from the command's options.
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "dense": ("dense", {}),
+    "ste": ("ste", {}),
+    "srste": ("srste", {}),
+    "masked_decay": ("masked_decay", {}),  # + dense fine-tune for the last 1/6
+    "masked_decay_noft": ("masked_decay", {"dense_finetune_at": None}),  # ablation for claim 3
+    "sste": ("sste", {}),
+    "sste_mvue": ("sste", {"mvue": True}),
+    "sste_mvue_fp8sim": ("sste", {"mvue": True, "backend": fp8_sim.NAME}),  # FP8 numerics simulated
+}
+DEFAULT_VARIANTS = ("dense", "ste", "srste", "masked_decay", "sste", "sste_mvue", "sste_mvue_fp8sim")
+EARLY, LATE = (0.10, 0.20), (0.70, 0.80)
+GAP_TOLERANCE = 0.02  # claim 5: within 2 % of dense
+
+
+def variant_config(base: TrainConfig, variant: str, common: dict, decay: float | None,
+                   srste_decay: float | None) -> TrainConfig:
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+    method, opts = VARIANTS[variant]
+    opts = {**common, **opts}
+    if method == "masked_decay" and decay is not None:
+        opts["decay"] = decay
+    if method == "srste" and srste_decay is not None:
+        opts["decay"] = srste_decay
+    return replace(base, method=method, method_options=opts)
+
+
+def _window_mean(history: list[dict], key: str, lo: float, hi: float, steps: int) -> float:
+    vals = [r[key] for r in history if lo * steps < r["step"] <= hi * steps and r.get(key) is not None]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def run_metrics(history: list[dict], steps: int, switch_step: int) -> dict:
+    """The table's numbers for one run, from its logged rows."""
+    vals = {r["step"]: r["val_loss"] for r in history if r["val_loss"] is not None}
+    flips = [(r["step"], r["flip_rate"]) for r in history if r["flip_rate"] is not None]
+    early = _window_mean(history, "flip_rate", *EARLY, steps)
+    late = _window_mean(history, "flip_rate", *LATE, steps)
+    tail = [r["loss"] for r in history[-max(1, len(history) // 20):]]
+    speeds = sorted(r["tokens_per_s"] for r in history)
+    peak = max(flips, key=lambda sf: sf[1]) if flips else (None, math.nan)
+    return {
+        "steps": history[-1]["step"] if history else 0,
+        "tokens": history[-1]["tokens"] if history else 0,
+        "final_val_loss": vals[max(vals)] if vals else math.nan,
+        "val_before_switch": vals.get(switch_step - 1, math.nan),
+        "final_train_loss": sum(tail) / len(tail) if tail else math.nan,
+        "flip_early": early, "flip_late": late,
+        "flip_trend": late / early if early > 0 else math.nan,
+        "flip_peak": peak[1], "flip_peak_step": peak[0],
+        "median_tokens_per_s": speeds[len(speeds) // 2] if speeds else math.nan,
+    }
+
+
+def judge_claims(rows: dict[str, dict]) -> list[dict]:
+    """The five claims of the issue, each with a stated rule, a verdict and its numbers.
+
+    holds is True/False, or None when a variant it needs was not run (or diverged).
+    """
+    def get(v, k):
+        r = rows.get(v)
+        return r[k] if r is not None and r.get(k) is not None and not _isnan(r[k]) else None
+
+    out = []
+    de, se = get("dense", "flip_trend"), get("ste", "flip_trend")
+    dl, sl = get("dense", "flip_late"), get("ste", "flip_late")
+    holds = None if None in (de, se) else (de < 1 and se >= 1)
+    out.append({"claim": "1. STE's flip rate stays high or grows while a healthy (dense) run's falls",
+                "rule": "dense flip_trend < 1 and STE flip_trend >= 1 (trend = late/early mean flip rate)",
+                "holds": holds,
+                "evidence": f"flip_trend dense {_f(de)}, STE {_f(se)}; late flip rate dense {_f(dl)}, STE {_f(sl)}"})
+
+    ml, ms = get("masked_decay", "flip_late"), get("masked_decay", "val_before_switch")
+    ss = get("ste", "val_before_switch")
+    mf, sf = get("masked_decay", "final_val_loss"), get("ste", "final_val_loss")
+    holds = None if None in (ml, sl, ms, ss) else (ml < sl and ms < ss)
+    out.append({"claim": "2. masked decay lowers the flip rate and the loss against STE",
+                "rule": "masked_decay flip_late < STE flip_late and val loss one step before the fine-tune "
+                        "switch (both still 2:4) < STE's at the same step",
+                "holds": holds,
+                "evidence": f"flip_late masked_decay {_f(ml)} vs STE {_f(sl)}; val before switch {_f(ms)} vs {_f(ss)}; "
+                            f"final val {_f(mf)} vs {_f(sf)}"})
+
+    dfin, dsw = get("dense", "final_val_loss"), get("dense", "val_before_switch")
+    nf = get("masked_decay_noft", "final_val_loss")
+    if nf is not None and mf is not None:
+        holds = mf < nf
+        rule = "masked_decay (with dense fine-tune) final val < masked_decay_noft final val (same run otherwise)"
+    elif None not in (mf, ms, dfin, dsw):
+        holds = (ms - dsw) > 0 and (mf - dfin) < (ms - dsw)
+        rule = ("no ablation run: the gap to dense just before the switch must shrink by the end "
+                "(the cosine tail also shrinks gaps, so this is weaker evidence)")
+    else:
+        holds, rule = None, "needs masked_decay and dense (or masked_decay_noft)"
+    gap_sw = None if None in (ms, dsw) else ms - dsw
+    gap_end = None if None in (mf, dfin) else mf - dfin
+    out.append({"claim": "3. dense fine-tuning recovers part of the gap", "rule": rule, "holds": holds,
+                "evidence": f"gap to dense before switch {_f(gap_sw)}, at end {_f(gap_end)}; final val with "
+                            f"fine-tune {_f(mf)}, without {_f(nf)}"})
+
+    tf, rf = get("sste", "final_val_loss"), get("srste", "final_val_loss")
+    out.append({"claim": "4. S-STE reaches a loss at least as low as SR-STE without a decay factor",
+                "rule": "sste final val <= srste final val", "holds": None if None in (tf, rf) else tf <= rf,
+                "evidence": f"final val S-STE {_f(tf)}, SR-STE {_f(rf)}"})
+
+    sparse_final = {v: get(v, "final_val_loss") for v in rows
+                    if v not in ("dense", "masked_decay") and get(v, "final_val_loss") is not None}
+    best = min(sparse_final, key=sparse_final.get) if sparse_final else None
+    holds = None if best is None or dfin is None else sparse_final[best] <= (1 + GAP_TOLERANCE) * dfin
+    md_note = "" if mf is None or dfin is None else (
+        f"; masked_decay (final model dense after fine-tune) {_f(mf)} = {_pct(mf, dfin)} vs dense")
+    out.append({"claim": "5. the best 2:4 method's final val loss is within 2 % of dense",
+                "rule": "min final val over variants whose final model is 2:4 <= 1.02 x dense final val",
+                "holds": holds,
+                "evidence": (f"best 2:4: {best} {_f(sparse_final.get(best))} = {_pct(sparse_final.get(best), dfin)} "
+                             f"vs dense {_f(dfin)}" if best else "no 2:4 variant finished") + md_note})
+    return out
+
+
+def _isnan(x) -> bool:
+    return isinstance(x, float) and math.isnan(x)
+
+
+def _f(x) -> str:
+    return "n/a" if x is None or _isnan(x) else f"{x:.4g}"
+
+
+def _pct(x, ref) -> str:
+    return "n/a" if x is None or ref is None else f"{100 * (x / ref - 1):+.2f} %"
+
+
+def size_to_time(base: TrainConfig, variants: list[str], budget_s: float, corpus, decay=None, srste_decay=None,
+                 common: dict | None = None, max_tokens: float | None = None,
+                 probe_steps: int = 20) -> tuple[int, dict]:
+    """Steps per variant so that all variants together take about budget_s seconds.
+
+    Each variant is probed for probe_steps steps (median seconds per step over the second half,
+    so start-up and compilation stay out), one validation pass is timed, and the set-up time is
+    measured; then steps = (budget - set-ups) / (sum of seconds per step + evaluations per step).
+    """
+    probes = {}
+    for variant in variants:
+        cfg = replace(variant_config(base, variant, common or {}, decay, srste_decay), steps=10 * probe_steps,
+                      eval_interval=10**9, log_path=None, checkpoint_path=None, progress=False)
+        start = time.perf_counter()
+        trainer = Trainer(cfg, corpus=corpus)
+        setup = time.perf_counter() - start
+        trainer.run(stop_at=probe_steps)
+        per_step = sorted(cfg.tokens_per_step / r["tokens_per_s"] for r in trainer.history[probe_steps // 2:])
+        start = time.perf_counter()
+        trainer.evaluate()
+        probes[variant] = {"setup_s": setup, "s_per_step": per_step[len(per_step) // 2],
+                           "eval_s": time.perf_counter() - start}
+        trainer.close()
+    per_step = sum(p["s_per_step"] + p["eval_s"] / base.eval_interval for p in probes.values())
+    steps = int((budget_s - sum(p["setup_s"] for p in probes.values())) / per_step)
+    if steps < 10:
+        raise ValueError(f"a time budget of {budget_s:.0f} s allows only {steps} steps per variant "
+                         f"({per_step:.3f} s per step over all variants); give more time or fewer variants")
+    if max_tokens is not None:
+        steps = max(1, min(steps, int(max_tokens // base.tokens_per_step)))
+    return steps, {"budget_s": budget_s, "probe_steps": probe_steps, "probes": probes, "steps": steps,
+                   "tokens_per_variant": steps * base.tokens_per_step, "max_tokens": max_tokens}
+
+
+def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, decay: float | None = None,
+                   srste_decay: float | None = None, common: dict | None = None, command: str | None = None,
+                   figures: bool = True, time_budget: float | None = None, max_tokens: float | None = None,
+                   auto_warmup: bool = False) -> dict:
+    """Train every variant and write the tables (and figures). Returns the results payload.
+
+    time_budget: size the steps per variant to fit about this many seconds in all (see
+    size_to_time; base.steps is then replaced); auto_warmup then sets warm-up to 5 % of them.
+    """
+    out_dir = Path(out_dir)
+    common = common or {}
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        raise ValueError(f"variants must be a non-empty list from {sorted(VARIANTS)}, got {variants}")
+    corpus = load_corpus(base.data, base.data_max_bytes, min_split_bytes=base.model.context + 1)
+    sizing = None
+    if time_budget is not None:
+        steps, sizing = size_to_time(base, variants, time_budget, corpus, decay, srste_decay, common, max_tokens)
+        warmup = max(1, round(0.05 * steps)) if auto_warmup else base.warmup_steps
+        base = replace(base, steps=steps, warmup_steps=warmup)
+        print(f"[compare] sized to {steps} steps ({sizing['tokens_per_variant']:,} tokens) per variant for about "
+              f"{time_budget:.0f} s; probes (s/step): " + ", ".join(
+                  f"{v} {p['s_per_step']:.4f}" for v, p in sizing["probes"].items()), flush=True)
+    switch = MaskedDecay(total_steps=base.steps).dense_finetune_step
+    base = replace(base, eval_at=tuple(sorted({*base.eval_at, max(1, switch - 1)})), checkpoint_path=None)
+    rows, meta = {}, {}
+    for variant in variants:
+        cfg = variant_config(base, variant, common, decay, srste_decay)
+        log = out_dir / variant / "log.jsonl"
+        if log.exists():
+            log.unlink()  # a comparison always starts its runs afresh
+        cfg = replace(cfg, log_path=str(log))
+        start = time.perf_counter()
+        trainer = Trainer(cfg, corpus=corpus)
+        status = "ok"
+        try:
+            trainer.run()
+        except TrainingDiverged as err:
+            status = f"diverged: {err}"
+        trainer.close()
+        metrics = run_metrics(trainer.history, cfg.steps, switch)
+        rows[variant] = {"variant": variant, "method": trainer.method.describe(), "status": status,
+                         **metrics, "wall_s": time.perf_counter() - start}
+        meta[variant] = {"config": cfg.to_dict(), "log": str(log.relative_to(out_dir))}
+        print(f"[compare] {variant}: final val {_f(rows[variant]['final_val_loss'])}, "
+              f"flip late {_f(rows[variant]['flip_late'])}, {rows[variant]['wall_s']:.1f} s ({status})", flush=True)
+    dense_final = rows.get("dense", {}).get("final_val_loss")
+    for r in rows.values():
+        r["gap_vs_dense_pct"] = (100 * (r["final_val_loss"] / dense_final - 1)
+                                 if dense_final and not _isnan(dense_final) else math.nan)
+    claims = judge_claims(rows)
+    payload = {"corpus": corpus.describe(), "steps": base.steps, "tokens_per_step": base.tokens_per_step,
+               "warmup_steps": base.warmup_steps, "decay": decay, "srste_decay": srste_decay,
+               "common_options": common, "sizing": sizing, "switch_step": switch,
+               "windows": {"early": EARLY, "late": LATE},
+               "table": list(rows.values()), "claims": claims, "runs": meta}
+    write_table(out_dir / "results.csv", list(rows.values()))
+    payload["figures"], payload["figures_note"] = [], None
+    if figures:
+        try:
+            from .figures import write_figures
+            payload["figures"] = [str(p.name) for p in write_figures(out_dir, variants)]
+        except ImportError as err:
+            payload["figures_note"] = f"figures skipped: {err}"
+    write_result("results", finite_json(payload), command=command, directory=out_dir)
+    print_report(payload)
+    return payload
+
+
+TABLE_COLUMNS = ("variant", "method", "status", "steps", "tokens", "final_val_loss", "gap_vs_dense_pct",
+                 "val_before_switch", "final_train_loss", "flip_early", "flip_late", "flip_trend", "flip_peak",
+                 "flip_peak_step", "median_tokens_per_s", "wall_s")
+
+
+def write_table(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=TABLE_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: ("" if _isnan(r.get(k)) or r.get(k) is None else r.get(k)) for k in TABLE_COLUMNS})
+
+
+def print_report(payload: dict) -> None:
+    cols = ("variant", "final_val_loss", "gap_vs_dense_pct", "val_before_switch", "flip_early", "flip_late",
+            "flip_trend", "median_tokens_per_s")
+    print("\n" + "  ".join(f"{c:>18}" for c in cols))
+    for r in payload["table"]:
+        print("  ".join(f"{r[c]:>18}" if isinstance(r[c], str) else f"{_f(r[c]):>18}" for c in cols))
+    print("\nClaims of the seed papers at this scale (rules are ours, stated with each):")
+    for c in payload["claims"]:
+        verdict = {True: "HOLDS", False: "FAILS", None: "NOT TESTED"}[c["holds"]]
+        print(f"  [{verdict}] {c['claim']}\n      rule: {c['rule']}\n      {c['evidence']}")
+    if payload.get("figures_note"):
+        print(f"\n{payload['figures_note']}")
+    elif payload.get("figures"):
+        print(f"\nfigures: {', '.join(payload['figures'])}")
+
+
+# --- command line ---------------------------------------------------------------------------------
+def add_arguments(parser) -> None:
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                        help=f"comma-separated, from {sorted(VARIANTS)} (default {','.join(DEFAULT_VARIANTS)})")
+    parser.add_argument("--decay", type=float, default=None, help="masked decay's lambda_W (default 6e-5)")
+    parser.add_argument("--srste-decay", type=float, default=None, help="SR-STE's lambda_W (default 2e-4)")
+    parser.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
+    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                        help="size the steps per variant (replacing --steps) so that all variants take about "
+                             "this long, from a short probe of each")
+    parser.add_argument("--max-tokens", type=float, default=None, help="with --time-budget: at most this many "
+                        "tokens per variant")
+    parser.add_argument("--figures-from", metavar="DIR", default=None,
+                        help="only (re)draw the figures of an earlier comparison in DIR (needs plotly)")
+    add_common_arguments(parser)
+
+
+@cli_errors("compare")
+def run(args) -> int:
+    if args.figures_from:
+        from .figures import write_figures
+        try:
+            paths = write_figures(Path(args.figures_from))
+        except ImportError as err:
+            raise ValueError(str(err)) from err
+        print("\n".join(str(p) for p in paths))
+        return 0
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    base = config_from_args(args)
+    if args.time_budget is not None and given(args, "steps", "tokens"):
+        raise ValueError("--time-budget sizes the steps itself; drop --steps/--tokens")
+    run_comparison(base, variants, args.out, decay=args.decay, srste_decay=args.srste_decay,
+                   common=common_method_options(args), time_budget=args.time_budget, max_tokens=args.max_tokens,
+                   auto_warmup=not given(args, "warmup_steps"))
+    return 0

@@ -1,0 +1,149 @@
+"""``sparsity-lab decay-search``: choose masked decay's lambda_W from short warm-up trials.
+
+THIS IS OUR PROCEDURE. Hu et al. 2024 propose determining a feasible lambda_W during warm-up, but
+their exact rule was not available to us; what follows is sparsity-lab's own, documented rule.
+
+Trials: the planned run (its schedule over ``steps``) trained for only ``trial_steps`` steps
+(default: the warm-up), once dense (the reference), once with STE (lambda_W = 0, shown for context)
+and once with MaskedDecay(lambda_W) for every lambda_W of a log grid (no dense fine-tune: the
+trials end long before it). Each trial reports
+    L   validation loss at its last step
+    r   mean overall flip rate over the last quarter of its steps
+Criterion (ours):
+    loss_ok(lambda) = L(lambda) / L_dense - 1 <= min over the grid of (L / L_dense - 1) + loss_tolerance
+    choice = among loss_ok lambdas, the one whose flip rate is closest to the dense run's
+             (smallest |log(r(lambda) / r_dense)|; ties go to the smaller lambda)
+Why: a healthy sparse run's masks should change about as often as a dense run's would-be masks.
+Far more flips is STE's instability; far fewer is a mask frozen early by too much decay. The loss
+condition keeps out lambdas that already cost accuracy in warm-up. ``at_grid_edge`` says when the
+choice is the grid's smallest or largest value (widen the grid).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+from ..provenance import write_result
+from .data import load_corpus
+from .options import add_common_arguments, cli_errors, common_method_options, config_from_args
+from .runlog import finite_json
+from .trainer import TrainConfig, Trainer, TrainingDiverged
+
+# Half-decades. The reference constants (6e-5 for GPT-2 124M) sit low in it; small models with
+# Adam-normalised updates may need larger values before the decay term is comparable to dW.
+DEFAULT_GRID = (1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+
+HELP = ("choose masked decay's lambda_W by short warm-up trials over a log grid, judged by flip rate and "
+        "loss against a dense reference. This is sparsity-lab's own procedure: the paper proposes "
+        "finding a feasible lambda_W in warm-up but its exact rule was not available to us.")
+
+
+def _trial(base: TrainConfig, method: str, options: dict, trial_steps: int, corpus) -> dict:
+    cfg = replace(base, method=method, method_options=options, eval_at=(trial_steps,), log_path=None,
+                  checkpoint_path=None)
+    trainer = Trainer(cfg, corpus=corpus)
+    try:
+        trainer.run(stop_at=trial_steps)
+    except TrainingDiverged as err:
+        trainer.close()
+        return {"method": method, "options": options, "val_loss": math.nan, "flip_rate": math.nan,
+                "status": f"diverged: {err}"}
+    trainer.close()
+    last = [r["flip_rate"] for r in trainer.history[-max(1, trial_steps // 4):] if r["flip_rate"] is not None]
+    return {"method": method, "options": options, "val_loss": trainer.history[-1]["val_loss"],
+            "flip_rate": sum(last) / len(last) if last else math.nan, "status": "ok"}
+
+
+def choose_decay(dense: dict, trials: dict[float, dict], loss_tolerance: float) -> dict:
+    """Apply the criterion (module docstring) to finished trials. Returns the choice and per-lambda verdicts."""
+    ld, rd = dense["val_loss"], dense["flip_rate"]
+    if not (math.isfinite(rd) and rd > 0):
+        raise ValueError(f"the dense reference has no flip rate ({rd}); run longer trials")
+    gaps = {lam: t["val_loss"] / ld - 1 for lam, t in trials.items() if math.isfinite(t["val_loss"])}
+    if not gaps:
+        raise ValueError("every masked-decay trial diverged; lower the learning rate or the grid")
+    best_gap = min(gaps.values())
+    verdicts = {}
+    for lam, t in trials.items():
+        r = t["flip_rate"]
+        distance = abs(math.log(r / rd)) if math.isfinite(r) and r > 0 else math.inf
+        verdicts[lam] = {"gap_vs_dense": gaps.get(lam, math.nan), "flip_vs_dense": r / rd,
+                         "loss_ok": lam in gaps and gaps[lam] <= best_gap + loss_tolerance,
+                         "log_flip_distance": distance}
+    candidates = [lam for lam, v in verdicts.items() if v["loss_ok"]]
+    chosen = min(candidates, key=lambda lam: (verdicts[lam]["log_flip_distance"], lam))
+    return {"decay": chosen, "verdicts": verdicts, "at_grid_edge": chosen in (min(trials), max(trials))}
+
+
+def search_decay(base: TrainConfig, grid=DEFAULT_GRID, trial_steps: int | None = None,
+                 loss_tolerance: float = 0.005, common: dict | None = None) -> dict:
+    grid = sorted(float(g) for g in grid)
+    if not grid or grid[0] <= 0:
+        raise ValueError(f"grid must hold positive lambda_W values, got {grid}")
+    trial_steps = trial_steps or max(base.warmup_steps, 1)
+    if not 1 <= trial_steps <= base.steps:
+        raise ValueError(f"trial_steps must be in [1, steps={base.steps}], got {trial_steps}")
+    common = common or {}
+    corpus = load_corpus(base.data, base.data_max_bytes, min_split_bytes=base.model.context + 1)
+    dense = _trial(base, "dense", common, trial_steps, corpus)
+    if not math.isfinite(dense["val_loss"]):
+        raise ValueError(f"the dense reference trial diverged ({dense['status']}); lower the learning rate")
+    ste = _trial(base, "ste", common, trial_steps, corpus)
+    trials = {}
+    for lam in grid:
+        trials[lam] = _trial(base, "masked_decay", {**common, "decay": lam, "dense_finetune_at": None},
+                             trial_steps, corpus)
+        print(f"[decay-search] lambda_W {lam:.1e}: val {trials[lam]['val_loss']:.4f}, "
+              f"flip {trials[lam]['flip_rate']:.3e}", flush=True)
+    choice = choose_decay(dense, trials, loss_tolerance)
+    return {"procedure": "sparsity-lab's own (the paper's exact rule was not available)",
+            "criterion": {"loss_tolerance": loss_tolerance,
+                          "rule": "among lambdas with gap to dense <= best gap + loss_tolerance, the one whose "
+                                  "flip rate is closest to the dense run's (ratio); ties to the smaller"},
+            "trial_steps": trial_steps, "planned_steps": base.steps, "corpus": corpus.describe(),
+            "dense": dense, "ste": ste, "trials": [{"decay": lam, **trials[lam], **choice["verdicts"][lam]}
+                                                   for lam in grid],
+            "chosen": {k: choice[k] for k in ("decay", "at_grid_edge")}}
+
+
+def print_evidence(result: dict) -> None:
+    d, s = result["dense"], result["ste"]
+    print(f"\nDecay search over {result['trial_steps']} warm-up steps ({result['procedure']})")
+    print(f"  dense reference: val {d['val_loss']:.4f}, flip {d['flip_rate']:.3e}")
+    print(f"  STE (lambda 0):  val {s['val_loss']:.4f}, flip {s['flip_rate']:.3e}")
+    print(f"  {'lambda_W':>9} {'val loss':>9} {'gap %':>7} {'flip':>10} {'flip/dense':>10}  loss ok")
+    for t in result["trials"]:
+        print(f"  {t['decay']:>9.1e} {t['val_loss']:>9.4f} {100 * t['gap_vs_dense']:>7.2f} {t['flip_rate']:>10.3e} "
+              f"{t['flip_vs_dense']:>10.3f}  {'yes' if t['loss_ok'] else 'no'}")
+    c = result["chosen"]
+    print(f"  rule: {result['criterion']['rule']}")
+    edge = "  (at the edge of the grid: widen it)" if c["at_grid_edge"] else ""
+    print(f"  chosen lambda_W = {c['decay']:.1e}{edge}")
+
+
+def add_arguments(parser) -> None:
+    parser.description = HELP
+    parser.add_argument("--grid", default=",".join(f"{g:g}" for g in DEFAULT_GRID),
+                        help="comma-separated lambda_W values (default half-decades 1e-6..1e-1)")
+    parser.add_argument("--trial-steps", type=int, default=None, help="steps per trial (default: the warm-up steps)")
+    parser.add_argument("--loss-tolerance", type=float, default=0.005,
+                        help="acceptable gap to dense <= best gap + this (relative; default 0.005)")
+    parser.add_argument("--out", default=None, help="write the evidence to OUT/decay_search.json")
+    add_common_arguments(parser)
+
+
+@cli_errors("decay-search")
+def run(args) -> int:
+    try:
+        grid = [float(g) for g in args.grid.split(",") if g.strip()]
+    except ValueError as err:
+        raise ValueError(f"--grid must be comma-separated numbers, got {args.grid!r}") from err
+    result = search_decay(config_from_args(args), grid, args.trial_steps, args.loss_tolerance,
+                          common_method_options(args))
+    print_evidence(result)
+    if args.out:
+        path = write_result("decay_search", finite_json(result), directory=Path(args.out))
+        print(f"  evidence written to {path}")
+    return 0
+

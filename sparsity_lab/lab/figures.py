@@ -1,0 +1,70 @@
+"""Plotly figures of a comparison: loss curves and flip-rate curves, one line per variant.
+
+plotly is optional (the ``lab`` extra). Without it ``write_figures`` raises ImportError with what to
+do; ``compare`` then reports the figures as skipped and still writes its tables.
+The HTML files load plotly.js from its CDN (small files; viewing needs a network connection).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .runlog import read_log
+
+PLOTLY_MISSING = ("plotly is not installed (pip install 'sparsity-lab[lab]'); the tables and logs were written "
+                  "and `sparsity-lab compare --figures-from DIR` draws the figures where plotly is installed")
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    """Trailing mean over up to ``window`` values (the first points average what exists)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def _variants(out_dir: Path) -> list[str]:
+    found = sorted(p.parent.name for p in out_dir.glob("*/log.jsonl"))
+    if not found:
+        raise FileNotFoundError(f"no <variant>/log.jsonl under {str(out_dir)!r}: is it a compare output folder?")
+    return found
+
+
+def write_figures(out_dir: str | Path, variants: list[str] | None = None) -> list[Path]:
+    """Write OUT/loss_curves.html and OUT/flip_rates.html from OUT/<variant>/log.jsonl."""
+    try:
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+    except ImportError as err:
+        raise ImportError(PLOTLY_MISSING) from err
+    out_dir = Path(out_dir)
+    variants = variants or _variants(out_dir)
+    logs = {v: read_log(out_dir / v / "log.jsonl") for v in variants}
+
+    loss = make_subplots(rows=1, cols=2, subplot_titles=("training loss (moving average)", "validation loss"))
+    flips = go.Figure()
+    for i, (variant, rows) in enumerate(logs.items()):
+        color = f"hsl({int(360 * i / max(1, len(logs)))}, 70%, 45%)"
+        tokens = [r["tokens"] for r in rows]
+        smooth = moving_average([r["loss"] for r in rows], max(1, len(rows) // 50))
+        loss.add_trace(go.Scatter(x=tokens, y=smooth, name=variant, legendgroup=variant,
+                                  line={"color": color}), row=1, col=1)
+        val = [(r["tokens"], r["val_loss"]) for r in rows if r["val_loss"] is not None]
+        loss.add_trace(go.Scatter(x=[t for t, _ in val], y=[v for _, v in val], name=variant, legendgroup=variant,
+                                  mode="lines+markers", showlegend=False, line={"color": color}), row=1, col=2)
+        fr = [(r["step"], r["flip_rate"]) for r in rows if r["flip_rate"] is not None and r["flip_rate"] > 0]
+        if fr:
+            flips.add_trace(go.Scatter(x=[s for s, _ in fr], y=[f for _, f in fr], name=variant,
+                                       mode="lines", line={"color": color, "width": 1}))
+    loss.update_xaxes(title_text="tokens")
+    loss.update_yaxes(title_text="cross-entropy (nats per byte)")
+    loss.update_layout(title="Loss curves: same seed, data and token budget", template="plotly_white")
+    flips.update_layout(title="Overall flip rate per step (fraction of mask entries that changed)",
+                        xaxis_title="optimizer step", yaxis_title="flip rate", yaxis_type="log",
+                        template="plotly_white")
+    paths = [out_dir / "loss_curves.html", out_dir / "flip_rates.html"]
+    loss.write_html(paths[0], include_plotlyjs="cdn")
+    flips.write_html(paths[1], include_plotlyjs="cdn")
+    return paths

@@ -1,0 +1,150 @@
+"""Command-line options shared by ``train``, ``compare`` and ``decay-search``, and their error policy.
+
+Every option defaults to "not given" (argparse.SUPPRESS) and the dataclass defaults fill in, so a
+command can tell what the user actually set (``train --resume`` refuses settings that would change
+the resumed trajectory).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import sys
+from dataclasses import MISSING, fields
+
+from ..backends import available_backends
+from ..methods.config import METHODS
+from .checkpoint import CheckpointError
+from .model import FFN_KINDS, GPTConfig
+from .trainer import TrainConfig, TrainingDiverged
+
+_MODEL_DEFAULTS = {f.name: f.default for f in fields(GPTConfig)}
+_TRAIN_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
+S = argparse.SUPPRESS  # "not given": the dataclass default applies
+
+# option dest -> GPTConfig field
+MODEL_OPTIONS = {"layers": "n_layer", "heads": "n_head", "width": "d_model", "context": "context",
+                 "ffn": "ffn_kind", "ffn_hidden": "ffn_hidden"}
+# option dest -> TrainConfig field (same name)
+TRAIN_OPTIONS = ("data", "data_max_bytes", "batch_size", "grad_accum", "steps", "lr", "min_lr_ratio",
+                 "warmup_steps", "weight_decay", "grad_clip", "eval_interval", "eval_batches", "seed",
+                 "device", "precision")
+TRAJECTORY_OPTIONS = (*MODEL_OPTIONS, *TRAIN_OPTIONS, "tokens", "transposable", "mask_refresh_interval", "backend",
+                      "method", "decay", "mvue", "fp8_sim", "dense_finetune_at")
+
+
+def fraction_or_none(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1] or 'none', got {text!r}")
+    return value
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """Model, data, optimisation and 2:4 options (every command that trains)."""
+    d, t = _MODEL_DEFAULTS, _TRAIN_DEFAULTS
+    g = parser.add_argument_group("model (a GPT on bytes)")
+    g.add_argument("--layers", type=int, default=S, help=f"transformer blocks (default {d['n_layer']})")
+    g.add_argument("--heads", type=int, default=S, help=f"attention heads (default {d['n_head']})")
+    g.add_argument("--width", type=int, default=S,
+                   help=f"model width d, divisible by 4 for 2:4 (default {d['d_model']})")
+    g.add_argument("--context", type=int, default=S, help=f"context length in bytes (default {d['context']})")
+    g.add_argument("--ffn", choices=FFN_KINDS, default=S, help=f"FFN kind (default {d['ffn_kind']})")
+    g.add_argument("--ffn-hidden", type=int, default=S, help="FFN hidden width (default 4d for gelu, 8d/3 "
+                   "rounded up to 16 for gated kinds)")
+    g = parser.add_argument_group("data")
+    g.add_argument("--data", metavar="PATH", default=S, help="a text file or folder (default: the Python "
+                   "standard library's own .py files, no download)")
+    g.add_argument("--data-max-bytes", type=int, default=S,
+                   help=f"cap on the corpus size (default {t['data_max_bytes']})")
+    g = parser.add_argument_group("training")
+    g.add_argument("--batch-size", type=int, default=S, help=f"sequences per micro-batch (default {t['batch_size']})")
+    g.add_argument("--grad-accum", type=int, default=S,
+                   help=f"micro-batches per optimizer step (default {t['grad_accum']})")
+    budget = g.add_mutually_exclusive_group()
+    budget.add_argument("--steps", type=int, default=S, help=f"optimizer steps (default {t['steps']})")
+    budget.add_argument("--tokens", type=float, default=S, help="token budget instead of --steps (steps = "
+                        "ceil(tokens / (batch * grad_accum * context)))")
+    g.add_argument("--lr", type=float, default=S, help=f"peak AdamW learning rate (default {t['lr']})")
+    g.add_argument("--min-lr-ratio", type=float, default=S,
+                   help=f"cosine floor as a fraction of lr (default {t['min_lr_ratio']})")
+    g.add_argument("--warmup-steps", type=int, default=S, help="linear warm-up steps (default 5%% of the steps)")
+    g.add_argument("--weight-decay", type=float, default=S,
+                   help=f"AdamW weight decay on matrices (default {t['weight_decay']})")
+    g.add_argument("--grad-clip", type=float, default=S, help=f"gradient norm clip, 0 = off (default {t['grad_clip']})")
+    g.add_argument("--eval-interval", type=int, default=S,
+                   help=f"steps between validations (default {t['eval_interval']})")
+    g.add_argument("--eval-batches", type=int, default=S, help=f"validation batches (default {t['eval_batches']})")
+    g.add_argument("--seed", type=int, default=S, help=f"seed for weights and batches (default {t['seed']})")
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=S, help="default auto")
+    g.add_argument("--precision", choices=("auto", "bf16", "fp32"), default=S,
+                   help="auto: bf16 autocast on a GPU, fp32 on the CPU")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = parser.add_argument_group("2:4")
+    g.add_argument("--transposable", action="store_true", default=S, help="transposable 2:4 masks (2:4 along "
+                   "in and out: the input gradient can be sparse too)")
+    g.add_argument("--mask-refresh-interval", type=int, default=S, help="optimizer steps between mask "
+                   "computations (default 1: every step)")
+    g.add_argument("--backend", default=S, help=f"how the 2:4 products run: one of {available_backends()} "
+                   "(default torch, the reference)")
+
+
+def add_method_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("method")
+    g.add_argument("--method", default=S, help=f"one of {sorted(METHODS)} (default ste)")
+    g.add_argument("--decay", type=float, default=S, help="lambda_W for srste (default 2e-4) and masked_decay "
+                   "(default 6e-5, the GPT-2 124M reference); see `sparsity-lab decay-search`")
+    g.add_argument("--mvue", action="store_true", default=S, help="MVUE 2:4 weight gradient (S-STE's recipe)")
+    g.add_argument("--fp8-sim", action="store_true", default=S, help="simulate FP8 products (E4M3 forward, "
+                   "E5M2 gradients, per-tensor scales): numerics only, not faster")
+    g.add_argument("--dense-finetune-at", type=fraction_or_none, default=S, help="fraction of the steps after "
+                   "which the layers run dense ('none' = never; masked_decay defaults to 5/6)")
+
+
+def given(args: argparse.Namespace, *names: str) -> list[str]:
+    """The options among names that the user set."""
+    return [n for n in names if n in vars(args)]
+
+
+def common_method_options(args: argparse.Namespace) -> dict:
+    opts = {}
+    if "transposable" in vars(args):
+        opts["transposable"] = True
+    if "mask_refresh_interval" in vars(args):
+        opts["mask_refresh_interval"] = args.mask_refresh_interval
+    if "backend" in vars(args):
+        opts["backend"] = args.backend
+    return opts
+
+
+def config_from_args(args: argparse.Namespace, **overrides) -> TrainConfig:
+    """A TrainConfig from the parsed options; overrides win (e.g. method, method_options, paths)."""
+    a = vars(args)
+    model = GPTConfig(**{field: a[opt] for opt, field in MODEL_OPTIONS.items() if opt in a})
+    kw = {name: a[name] for name in TRAIN_OPTIONS if name in a}
+    if "tokens" in a:
+        if not a["tokens"] >= 1:
+            raise ValueError(f"--tokens must be >= 1, got {a['tokens']!r}")
+        per_step = kw.get("batch_size", _TRAIN_DEFAULTS["batch_size"]) * kw.get("grad_accum", 1) * model.context
+        kw["steps"] = max(1, math.ceil(a["tokens"] / per_step))
+    steps = kw.get("steps", _TRAIN_DEFAULTS["steps"])
+    kw.setdefault("warmup_steps", max(1, round(0.05 * steps)))
+    kw["progress"] = not a.get("no_progress", False)
+    kw.update(overrides)
+    return TrainConfig(model=model, **kw)
+
+
+def cli_errors(command: str):
+    """Turn user errors into one clear line on stderr and exit status 2 (no traceback)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(args):
+            try:
+                return fn(args)
+            except (ValueError, FileNotFoundError, CheckpointError, TrainingDiverged) as err:
+                print(f"sparsity-lab {command}: error: {err}", file=sys.stderr)
+                return 2
+        return run
+    return wrap

@@ -1,0 +1,83 @@
+"""``sparsity-lab train``: one pre-training run of the lab GPT with one method.
+
+    sparsity-lab train --method sste --mvue --steps 2000 --out runs/sste
+    sparsity-lab train --resume runs/sste/checkpoint.pt        # continue exactly where it stopped
+
+Writes OUT/log.jsonl (one row per step), OUT/checkpoint.pt (every --checkpoint-interval steps
+and at the end) and OUT/summary.json.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import fp8_sim
+from .options import (TRAJECTORY_OPTIONS, add_common_arguments, add_method_arguments, cli_errors,
+                      common_method_options, config_from_args, given)
+from .trainer import Trainer
+
+
+def add_arguments(parser) -> None:
+    add_method_arguments(parser)
+    add_common_arguments(parser)
+    g = parser.add_argument_group("output")
+    g.add_argument("--out", default=None, help="run folder (default runs/<method>)")
+    g.add_argument("--checkpoint-interval", type=int, default=0,
+                   help="steps between checkpoints (default 0: only at the end)")
+    g.add_argument("--resume", metavar="CHECKPOINT", default=None,
+                   help="continue a run from its checkpoint (its settings come from the checkpoint)")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
+    g.add_argument("--stop-at", type=int, default=None, metavar="STEP",
+                   help="stop after this step (the schedule still plans --steps); continue later with --resume")
+
+
+def method_options(args) -> dict:
+    opts = common_method_options(args)
+    for name in ("decay", "dense_finetune_at"):
+        if name in vars(args):
+            opts[name] = getattr(args, name)
+    if "mvue" in vars(args):
+        opts["mvue"] = True
+    if "fp8_sim" in vars(args):
+        if "backend" in opts:
+            raise ValueError("--fp8-sim runs the products on its own backend (torch_fp8sim); drop --backend")
+        opts["backend"] = fp8_sim.NAME
+    return opts
+
+
+@cli_errors("train")
+def run(args) -> int:
+    if args.resume:
+        clash = given(args, *TRAJECTORY_OPTIONS)
+        if clash:
+            raise ValueError(f"--resume takes the run's settings from the checkpoint; drop "
+                             f"{', '.join('--' + c.replace('_', '-') for c in clash)}")
+        out = Path(args.out) if args.out else Path(args.resume).parent
+        trainer = Trainer.resume(args.resume, log_path=str(out / "log.jsonl"),
+                                 checkpoint_path=str(out / "checkpoint.pt"),
+                                 checkpoint_interval=args.checkpoint_interval, progress=not args.no_progress)
+        print(f"resumed {args.resume} at step {trainer.step} of {trainer.config.steps}")
+    else:
+        method = getattr(args, "method", "ste")
+        out = Path(args.out or f"runs/{method}")
+        log = out / "log.jsonl"
+        if log.exists():
+            if not args.overwrite:
+                raise ValueError(f"{str(out)!r} already holds a run; pass --resume {out / 'checkpoint.pt'}, "
+                                 "--overwrite or another --out")
+            log.unlink()
+        config = config_from_args(args, method=method, method_options=method_options(args), log_path=str(log),
+                                  checkpoint_path=str(out / "checkpoint.pt"),
+                                  checkpoint_interval=args.checkpoint_interval)
+        trainer = Trainer(config)
+        print(f"{trainer.method.describe()}: {trainer.model.num_params():,} parameters, {config.steps} steps of "
+              f"{config.tokens_per_step:,} tokens on {trainer.device}; corpus {trainer.corpus.source} "
+              f"({trainer.corpus.train.numel():,} training bytes)")
+    summary = trainer.run(stop_at=args.stop_at)
+    trainer.close()
+    summary.update(config=trainer.config.to_dict(), corpus=trainer.corpus.describe())
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    speed = summary["median_tokens_per_s"]
+    print(f"step {summary['step']}: val loss {summary['final_val_loss']}, median "
+          f"{'n/a' if speed is None else f'{speed:.0f}'} tokens/s; log {out / 'log.jsonl'}")
+    return 0

@@ -1,0 +1,364 @@
+"""The pre-training loop: a GPT on bytes, made 2:4 by ``sparsify``, trained with AdamW.
+
+One optimizer step:
+    for each of grad_accum micro-batches:  loss = model(x, y) / grad_accum; loss.backward()
+    clip_grad_norm_(params, grad_clip)
+    optimizer.step()     <- attach_optimizer's pre-hook adds masked decay here (after clipping),
+                            its post-hook advances the layers' step counters (mask refresh
+                            interval, dense fine-tune switch)
+    scheduler.step()     <- linear warm-up, then cosine down to min_lr_ratio * lr
+Products run under bf16 autocast on a GPU and in fp32 on the CPU (``precision="auto"``).
+
+Every method, dense included, goes through ``sparsify``: ``Dense()`` keeps the products dense but
+computes the would-be 2:4 mask, so the dense run gives the reference flip-rate curve.
+
+Resume is exact: the checkpoint holds model (masks, beta and counters included), optimizer,
+scheduler, the data sampler's generator and the torch RNG states, and a resumed run follows the
+same loss sequence bit for bit (on the CPU; GPU kernels may not be bitwise deterministic).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..methods.config import SparsityMethod, method_from_name
+from ..methods.flip_rate import overall_flip_rate
+from ..sparsify import flip_report, sparsify, sparsity_summary
+from ..training_hooks import attach_optimizer, sparse_layers
+from . import fp8_sim  # noqa: F401  (registers the "torch_fp8sim" backend that methods may name)
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .data import DEFAULT_MAX_BYTES, BatchSampler, ByteCorpus, load_corpus
+from .model import GPT, GPTConfig
+from .runlog import RunLog, clean_row
+
+# Settings that do not change the trajectory: a resumed run may set them anew.
+RUN_ONLY_FIELDS = ("log_path", "checkpoint_path", "checkpoint_interval", "progress")
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+@dataclass
+class TrainConfig:
+    method: str = "ste"
+    method_options: dict = field(default_factory=dict)  # e.g. {"decay": 6e-5, "mvue": True}
+    model: GPTConfig = field(default_factory=GPTConfig)
+    data: str | None = None  # None: the standard library's .py files
+    data_max_bytes: int = DEFAULT_MAX_BYTES
+    batch_size: int = 16
+    grad_accum: int = 1
+    steps: int = 1000  # optimizer steps planned (the schedule and the dense fine-tune switch use it)
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    betas: tuple = (0.9, 0.95)
+    grad_clip: float = 1.0  # 0 turns clipping off
+    eval_interval: int = 100
+    eval_batches: int = 10
+    eval_at: tuple = ()  # extra steps to evaluate at (e.g. the dense fine-tune switch)
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp32
+    log_path: str | None = None
+    checkpoint_path: str | None = None
+    checkpoint_interval: int = 0  # 0: a checkpoint at the end only (when checkpoint_path is set)
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model, dict):
+            self.model = GPTConfig(**self.model)
+        self.betas, self.eval_at = tuple(self.betas), tuple(int(s) for s in self.eval_at)
+        for name in ("batch_size", "grad_accum", "steps", "eval_interval", "eval_batches"):
+            _positive_int(name, getattr(self, name))
+        for name in ("warmup_steps", "checkpoint_interval", "data_max_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"need lr > 0 and 0 <= min_lr_ratio <= 1, got lr={self.lr!r}, "
+                             f"min_lr_ratio={self.min_lr_ratio!r}")
+        if not self.grad_clip >= 0 or not self.weight_decay >= 0:
+            raise ValueError(f"grad_clip and weight_decay must be >= 0, got {self.grad_clip!r}, {self.weight_decay!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.grad_accum * self.model.context
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["betas"], d["eval_at"] = list(self.betas), list(self.eval_at)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown TrainConfig fields {sorted(unknown)}")
+        return cls(**d)
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def build_method(name: str, options: dict, total_steps: int) -> SparsityMethod:
+    """The method object for a run of total_steps optimizer steps (clear errors for bad names/options)."""
+    try:
+        return method_from_name(name, total_steps=total_steps, **options)
+    except TypeError as err:  # an option the method's dataclass does not have
+        raise ValueError(f"method {name!r} does not take option(s) {sorted(options)}: {err}") from err
+
+
+class WarmupCosine:
+    """lr factor at step s: (s + 1) / warmup during warm-up, then cosine from 1 to min_ratio at total.
+
+    A callable object (not a lambda) so that LambdaLR's state_dict stores it as plain numbers.
+    """
+
+    def __init__(self, warmup: int, total: int, min_ratio: float) -> None:
+        self.warmup, self.total, self.min_ratio = warmup, total, min_ratio
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but no CUDA GPU is available; use device='cpu' or 'auto'")
+    return torch.device(name)
+
+
+class Trainer:
+    """Builds model, data, optimizer and schedule from a TrainConfig and trains.
+
+        trainer = Trainer(TrainConfig(method="sste", steps=2000))
+        summary = trainer.run()            # or run(stop_at=500) to stop early
+        trainer = Trainer.resume("runs/x/checkpoint.pt"); trainer.run()
+
+    ``history`` holds the logged rows (the same as the JSONL log) of this process.
+    """
+
+    def __init__(self, config: TrainConfig, corpus: ByteCorpus | None = None) -> None:
+        self.config = cfg = config
+        self.device = resolve_device(cfg.device)
+        use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.device.type == "cuda")
+        self.autocast_dtype = torch.bfloat16 if use_bf16 else None
+        self.corpus = corpus if corpus is not None else load_corpus(
+            cfg.data, cfg.data_max_bytes, min_split_bytes=cfg.model.context + 1)
+
+        self.method = build_method(cfg.method, cfg.method_options, cfg.steps)
+        cfg.model.check_nm(self.method.m, self.method.transposable)
+        torch.manual_seed(cfg.seed)  # the same initial weights for every method
+        self.model = sparsify(GPT(cfg.model), self.method).to(self.device)
+        self.layers = sparse_layers(self.model)
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+        self.hooks = attach_optimizer(self.model, self.optimizer)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, WarmupCosine(cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
+
+        self.sampler = BatchSampler(self.corpus.train, cfg.batch_size, cfg.model.context, seed=cfg.seed)
+        # fixed validation windows: every evaluation scores the same bytes
+        val = BatchSampler(self.corpus.val, cfg.batch_size, cfg.model.context, seed=cfg.seed + 1)
+        self.val_batches = [val.sample(self.device) for _ in range(cfg.eval_batches)]
+
+        self.step = 0
+        self.history: list[dict] = []
+        self.log = RunLog(cfg.log_path)
+
+    # --- checkpoints -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "config": self.config.to_dict(),
+            "corpus": self.corpus.describe(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+        }
+
+    def save(self, path: str | Path | None = None) -> Path:
+        path = path or self.config.checkpoint_path
+        if path is None:
+            raise ValueError("no checkpoint path: pass one or set TrainConfig.checkpoint_path")
+        self.log.flush()
+        return save_checkpoint(path, self.state_dict())
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["corpus"]["sha256"] != self.corpus.fingerprint:
+            raise CheckpointError(f"the data differ from the checkpoint's ({state['corpus']['source']}, "
+                                  f"sha256 {state['corpus']['sha256'][:12]}... vs {self.corpus.fingerprint[:12]}...)")
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.sampler.load_state_dict(state["sampler"])
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise CheckpointError(f"checkpoint does not fit this run: {str(err).splitlines()[0][:300]}") from err
+        torch.set_rng_state(state["torch_rng"])
+        if state.get("cuda_rng") is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+        self.step = int(state["step"])
+        self.log.truncate_after(self.step)
+
+    @classmethod
+    def resume(cls, path: str | Path, corpus: ByteCorpus | None = None, **run_options) -> "Trainer":
+        """A trainer at the checkpoint's step, with the checkpoint's settings.
+
+        run_options may change only the settings that leave the trajectory alone (log and
+        checkpoint paths, checkpoint interval, progress bar).
+        """
+        state = load_checkpoint(path)
+        bad = set(run_options) - set(RUN_ONLY_FIELDS)
+        if bad:
+            raise ValueError(f"resume takes the run's settings from the checkpoint; only {RUN_ONLY_FIELDS} "
+                             f"may be changed, got {sorted(bad)}")
+        try:
+            config = TrainConfig.from_dict({**state["config"], **run_options})
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(f"checkpoint {str(path)!r} holds an unusable config: {err}") from err
+        trainer = cls(config, corpus)
+        trainer.load_state_dict(state)
+        return trainer
+
+    # --- one step ------------------------------------------------------------------------------
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def train_step(self) -> dict:
+        """One optimizer step (grad_accum micro-batches). Returns the logged row."""
+        cfg, model = self.config, self.model
+        model.train()
+        start = time.perf_counter()
+        lr = self.optimizer.param_groups[0]["lr"]
+        loss_sum = torch.zeros((), device=self.device)
+        for _ in range(cfg.grad_accum):
+            x, y = self.sampler.sample(self.device)
+            with self._autocast():
+                _, loss = model(x, y)
+            (loss / cfg.grad_accum).backward()
+            loss_sum += loss.detach()
+        masks = self._mask_stats()  # the masks and phase this step's products used
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        self.optimizer.step()  # masked decay (pre-hook), then the update, then counters (post-hook)
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        loss_value = (loss_sum / cfg.grad_accum).item()  # also waits for the GPU: the timing is real
+        seconds = time.perf_counter() - start
+        if not math.isfinite(loss_value):
+            raise TrainingDiverged(f"{cfg.method}: the training loss became {loss_value} at step {self.step}")
+        row = {"step": self.step, "tokens": self.step * cfg.tokens_per_step, "loss": loss_value,
+               "val_loss": None, "lr": lr, "grad_norm": float(grad_norm)}
+        row.update(masks)
+        row["tokens_per_s"] = cfg.tokens_per_step / seconds
+        return clean_row(row)
+
+    def _mask_stats(self) -> dict:
+        """Called between backward and optimizer step: flip rates of the masks computed for this
+        step (null where none was), mean beta, and the density of the weights the products used."""
+        report = flip_report(self.model)
+        flips, pairs = {}, []
+        for name, layer in self.layers:
+            fresh = layer.mask_updates >= 2 and layer.mask_step == layer.step
+            rate = report[name] if fresh else math.nan
+            flips[f"flip/{name}"] = rate
+            if fresh:
+                pairs.append((layer.last_flips, layer.mask.numel()))
+        rows = sparsity_summary(self.model)
+        sizes = [layer.weight.numel() for _, layer in self.layers]
+        used = [1.0 if r["dense_now"] else r["density"] for r in rows]
+        return {"flip_rate": overall_flip_rate(pairs), **flips,
+                "beta": sum(r["beta"] for r in rows) / len(rows),
+                "density": sum(u * s for u, s in zip(used, sizes)) / sum(sizes),
+                "dense_phase": all(r["dense_now"] for r in rows)}
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean cross-entropy (nats per byte) on the fixed validation windows."""
+        for _, layer in self.layers:
+            # the mask the next step would compute from these same weights: evaluate with it
+            if layer.mask_due():
+                layer.refresh_mask()
+        self.model.eval()
+        total = torch.zeros((), device=self.device)
+        for x, y in self.val_batches:
+            with self._autocast():
+                _, loss = self.model(x, y)
+            total += loss
+        self.model.train()
+        return (total / len(self.val_batches)).item()
+
+    def _eval_due(self) -> bool:
+        cfg = self.config
+        return self.step % cfg.eval_interval == 0 or self.step == cfg.steps or self.step in cfg.eval_at
+
+    # --- the loop ----------------------------------------------------------------------------------
+    def run(self, stop_at: int | None = None) -> dict:
+        """Train from the current step to ``stop_at`` (default: the planned steps). Returns summary()."""
+        cfg = self.config
+        end = cfg.steps if stop_at is None else min(int(stop_at), cfg.steps)
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=not cfg.progress, desc=cfg.method,
+                   dynamic_ncols=True, leave=False)
+        try:
+            while self.step < end:
+                row = self.train_step()
+                if self._eval_due():
+                    row["val_loss"] = self.evaluate()
+                self.history.append(row)
+                self.log.write(row)
+                bar.update(1)
+                flip = row["flip_rate"]
+                bar.set_postfix(loss=f"{row['loss']:.3f}", flip="-" if flip is None else f"{flip:.2e}",
+                                tok_s=f"{row['tokens_per_s']:.3g}", refresh=False)
+                if cfg.checkpoint_path and cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0:
+                    self.save()
+            if cfg.checkpoint_path and self.step == end:
+                self.save()
+        finally:
+            bar.close()
+            self.log.flush()
+        return self.summary()
+
+    def summary(self) -> dict:
+        vals = [r for r in self.history if r["val_loss"] is not None]
+        speeds = sorted(r["tokens_per_s"] for r in self.history)
+        return {
+            "method": self.config.method, "describe": self.method.describe(), "step": self.step,
+            "tokens": self.step * self.config.tokens_per_step,
+            "final_val_loss": vals[-1]["val_loss"] if vals else None,
+            "median_tokens_per_s": speeds[len(speeds) // 2] if speeds else None,
+            "params": self.model.num_params(),
+        }
+
+    def close(self) -> None:
+        self.log.close()
+        self.hooks.remove()
