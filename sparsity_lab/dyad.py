@@ -102,3 +102,23 @@ class DyadLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"n_blocks={self.n_blocks}, variant=dyad-{self.variant}, bias={self.bias is not None}")
+
+
+def dyadify(model: nn.Module, n_blocks: int = 4, variant: str = "it", select=None) -> nn.Module:
+    """Replace the selected nn.Linear modules (default: FFN linears) by fresh DyadLinear layers, in place."""
+    from .sparsify import module_selector
+
+    chosen = module_selector(select)
+    targets = [(name, mod) for name, mod in model.named_modules() if type(mod) is nn.Linear and chosen(name, mod)]
+    if not targets:
+        raise ValueError(f"no nn.Linear matched select={select!r}")
+    built = []
+    for name, linear in targets:  # build all before swapping any: an error leaves the model intact
+        try:
+            built.append((name, DyadLinear.from_linear(linear, n_blocks, variant)))
+        except ValueError as err:
+            raise ValueError(f"cannot make {name!r} DYAD: {err}") from err
+    for name, layer in built:
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
+    return model

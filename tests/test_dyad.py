@@ -85,3 +85,22 @@ def test_benchmark_runs_small_on_cpu_and_writes_json(tmp_path):
     data = json.loads((tmp_path / "dyad_cpu.json").read_text())
     assert data["provenance"]["torch"] and len(data["rows"]) == 2
     assert all(r["dense_ms"] > 0 and r["dyad_ms"] > 0 for r in data["rows"])
+
+
+def test_dyadify_swaps_only_ffn_linears_and_keeps_the_model_on_error():
+    from torch import nn
+
+    from sparsity_lab.dyad import dyadify
+
+    model = nn.Sequential()
+    model.add_module("attn", nn.Linear(16, 16))
+    model.add_module("mlp", nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16)))
+    dyadify(model, n_blocks=4, variant="ot")
+    assert isinstance(model.mlp[0], DyadLinear) and isinstance(model.mlp[2], DyadLinear)
+    assert type(model.attn) is nn.Linear
+    assert model(torch.randn(3, 16)).shape == (3, 16)
+    bad = nn.Sequential()
+    bad.add_module("mlp", nn.Sequential(nn.Linear(16, 64), nn.Linear(64, 18)))
+    with pytest.raises(ValueError, match="cannot make 'mlp.1' DYAD"):
+        dyadify(bad, n_blocks=4)
+    assert type(bad.mlp[0]) is nn.Linear  # nothing was swapped
