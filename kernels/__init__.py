@@ -1,1 +1,30 @@
-"""Triton kernels for 2:4 training (imported as sparsity_lab.kernels)."""
+"""Triton kernels for 2:4 training (imported as ``sparsity_lab.kernels``).
+
+One module per kernel, each a literate file: the idea, the bytes it moves, the ``@triton.jit``
+kernel and a checked Python wrapper. Every kernel has a plain PyTorch reference elsewhere in the
+package (named in its docstring) and a test against it (tests/test_kernels_*.py), run on CPU under
+``TRITON_INTERPRET=1`` and on a GPU with ``pytest -m gpu``.
+
+    prune24            1. row-wise 2:4 magnitude prune, uint8 group mask
+    transposable24     2. exact transposable 2:4 mask (90 patterns), pruned W and W^T
+    soft_threshold24   3. S-STE soft threshold times beta
+    mvue24             4. MVUE 2:4 with a counter-based RNG, groups along any dim
+    masked_decay       5. g += lambda * (1 - m) * w, in place
+    gated              6. SwiGLU / GEGLU forward and backward, row-major or transposed layout
+    fp8_cast           7. FP8 per-tensor amax, scale, cast (E4M3 / E5M2) and back
+
+Importing this package imports triton: set TRITON_INTERPRET=1 first to run on a CPU.
+"""
+from .fp8_cast import amax, dequantize_fp8, quantize_fp8, quantize_fp8_with_scale
+from .gated import gated_backward, gated_forward
+from .masked_decay import masked_decay_
+from .mvue24 import mvue24
+from .prune24 import pack_mask24, prune24, unpack_mask24
+from .soft_threshold24 import soft_threshold24
+from .transposable24 import transposable_mask24
+
+__all__ = [
+    "amax", "dequantize_fp8", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "pack_mask24",
+    "prune24", "quantize_fp8", "quantize_fp8_with_scale", "soft_threshold24", "transposable_mask24",
+    "unpack_mask24",
+]

@@ -4,4 +4,13 @@ from .torch_reference import TorchBackend
 
 register_backend("torch", TorchBackend)
 
+
+def _triton_backend():
+    # imported only when asked for: `import sparsity_lab` must not import triton
+    from .triton_backend import TritonBackend
+    return TritonBackend()
+
+
+register_backend("triton", _triton_backend)
+
 __all__ = ["Backend", "TorchBackend", "available_backends", "get_backend", "register_backend"]

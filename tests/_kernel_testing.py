@@ -1,0 +1,25 @@
+"""Helpers shared by tests/test_kernels_*.py."""
+import torch
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# small tests run wherever the suite runs: CPU (interpreter) in CI, CUDA on the GPU machine
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def assert_close_ulp(actual: torch.Tensor, expected: torch.Tensor, ulps: float = 1.0,
+                     scale: torch.Tensor | None = None, atol: torch.Tensor | float = 0.0) -> None:
+    """|actual - expected| <= ulps * eps(dtype) * |expected| (+ the dtype's smallest normal).
+
+    The kernels compute in float32 and round once; the GPU rounds to nearest, triton's CPU
+    interpreter truncates float32 -> bf16, so one ulp of the output dtype is the honest bound.
+    ``scale`` replaces |expected| where the float32 intermediate can cancel (a + b with a ~ -b);
+    ``atol`` adds an absolute (elementwise) allowance for such float32 intermediates.
+    """
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, (actual.shape, expected.shape,
+                                                                               actual.dtype, expected.dtype)
+    info = torch.finfo(expected.dtype)
+    a, e = actual.double(), expected.double()
+    bound = ulps * info.eps * (e.abs() if scale is None else scale.double()) + atol + info.tiny
+    bad = (a - e).abs() > bound
+    assert not bool(bad.any()), (f"{int(bad.sum())} of {bad.numel()} elements differ by more than {ulps} ulp; "
+                                 f"first: got {a[bad][:3].tolist()}, expected {e[bad][:3].tolist()}")

@@ -1,0 +1,20 @@
+"""The kernel benchmark script runs end to end (tiny sizes, CPU interpreter) and writes its JSON."""
+import json
+import os
+import subprocess
+import sys
+
+
+def test_bench_kernels_smoke_run_checks_every_kernel_and_writes_json(tmp_path):
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([sys.executable, "-m", "sparsity_lab", "bench-kernels", "--smoke", "--out-dir", str(tmp_path),
+                          "--name", "smoke"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1].startswith("worst fraction of the copy ceiling")
+    assert out.stdout.count("check ") >= 12 and "FAILED" not in out.stdout
+    result = json.loads((tmp_path / "smoke.json").read_text())
+    assert result["smoke"] is True and "provenance" in result
+    kernels = {row["kernel"] for row in result["rows"]}
+    assert {"1 prune24", "2 transposable24", "3 soft_threshold24", "4 mvue24", "5 masked_decay_", "6 gated",
+            "7 fp8"} <= kernels

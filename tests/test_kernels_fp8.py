@@ -1,0 +1,88 @@
+"""Kernel 7 (FP8 per-tensor amax, scale, cast, and back) against sparsity_lab.fp8, bit for bit."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from _kernel_testing import DEVICE, DTYPES, assert_close_ulp
+
+from sparsity_lab import fp8 as reference
+from sparsity_lab.kernels import fp8_cast
+
+FMTS = ("e4m3", "e5m2")
+
+
+def _bits(q):
+    return q.view(torch.uint8)
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 5000), fmt=st.sampled_from(FMTS), dtype=st.sampled_from(DTYPES),
+       decades=st.integers(0, 12), block=st.sampled_from([64, 4096]), seed=st.integers(0, 2**31 - 1))
+def test_quantize_is_bitwise_the_reference(n, fmt, dtype, decades, block, seed):
+    gen = torch.Generator().manual_seed(seed)
+    # magnitudes spread over `decades` powers of ten: subnormal FP8 values and underflow included
+    x = torch.randn(n, generator=gen) * 10.0 ** (-decades * torch.rand(n, generator=gen))
+    x = x.to(dtype).to(DEVICE)
+    q, scale = fp8_cast.quantize_fp8(x, fmt, block=block)
+    q_ref, scale_ref = reference.quantize_fp8(x, fmt)
+    assert q.dtype == q_ref.dtype and torch.equal(scale, scale_ref)
+    assert torch.equal(_bits(q), _bits(q_ref))
+    _check_dequantize(q, scale, dtype, block)
+
+
+def _check_dequantize(q, scale, dtype, block=4096):
+    back = fp8_cast.dequantize_fp8(q, scale, dtype, block=block)
+    expected = reference.dequantize_fp8(q, scale, dtype)
+    if dtype == torch.bfloat16 and q.device.type == "cpu":
+        assert_close_ulp(back, expected)  # the interpreter truncates float32 -> bf16
+    else:
+        assert torch.equal(back, expected)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_ties_round_to_even(fmt):
+    # every midpoint between neighbouring FP8 values (x * inv_scale lands exactly on it)
+    dtype, fmax = reference.fp8_format(fmt)
+    grid = torch.arange(256, dtype=torch.uint8).view(dtype).float()
+    grid = grid[torch.isfinite(grid) & (grid >= 0)].unique()
+    mids = (grid[:-1] + grid[1:]) / 2
+    x = torch.cat([mids, -mids, torch.tensor([fmax])]).to(DEVICE)  # amax = fmax: inv_scale = 1
+    q, _ = fp8_cast.quantize_fp8(x, fmt)
+    assert torch.equal(_bits(q), _bits(reference.quantize_fp8(x, fmt)[0]))
+
+
+def test_amax_and_one_pass_quantization_with_a_given_scale():
+    x = torch.randn(3000, device=DEVICE) * 5
+    assert torch.equal(fp8_cast.amax(x, block=256), reference.amax(x))
+    _, inv = reference.scales_from_amax(torch.tensor(7.0, device=DEVICE), "e5m2")
+    q, a = fp8_cast.quantize_fp8_with_scale(x, inv, "e5m2", block=256)
+    assert torch.equal(_bits(q), _bits(reference.quantize_with_inv_scale(x, inv, "e5m2")))
+    assert torch.equal(a, reference.amax(x))
+
+
+def test_zero_tensor():
+    q, scale = fp8_cast.quantize_fp8(torch.zeros(100, device=DEVICE))
+    assert torch.isfinite(scale) and bool((q.float() == 0).all())
+
+
+def test_bad_arguments_are_named():
+    x = torch.randn(10, device=DEVICE)
+    with pytest.raises(ValueError, match="fmt"):
+        fp8_cast.quantize_fp8(x, "e2m5")
+    with pytest.raises(TypeError, match="inv_scale"):
+        fp8_cast.quantize_fp8_with_scale(x, 2.0)
+    with pytest.raises(TypeError, match="q must have dtype"):
+        fp8_cast.dequantize_fp8(x, torch.tensor(1.0, device=DEVICE))
+    with pytest.raises(TypeError, match="dtype must be"):
+        fp8_cast.dequantize_fp8(fp8_cast.quantize_fp8(x)[0], torch.tensor(1.0, device=DEVICE), torch.float64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_on_gpu_at_size(fmt, dtype):
+    x = (torch.randn(4099, 1031, device="cuda") * 10.0 ** (-6 * torch.rand(4099, 1031, device="cuda"))).to(dtype)
+    q, scale = fp8_cast.quantize_fp8(x, fmt)
+    q_ref, scale_ref = reference.quantize_fp8(x, fmt)
+    assert torch.equal(scale, scale_ref) and torch.equal(_bits(q), _bits(q_ref))
+    _check_dequantize(q, scale, dtype)
