@@ -168,7 +168,7 @@ class Trainer:
         self.method = build_method(cfg.method, cfg.method_options, cfg.steps)
         cfg.model.check_nm(self.method.m, self.method.transposable)
         torch.manual_seed(cfg.seed)  # the same initial weights for every method
-        self.model = sparsify(GPT(cfg.model), self.method).to(self.device)
+        self.model = sparsify(GPT(cfg.model).to(self.device), self.method)  # masks on the device
         self.layers = sparse_layers(self.model)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
