@@ -29,6 +29,7 @@ from . import fp8_sim
 from .data import load_corpus
 from .options import add_common_arguments, cli_errors, common_method_options, config_from_args, given
 from .runlog import finite_json
+from .structures import STRUCTURES
 from .trainer import TrainConfig, Trainer, TrainingDiverged
 
 # variant -> (method name, method options). Decays are filled in from the command's options.
@@ -41,6 +42,9 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "sste": ("sste", {}),
     "sste_mvue": ("sste", {"mvue": True}),
     "sste_mvue_fp8sim": ("sste", {"mvue": True, "backend": fp8_sim.NAME}),  # FP8 numerics simulated
+    # the seed systems that are not 2:4 (structures.py): same model, data and token budget
+    "dyad": ("dyad", {}),  # DYAD-IT, 4 blocks: 1/2 of the FFN FLOPs
+    "prune_regrow": ("prune_regrow", {}),  # 90 % sparse 16x16 blocks, pruned and regrown
 }
 DEFAULT_VARIANTS = ("dense", "ste", "srste", "masked_decay", "sste", "sste_mvue", "sste_mvue_fp8sim")
 EARLY, LATE = (0.10, 0.20), (0.70, 0.80)
@@ -52,7 +56,8 @@ def variant_config(base: TrainConfig, variant: str, common: dict, decay: float |
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
     method, opts = VARIANTS[variant]
-    opts = {**common, **opts}
+    # the 2:4 options (transposable, refresh interval, backend) mean nothing to the structures
+    opts = dict(opts) if method in STRUCTURES else {**common, **opts}
     if method == "masked_decay" and decay is not None:
         opts["decay"] = decay
     if method == "srste" and srste_decay is not None:
@@ -85,6 +90,20 @@ def run_metrics(history: list[dict], steps: int, switch_step: int) -> dict:
         "flip_peak": peak[1], "flip_peak_step": peak[0],
         "median_tokens_per_s": speeds[len(speeds) // 2] if speeds else math.nan,
     }
+
+
+def ffn_flops_fraction(method, steps: int) -> float:
+    """The FFN's forward multiply-adds relative to dense, averaged over the run (theoretical: what the
+    structure skips, not a measured speed). 2:4 counts N/M while sparse and 1 after a dense switch."""
+    if hasattr(method, "ffn_flops_fraction"):
+        return float(method.ffn_flops_fraction)
+    if not method.sparse_forward:
+        return 1.0
+    sparse = method.n / method.m
+    switch = method.dense_finetune_step
+    if switch is None or switch >= steps:
+        return sparse
+    return (switch * sparse + (steps - switch)) / steps
 
 
 def judge_claims(rows: dict[str, dict]) -> list[dict]:
@@ -138,8 +157,9 @@ def judge_claims(rows: dict[str, dict]) -> list[dict]:
                 "rule": "sste final val <= srste final val", "holds": None if None in (tf, rf) else tf <= rf,
                 "evidence": f"final val S-STE {_f(tf)}, SR-STE {_f(rf)}"})
 
+    not_24 = {"dense", "masked_decay", *(v for v in rows if VARIANTS[v][0] in STRUCTURES)}
     sparse_final = {v: get(v, "final_val_loss") for v in rows
-                    if v not in ("dense", "masked_decay") and get(v, "final_val_loss") is not None}
+                    if v not in not_24 and get(v, "final_val_loss") is not None}
     best = min(sparse_final, key=sparse_final.get) if sparse_final else None
     holds = None if best is None or dfin is None else sparse_final[best] <= (1 + GAP_TOLERANCE) * dfin
     md_note = "" if mf is None or dfin is None else (
@@ -239,8 +259,14 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
             status = f"diverged: {err}"
         trainer.close()
         metrics = run_metrics(trainer.history, cfg.steps, switch)
+        flops = ffn_flops_fraction(trainer.method, cfg.steps)
+        ffn = cfg.model
+        # forward FFN multiply-adds x 2 (FLOPs) x 3 (forward + two backward products), per token
+        dense_ffn = 2 * 3 * ffn.n_layer * ffn.d_model * ffn.hidden * (3 if ffn.ffn_kind != "gelu" else 2)
         rows[variant] = {"variant": variant, "method": trainer.method.describe(), "status": status,
-                         **metrics, "wall_s": time.perf_counter() - start}
+                         **metrics, "ffn_flops_fraction": flops,
+                         "ffn_train_pflops": flops * dense_ffn * metrics["tokens"] / 1e15,
+                         "wall_s": time.perf_counter() - start}
         meta[variant] = {"config": cfg.to_dict(), "log": str(log.relative_to(out_dir))}
         print(f"[compare] {variant}: final val {_f(rows[variant]['final_val_loss'])}, "
               f"flip late {_f(rows[variant]['flip_late'])}, {rows[variant]['wall_s']:.1f} s ({status})", flush=True)
@@ -269,7 +295,7 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
 
 TABLE_COLUMNS = ("variant", "method", "status", "steps", "tokens", "final_val_loss", "gap_vs_dense_pct",
                  "val_before_switch", "final_train_loss", "flip_early", "flip_late", "flip_trend", "flip_peak",
-                 "flip_peak_step", "median_tokens_per_s", "wall_s")
+                 "flip_peak_step", "ffn_flops_fraction", "ffn_train_pflops", "median_tokens_per_s", "wall_s")
 
 
 def write_table(path: Path, rows: list[dict]) -> None:
@@ -283,7 +309,7 @@ def write_table(path: Path, rows: list[dict]) -> None:
 
 def print_report(payload: dict) -> None:
     cols = ("variant", "final_val_loss", "gap_vs_dense_pct", "val_before_switch", "flip_early", "flip_late",
-            "flip_trend", "median_tokens_per_s")
+            "flip_trend", "ffn_flops_fraction", "median_tokens_per_s")
     print("\n" + "  ".join(f"{c:>18}" for c in cols))
     for r in payload["table"]:
         print("  ".join(f"{r[c]:>18}" if isinstance(r[c], str) else f"{_f(r[c]):>18}" for c in cols))

@@ -16,6 +16,7 @@ from ..backends import available_backends
 from ..methods.config import METHODS
 from .checkpoint import CheckpointError
 from .model import FFN_KINDS, GPTConfig
+from .structures import STRUCTURES
 from .trainer import TrainConfig, TrainingDiverged
 
 _MODEL_DEFAULTS = {f.name: f.default for f in fields(GPTConfig)}
@@ -93,12 +94,21 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("method")
-    g.add_argument("--method", default=S, help=f"one of {sorted(METHODS)} (default ste)")
+    g.add_argument("--method", default=S, help=f"one of {sorted(METHODS)}, or the structures "
+                   f"{sorted(STRUCTURES)} (default ste)")
     g.add_argument("--decay", type=float, default=S, help="lambda_W for srste (default 2e-4) and masked_decay "
                    "(default 6e-5, the GPT-2 124M reference); see `sparsity-lab decay-search`")
     g.add_argument("--mvue", action="store_true", default=S, help="MVUE 2:4 weight gradient (S-STE's recipe)")
     g.add_argument("--fp8-sim", action="store_true", default=S, help="simulate FP8 products (E4M3 forward, "
                    "E5M2 gradients, per-tensor scales): numerics only, not faster")
+    g.add_argument("--dyad-blocks", type=int, default=S, help="dyad: number of blocks n (default 4)")
+    g.add_argument("--dyad-variant", choices=("it", "ot", "dt"), default=S, help="dyad: which side is "
+                   "permuted (default it)")
+    g.add_argument("--sparsity", type=float, default=S, help="prune_regrow: fraction of dead blocks (default 0.9)")
+    g.add_argument("--block-size", type=int, choices=(1, 4, 8, 16), default=S, help="prune_regrow: block size "
+                   "(default 16)")
+    g.add_argument("--regrow-every", type=int, default=S, help="prune_regrow: steps between updates "
+                   "(default steps/50)")
     g.add_argument("--dense-finetune-at", type=fraction_or_none, default=S, help="fraction of the steps after "
                    "which the layers run dense ('none' = never; masked_decay defaults to 5/6)")
 

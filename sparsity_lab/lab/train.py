@@ -31,8 +31,16 @@ def add_arguments(parser) -> None:
                    help="stop after this step (the schedule still plans --steps); continue later with --resume")
 
 
+# structure options: CLI name -> the structure's field
+STRUCTURE_OPTIONS = {"dyad_blocks": "n_blocks", "dyad_variant": "variant", "sparsity": "sparsity",
+                     "block_size": "block", "regrow_every": "update_every"}
+
+
 def method_options(args) -> dict:
     opts = common_method_options(args)
+    for cli_name, field in STRUCTURE_OPTIONS.items():
+        if cli_name in vars(args):
+            opts[field] = getattr(args, cli_name)
     for name in ("decay", "dense_finetune_at"):
         if name in vars(args):
             opts[name] = getattr(args, name)

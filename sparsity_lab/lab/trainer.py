@@ -36,6 +36,7 @@ from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .data import DEFAULT_MAX_BYTES, BatchSampler, ByteCorpus, load_corpus
 from .model import GPT, GPTConfig
 from .runlog import RunLog, clean_row
+from .structures import STRUCTURES, structured_density
 
 # Settings that do not change the trajectory: a resumed run may set them anew.
 RUN_ONLY_FIELDS = ("log_path", "checkpoint_path", "checkpoint_interval", "progress")
@@ -115,9 +116,13 @@ def _positive_int(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
-def build_method(name: str, options: dict, total_steps: int) -> SparsityMethod:
-    """The method object for a run of total_steps optimizer steps (clear errors for bad names/options)."""
+def build_method(name: str, options: dict, total_steps: int):
+    """The method object for a run of total_steps optimizer steps (clear errors for bad names/options):
+    a 2:4 ``SparsityMethod``, or one of the structures (``dyad``, ``prune_regrow``)."""
+    key = name.lower().replace("-", "_")
     try:
+        if key in STRUCTURES:
+            return STRUCTURES[key](total_steps=total_steps, **options)
         return method_from_name(name, total_steps=total_steps, **options)
     except TypeError as err:  # an option the method's dataclass does not have
         raise ValueError(f"method {name!r} does not take option(s) {sorted(options)}: {err}") from err
@@ -166,16 +171,21 @@ class Trainer:
             cfg.data, cfg.data_max_bytes, min_split_bytes=cfg.model.context + 1)
 
         self.method = build_method(cfg.method, cfg.method_options, cfg.steps)
-        cfg.model.check_nm(self.method.m, self.method.transposable)
+        self.is_24 = isinstance(self.method, SparsityMethod)
+        if self.is_24:
+            cfg.model.check_nm(self.method.m, self.method.transposable)
         torch.manual_seed(cfg.seed)  # the same initial weights for every method
-        self.model = sparsify(GPT(cfg.model).to(self.device), self.method)  # masks on the device
+        model = GPT(cfg.model).to(self.device)  # on the device first: masks are computed there
+        self.model = sparsify(model, self.method) if self.is_24 else self.method.apply(model)
         self.layers = sparse_layers(self.model)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
-        self.hooks = attach_optimizer(self.model, self.optimizer)
+        self.hooks = attach_optimizer(self.model, self.optimizer) if self.is_24 else None
+        # prune-and-regrow's schedule (None for 2:4 methods and DYAD); its state is checkpointed
+        self.controller = None if self.is_24 else self.method.controller(self.model, self.optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, WarmupCosine(cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
 
@@ -198,6 +208,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
+            "controller": self.controller.state_dict() if self.controller is not None else None,
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
         }
@@ -218,6 +229,8 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             self.sampler.load_state_dict(state["sampler"])
+            if self.controller is not None:
+                self.controller.load_state_dict(state["controller"])
         except (RuntimeError, ValueError, KeyError) as err:
             raise CheckpointError(f"checkpoint does not fit this run: {str(err).splitlines()[0][:300]}") from err
         torch.set_rng_state(state["torch_rng"])
@@ -285,6 +298,9 @@ class Trainer:
     def _mask_stats(self) -> dict:
         """Called between backward and optimizer step: flip rates of the masks computed for this
         step (null where none was), mean beta, and the density of the weights the products used."""
+        if not self.layers:  # DYAD / prune-and-regrow: no 2:4 masks, only the live fraction
+            return {"flip_rate": math.nan, "beta": math.nan, "density": structured_density(self.model),
+                    "dense_phase": False}
         report = flip_report(self.model)
         flips, pairs = {}, []
         for name, layer in self.layers:
@@ -361,4 +377,5 @@ class Trainer:
 
     def close(self) -> None:
         self.log.close()
-        self.hooks.remove()
+        if self.hooks is not None:
+            self.hooks.remove()
