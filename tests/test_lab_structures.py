@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+from _lab_testing import tiny_config, without_speed
 
 from sparsity_lab.dyad import DyadLinear
 from sparsity_lab.lab import GPTConfig, TrainConfig, Trainer, load_corpus
@@ -20,13 +21,7 @@ def corpus():
 
 
 def config(**kw):
-    base = dict(model=TINY, batch_size=4, steps=12, warmup_steps=2, eval_interval=4, eval_batches=2,
-                device="cpu", progress=False)
-    return TrainConfig(**{**base, **kw})
-
-
-def without_speed(rows):
-    return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]
+    return tiny_config(TINY, **kw)
 
 
 def test_dyad_swaps_only_the_ffn_and_logs_its_density(corpus):

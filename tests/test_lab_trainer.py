@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+from _lab_testing import tiny_config, without_speed
 
 from sparsity_lab.lab import CheckpointError, GPTConfig, TrainConfig, Trainer, WarmupCosine, load_corpus, read_log
 
@@ -16,13 +17,7 @@ def corpus():
 
 
 def config(**kw):
-    base = dict(model=TINY, batch_size=4, steps=12, warmup_steps=2, eval_interval=4, eval_batches=2,
-                device="cpu", progress=False)
-    return TrainConfig(**{**base, **kw})
-
-
-def without_speed(rows):
-    return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]
+    return tiny_config(TINY, **kw)
 
 
 @pytest.mark.parametrize("method,options", [
