@@ -26,9 +26,50 @@ Groups along any dimension
     what the weight gradient ``MVUE(dZ^T) X`` needs): each program loads the 4 rows of a group
     as 4 contiguous vectors of BLOCK elements along ``inner``.
 
+Variants (``variant=``; the default stays "v2" until the H100 numbers pick one)
+    v2 (0.55 / 0.62 of the copy rate on the H100, kernels/NOTES.md) is not memory-bound: its SASS
+    (sm_90, compiled offline by triton 3.9) issues about 200 instructions per group, 50 per element:
+    one Philox call per group (10 rounds of 2 IMAD.HI + 2 IMAD + 2 LOP3: ~64 instructions) plus
+    ~136 for the probabilities (a full-precision division), the picks, predicate juggling and the
+    bf16 conversions. At 132 SMs x 4 schedulers x 32 lanes x ~1.75 GHz that is ~0.11 ms of issue
+    for 16.8 M groups against a 0.09 ms memory floor. The variants cut instructions per group
+    (offline sm_90 SASS counts, bf16, benchmark configurations):
+
+    ==========================  ========  ========  ===============================================
+    variant                     last dim  other     what changes
+    ==========================  ========  ========  ===============================================
+    ``v2``                      200       198       (``_mvue_group``, ``tl.rand`` per group)
+    ``v2_philox4``              192       184       one Philox call for 4 groups (4 x 32 bits)
+    ``level``                   144       138       ``_mvue_group_level``: no division, no cap
+                                                    flags, no non-zero count; v2's uniforms, so
+                                                    v2's draws up to rounding at interval ends
+    ``level_philox4``           102       100       both
+    ``level_philox4_tile16``    102       120       other dims: tiles of 4 group-rows (16 rows) x
+                                                    BLOCK columns, one column per thread, the 4
+                                                    uniforms of one Philox call to the 4 group-rows
+    ==========================  ========  ========  ===============================================
+
+    Without any RNG (``u = 0.5``, a timing diagnostic only) the level arithmetic and the memory
+    instructions are ~80 per group, v2's ~130.
+
+    Where the four uniforms of one Philox call go ("a quad" of 4 groups): groups along the last
+    dim, groups 4q .. 4q+3 (16 consecutive elements); other dims, the groups of 4 neighbouring
+    columns (``philox4``) or of 4 neighbouring group-rows (``tile16``) at one column. The quad's
+    counter depends only on its position, so draws stay independent of the block size.
+    The philox4 variants turn 32 random bits into ``u = 1.f x 2^0 - 1`` (23 bits, ``u`` a multiple
+    of 2^-23): every inclusion probability is realised to within about 2^-23, the same order as
+    v2's second pointer ``u + 1`` (float32 spacing 2^-23 in [1, 2)).
+
+    A layout constraint shapes the philox4 kernels: triton gives the Philox chain its default
+    layout (one element per thread, round robin) and converts its four outputs through shared
+    memory when the data has several quads per thread (it recomputes a single-output chain like
+    ``tl.rand`` in the data's layout, not a four-output one). So every thread holds exactly one
+    quad per repetition: last dim, two [QUADS, 8] loads (16 bytes each in bf16); other dims, 4
+    columns per thread (``block = 128 * num_warps``, 8-byte accesses in bf16) or, for tile16, one
+    column (``block = 32 * num_warps``, 2-byte accesses). Other block sizes are correct, only slower.
+
 Bytes (x of dtype size s, numel n)
-    read ``s * n``; write ``s * n``. The arithmetic (a division per kept value, a few compares) is
-    far below the memory time.
+    read ``s * n``; write ``s * n``.
 """
 from __future__ import annotations
 
@@ -36,13 +77,18 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import HALF_AND_FLOAT, check_device, check_tensor, contiguous, join4, split4
+from ._common import HALF_AND_FLOAT, MAX_NUMEL, check_device, check_tensor, contiguous, join4, split4
 
 # groups per program (last-dim kernel) / columns per program (strided kernel): best measured on the H100
 DEFAULT_BLOCK = 512
 DEFAULT_WARPS = 8
 DEFAULT_STRIDED_WARPS = 4
+# the last-dim philox4 kernels hold a whole quad (16 elements) per thread: 512 groups = 128 quads
+DEFAULT_QUAD_WARPS = 4
 MAX_SEED = 2**31 - 1
+
+VARIANTS = ("v2", "v2_philox4", "level", "level_philox4", "level_philox4_tile16")
+DEFAULT_VARIANT = "v2"
 
 
 @triton.jit
@@ -90,20 +136,160 @@ def _mvue_group(x0, x1, x2, x3, u):
 
 
 @triton.jit
-def _mvue24_lastdim_kernel(x_ptr, out_ptr, n_groups, seed, BLOCK: tl.constexpr):
+def _signed(magnitude, x):
+    """magnitude (>= 0) with the sign of x."""
+    return tl.where(x < 0, -magnitude, magnitude)
+
+
+@triton.jit
+def _mvue_group_level(x0, x1, x2, x3, u):
+    """MVUE of groups through the "water level" L: p_i = min(1, |x_i| / L), no division.
+
+    L is the level at which sum_i min(|x_i|, L) = 2 L (i.e. sum p = 2): with top the largest |x_i|
+    and rest the sum of the other three, L = rest when top > rest (the largest is capped at p = 1,
+    the reference's test), else L = (top + rest) / 2. A kept entry is x_i / p_i = sign(x_i) max(|x_i|, L).
+    Systematic sampling in units of L: entry i owns [e_{i-1}, e_i) with e_i = sum_{j<=i} min(|x_j|, L)
+    (length p_i L); the two pointers are u L and u L + L. The intervals partition [0, inf) (the
+    last is closed at +inf), so each pointer picks exactly one entry: never more than 2 kept.
+    rest is summed from the three smaller entries (no total - top cancellation). Groups with < 2
+    non-zeros (rest == 0) use L = top: the non-zero, if any, owns [0, top) and is kept as it is.
+    """
+    a0 = tl.abs(x0)
+    a1 = tl.abs(x1)
+    a2 = tl.abs(x2)
+    a3 = tl.abs(x3)
+    hi01 = tl.maximum(a0, a1)
+    hi23 = tl.maximum(a2, a3)
+    top = tl.maximum(hi01, hi23)
+    rest = (tl.minimum(a0, a1) + tl.minimum(a2, a3)) + tl.minimum(hi01, hi23)
+    level = tl.where(top > rest, rest, 0.5 * (top + rest))
+    level = tl.where(rest > 0, level, top)
+    e0 = tl.minimum(a0, level)
+    e1 = e0 + tl.minimum(a1, level)
+    e2 = e1 + tl.minimum(a2, level)
+    lo = u * level
+    hi = lo + level
+    # hi >= level >= e0, so only lo can land in the first interval; lo <= hi, so only hi can be
+    # the first to reach the last one; a zero entry's interval is empty (the last one: a3 > 0)
+    pick0 = lo < e0
+    pick1 = ((lo >= e0) & (lo < e1)) | ((hi >= e0) & (hi < e1))
+    pick2 = ((lo >= e1) & (lo < e2)) | ((hi >= e1) & (hi < e2))
+    pick3 = (hi >= e2) & (a3 > 0)
+    y0 = tl.where(pick0, _signed(tl.maximum(a0, level), x0), 0.0)
+    y1 = tl.where(pick1, _signed(tl.maximum(a1, level), x1), 0.0)
+    y2 = tl.where(pick2, _signed(tl.maximum(a2, level), x2), 0.0)
+    y3 = tl.where(pick3, _signed(tl.maximum(a3, level), x3), 0.0)
+    return y0, y1, y2, y3
+
+
+@triton.jit
+def _mvue(x0, x1, x2, x3, u, LEVEL: tl.constexpr):
+    """Either group arithmetic on float32 inputs (LEVEL picks ``_mvue_group_level``)."""
+    if LEVEL:
+        y0, y1, y2, y3 = _mvue_group_level(x0, x1, x2, x3, u)
+    else:
+        y0, y1, y2, y3 = _mvue_group(x0, x1, x2, x3, u)
+    return y0, y1, y2, y3
+
+
+@triton.jit
+def _unit_float(bits):
+    """32 random bits -> u in [0, 1), a multiple of 2^-23: the top 23 bits as the mantissa of a
+    float in [1, 2), minus 1 (exact). Three integer/float instructions, no int -> float conversion."""
+    one_point = (bits >> 9) | 0x3F800000
+    return one_point.to(tl.float32, bitcast=True) - 1.0
+
+
+@triton.jit
+def _uniform(seed, counter, CONSTANT_U: tl.constexpr):
+    """v2's uniform per group: tl.rand (CONSTANT_U: 0.5, a timing diagnostic without the RNG)."""
+    if CONSTANT_U:
+        u = tl.full(counter.shape, 0.5, tl.float32)
+    else:
+        u = tl.rand(seed, counter)
+    return u
+
+
+@triton.jit
+def _uniforms4(seed, counter, CONSTANT_U: tl.constexpr):
+    """Four uniforms per counter from one Philox call (CONSTANT_U: all 0.5, a timing diagnostic)."""
+    if CONSTANT_U:
+        u0 = tl.full(counter.shape, 0.5, tl.float32)
+        u1 = u0
+        u2 = u0
+        u3 = u0
+    else:
+        r0, r1, r2, r3 = tl.randint4x(seed, counter)
+        u0 = _unit_float(r0)
+        u1 = _unit_float(r1)
+        u2 = _unit_float(r2)
+        u3 = _unit_float(r3)
+    return u0, u1, u2, u3
+
+
+@triton.jit
+def _mvue24_lastdim_kernel(x_ptr, out_ptr, n_groups, seed, BLOCK: tl.constexpr, LEVEL: tl.constexpr,
+                           CONSTANT_U: tl.constexpr):
     pid = tl.program_id(0)
     groups = pid * BLOCK + tl.arange(0, BLOCK)
     elems = pid * BLOCK * 4 + tl.arange(0, BLOCK * 4)
     in_range = elems < n_groups * 4
     x = tl.load(x_ptr + elems, mask=in_range, other=0.0)
     x0, x1, x2, x3 = split4(x, BLOCK)
-    u = tl.rand(seed, groups)
-    y0, y1, y2, y3 = _mvue_group(x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32), u)
+    u = _uniform(seed, groups, CONSTANT_U)
+    y0, y1, y2, y3 = _mvue(x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32), u, LEVEL)
     tl.store(out_ptr + elems, join4(y0, y1, y2, y3, BLOCK).to(out_ptr.dtype.element_ty), mask=in_range)
 
 
 @triton.jit
-def _mvue24_strided_kernel(x_ptr, out_ptr, n_group_rows, inner, seed, BLOCK: tl.constexpr):
+def _split_pair(a, QUADS: tl.constexpr):
+    """[QUADS, 8] (two groups of 4 per row) -> member j of group h as x{j}{h}, each [QUADS]."""
+    even, odd = tl.split(tl.reshape(a, [QUADS, 2, 2, 2]))  # [q, h, j // 2] for j even / odd
+    m0, m2 = tl.split(even)
+    m1, m3 = tl.split(odd)
+    x00, x01 = tl.split(m0)
+    x10, x11 = tl.split(m1)
+    x20, x21 = tl.split(m2)
+    x30, x31 = tl.split(m3)
+    return x00, x01, x10, x11, x20, x21, x30, x31
+
+
+@triton.jit
+def _join_pair(y00, y01, y10, y11, y20, y21, y30, y31, QUADS: tl.constexpr):
+    """Inverse of :func:`_split_pair`."""
+    even = tl.join(tl.join(y00, y01), tl.join(y20, y21))
+    odd = tl.join(tl.join(y10, y11), tl.join(y30, y31))
+    return tl.reshape(tl.join(even, odd), [QUADS, 8])
+
+
+@triton.jit
+def _mvue24_lastdim_quads_kernel(x_ptr, out_ptr, n_groups, seed, QUADS: tl.constexpr, LEVEL: tl.constexpr,
+                                 CONSTANT_U: tl.constexpr):
+    # a program: QUADS quads of 4 groups (16 elements); member j of group g of quad q at 16 q + 4 g + j.
+    # Two [QUADS, 8] loads (groups 0-1 and 2-3 of each quad, 16 bytes each in bf16) keep a whole
+    # quad in one thread, in the layout of the Philox outputs: no shuffle through shared memory.
+    pid = tl.program_id(0)
+    quads = pid * QUADS + tl.arange(0, QUADS)
+    first = quads[:, None] * 16 + tl.arange(0, 8)[None, :]
+    second = first + 8
+    n = n_groups * 4
+    a = tl.load(x_ptr + first, mask=first < n, other=0.0).to(tl.float32)
+    b = tl.load(x_ptr + second, mask=second < n, other=0.0).to(tl.float32)
+    x00, x01, x10, x11, x20, x21, x30, x31 = _split_pair(a, QUADS)  # x{j}{g}: member j of group g
+    x02, x03, x12, x13, x22, x23, x32, x33 = _split_pair(b, QUADS)
+    u0, u1, u2, u3 = _uniforms4(seed, quads, CONSTANT_U)  # u_g for group 4 q + g
+    y00, y10, y20, y30 = _mvue(x00, x10, x20, x30, u0, LEVEL)
+    y01, y11, y21, y31 = _mvue(x01, x11, x21, x31, u1, LEVEL)
+    y02, y12, y22, y32 = _mvue(x02, x12, x22, x32, u2, LEVEL)
+    y03, y13, y23, y33 = _mvue(x03, x13, x23, x33, u3, LEVEL)
+    dt = out_ptr.dtype.element_ty
+    tl.store(out_ptr + first, _join_pair(y00, y01, y10, y11, y20, y21, y30, y31, QUADS).to(dt), mask=first < n)
+    tl.store(out_ptr + second, _join_pair(y02, y03, y12, y13, y22, y23, y32, y33, QUADS).to(dt), mask=second < n)
+
+
+@triton.jit
+def _mvue24_strided_kernel(x_ptr, out_ptr, inner, seed, BLOCK: tl.constexpr, LEVEL: tl.constexpr,
+                           CONSTANT_U: tl.constexpr):
     # program (g, j): group-row g (4 consecutive indices along the group dim), columns j*BLOCK..
     g = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -113,8 +299,8 @@ def _mvue24_strided_kernel(x_ptr, out_ptr, n_group_rows, inner, seed, BLOCK: tl.
     x1 = tl.load(x_ptr + base + inner, mask=ok, other=0.0).to(tl.float32)
     x2 = tl.load(x_ptr + base + 2 * inner, mask=ok, other=0.0).to(tl.float32)
     x3 = tl.load(x_ptr + base + 3 * inner, mask=ok, other=0.0).to(tl.float32)
-    u = tl.rand(seed, g * inner + cols)  # group index: unique per (group-row, column)
-    y0, y1, y2, y3 = _mvue_group(x0, x1, x2, x3, u)
+    u = _uniform(seed, g * inner + cols, CONSTANT_U)  # group index: unique per (group-row, column)
+    y0, y1, y2, y3 = _mvue(x0, x1, x2, x3, u, LEVEL)
     dt = out_ptr.dtype.element_ty
     tl.store(out_ptr + base, y0.to(dt), mask=ok)
     tl.store(out_ptr + base + inner, y1.to(dt), mask=ok)
@@ -122,15 +308,144 @@ def _mvue24_strided_kernel(x_ptr, out_ptr, n_group_rows, inner, seed, BLOCK: tl.
     tl.store(out_ptr + base + 3 * inner, y3.to(dt), mask=ok)
 
 
-def mvue24(x: torch.Tensor, dim: int = -1, seed: int = 0, block: int = DEFAULT_BLOCK,
-           num_warps: int | None = None) -> torch.Tensor:
-    """Unbiased 2:4 sparsification of ``x`` with groups of 4 along ``dim``.
+@triton.jit
+def _mvue24_strided_quads_kernel(x_ptr, out_ptr, inner, seed, BLOCK: tl.constexpr, LEVEL: tl.constexpr,
+                                 CONSTANT_U: tl.constexpr):
+    # program (g, j): group-row g, columns j*BLOCK..; one Philox call per 4 neighbouring columns
+    # (column 4 k + m takes the call's output m; quads counted over ceil(inner / 4) per group-row)
+    g = tl.program_id(0)
+    col0 = tl.program_id(1) * BLOCK
+    cols = col0 + tl.arange(0, BLOCK)
+    ok = cols < inner
+    base = g * 4 * inner + cols
+    x0 = tl.load(x_ptr + base, mask=ok, other=0.0).to(tl.float32)
+    x1 = tl.load(x_ptr + base + inner, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + base + 2 * inner, mask=ok, other=0.0).to(tl.float32)
+    x3 = tl.load(x_ptr + base + 3 * inner, mask=ok, other=0.0).to(tl.float32)
+    quads = g * ((inner + 3) // 4) + col0 // 4 + tl.arange(0, BLOCK // 4)
+    u0, u1, u2, u3 = _uniforms4(seed, quads, CONSTANT_U)
+    x00, x01, x02, x03 = split4(x0, BLOCK // 4)  # x{k}{m}: row k of the group-row, column 4 q + m
+    x10, x11, x12, x13 = split4(x1, BLOCK // 4)
+    x20, x21, x22, x23 = split4(x2, BLOCK // 4)
+    x30, x31, x32, x33 = split4(x3, BLOCK // 4)
+    y00, y10, y20, y30 = _mvue(x00, x10, x20, x30, u0, LEVEL)
+    y01, y11, y21, y31 = _mvue(x01, x11, x21, x31, u1, LEVEL)
+    y02, y12, y22, y32 = _mvue(x02, x12, x22, x32, u2, LEVEL)
+    y03, y13, y23, y33 = _mvue(x03, x13, x23, x33, u3, LEVEL)
+    dt = out_ptr.dtype.element_ty
+    tl.store(out_ptr + base, join4(y00, y01, y02, y03, BLOCK // 4).to(dt), mask=ok)
+    tl.store(out_ptr + base + inner, join4(y10, y11, y12, y13, BLOCK // 4).to(dt), mask=ok)
+    tl.store(out_ptr + base + 2 * inner, join4(y20, y21, y22, y23, BLOCK // 4).to(dt), mask=ok)
+    tl.store(out_ptr + base + 3 * inner, join4(y30, y31, y32, y33, BLOCK // 4).to(dt), mask=ok)
 
-    x: float16/bfloat16/float32, ``x.shape[dim] % 4 == 0`` (non-contiguous inputs are copied).
-    seed: int in [0, 2**31 - 1]; the same seed gives the same result. num_warps: None picks 8 for
-    groups along the last dim, 4 otherwise (16-byte accesses per thread). Returns a tensor like x
-    (contiguous) with at most 2 non-zeros per group and ``E[result] = x``.
-    """
+
+@triton.jit
+def _load_group_row(x_ptr, base, inner, ok):
+    """The 4 rows of one group-row at ``base`` (its first row), as float32."""
+    x0 = tl.load(x_ptr + base, mask=ok, other=0.0).to(tl.float32)
+    x1 = tl.load(x_ptr + base + inner, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + base + 2 * inner, mask=ok, other=0.0).to(tl.float32)
+    x3 = tl.load(x_ptr + base + 3 * inner, mask=ok, other=0.0).to(tl.float32)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _store_group_row(out_ptr, base, inner, ok, y0, y1, y2, y3):
+    dt = out_ptr.dtype.element_ty
+    tl.store(out_ptr + base, y0.to(dt), mask=ok)
+    tl.store(out_ptr + base + inner, y1.to(dt), mask=ok)
+    tl.store(out_ptr + base + 2 * inner, y2.to(dt), mask=ok)
+    tl.store(out_ptr + base + 3 * inner, y3.to(dt), mask=ok)
+
+
+@triton.jit
+def _mvue24_strided_tile16_kernel(x_ptr, out_ptr, n_group_rows, inner, seed, BLOCK: tl.constexpr,
+                                  CONSTANT_U: tl.constexpr):
+    # program (t, j): group-rows 4 t .. 4 t + 3 (16 rows), columns j*BLOCK..; one Philox call per
+    # column gives the 4 group-rows' uniforms. All 16 rows are loaded before any store (the
+    # compiler may not move a load above a store to a possibly aliasing pointer).
+    t = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    in_cols = cols < inner
+    b0 = 16 * t * inner + cols  # first row of group-row 4 t + i: b_i
+    b1 = b0 + 4 * inner
+    b2 = b1 + 4 * inner
+    b3 = b2 + 4 * inner
+    # a group-row exists iff its first row's index is inside the tensor (cols < inner)
+    n_elems = n_group_rows * 4 * inner
+    ok0 = in_cols & (b0 < n_elems)
+    ok1 = in_cols & (b1 < n_elems)
+    ok2 = in_cols & (b2 < n_elems)
+    ok3 = in_cols & (b3 < n_elems)
+    x00, x01, x02, x03 = _load_group_row(x_ptr, b0, inner, ok0)  # x{i}{k}: row k of group-row 4 t + i
+    x10, x11, x12, x13 = _load_group_row(x_ptr, b1, inner, ok1)
+    x20, x21, x22, x23 = _load_group_row(x_ptr, b2, inner, ok2)
+    x30, x31, x32, x33 = _load_group_row(x_ptr, b3, inner, ok3)
+    u0, u1, u2, u3 = _uniforms4(seed, t * inner + cols, CONSTANT_U)
+    y00, y01, y02, y03 = _mvue_group_level(x00, x01, x02, x03, u0)
+    y10, y11, y12, y13 = _mvue_group_level(x10, x11, x12, x13, u1)
+    y20, y21, y22, y23 = _mvue_group_level(x20, x21, x22, x23, u2)
+    y30, y31, y32, y33 = _mvue_group_level(x30, x31, x32, x33, u3)
+    _store_group_row(out_ptr, b0, inner, ok0, y00, y01, y02, y03)
+    _store_group_row(out_ptr, b1, inner, ok1, y10, y11, y12, y13)
+    _store_group_row(out_ptr, b2, inner, ok2, y20, y21, y22, y23)
+    _store_group_row(out_ptr, b3, inner, ok3, y30, y31, y32, y33)
+
+
+def _check_variant(variant: str, block: int) -> None:
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if block < 1 or block & (block - 1):
+        raise ValueError(f"block must be a power of two >= 1, got {block}")
+    if "philox4" in variant and block < 4:
+        raise ValueError(f"block must be >= 4 for variant {variant!r} (one Philox call serves 4 groups), got {block}")
+
+
+def _launch(x: torch.Tensor, dim: int, seed: int, block: int, num_warps: int | None, variant: str,
+            constant_u: bool = False) -> torch.Tensor:
+    """Run ``variant`` on a contiguous x (arguments already checked). constant_u=True replaces every
+    uniform by 0.5: NOT a valid MVUE (deterministic picks), only a timing diagnostic that shows what
+    the RNG costs (sparsity_lab.benchmarks.mvue_variants)."""
+    out = torch.empty_like(x)
+    inner = 1
+    for size in x.shape[dim + 1:]:
+        inner *= size
+    level = variant.startswith("level")
+    philox4 = "philox4" in variant
+    if inner == 1:
+        n_groups = x.numel() // 4
+        if philox4:
+            _mvue24_lastdim_quads_kernel[(triton.cdiv(n_groups, block),)](
+                x, out, n_groups, seed, QUADS=block // 4, LEVEL=level, CONSTANT_U=constant_u,
+                num_warps=num_warps or DEFAULT_QUAD_WARPS)
+        else:
+            _mvue24_lastdim_kernel[(triton.cdiv(n_groups, block),)](
+                x, out, n_groups, seed, BLOCK=block, LEVEL=level, CONSTANT_U=constant_u,
+                num_warps=num_warps or DEFAULT_WARPS)
+        return out
+    n_group_rows = x.numel() // (4 * inner)
+    warps = num_warps or DEFAULT_STRIDED_WARPS
+    if variant == "level_philox4_tile16":
+        # the last tile's row offsets run up to 12 rows past the end: keep them inside int32
+        if x.numel() + 12 * inner > MAX_NUMEL:
+            raise ValueError(f"x has {x.numel()} elements; variant 'level_philox4_tile16' needs numel + 12 * "
+                             f"{inner} <= {MAX_NUMEL} (int32 offsets)")
+        grid = (triton.cdiv(n_group_rows, 4), triton.cdiv(inner, block))
+        _mvue24_strided_tile16_kernel[grid](x, out, n_group_rows, inner, seed, BLOCK=block, CONSTANT_U=constant_u,
+                                            num_warps=warps)
+    elif philox4:
+        grid = (n_group_rows, triton.cdiv(inner, block))
+        _mvue24_strided_quads_kernel[grid](x, out, inner, seed, BLOCK=block, LEVEL=level, CONSTANT_U=constant_u,
+                                           num_warps=warps)
+    else:
+        grid = (n_group_rows, triton.cdiv(inner, block))
+        _mvue24_strided_kernel[grid](x, out, inner, seed, BLOCK=block, LEVEL=level, CONSTANT_U=constant_u,
+                                     num_warps=warps)
+    return out
+
+
+def _checked(x: torch.Tensor, dim: int, seed: int, block: int, variant: str) -> tuple[torch.Tensor, int]:
+    """The argument checks of :func:`mvue24`; returns (contiguous x, dim in [0, x.dim()))."""
     check_tensor(x, "x", HALF_AND_FLOAT)
     if not -x.dim() <= dim < x.dim():
         raise ValueError(f"dim={dim} is out of range for a {x.dim()}-D tensor")
@@ -141,20 +456,31 @@ def mvue24(x: torch.Tensor, dim: int = -1, seed: int = 0, block: int = DEFAULT_B
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
         raise ValueError(f"seed must be an int in [0, {MAX_SEED}], got {seed!r}")
     check_device(_mvue24_lastdim_kernel, x=x)
-    if block < 1 or block & (block - 1):
-        raise ValueError(f"block must be a power of two >= 1, got {block}")
-    x = contiguous(x)
-    out = torch.empty_like(x)
-    inner = 1
-    for size in x.shape[dim + 1:]:
-        inner *= size
-    if inner == 1:
-        n_groups = x.numel() // 4
-        _mvue24_lastdim_kernel[(triton.cdiv(n_groups, block),)](x, out, n_groups, seed, BLOCK=block,
-                                                                 num_warps=num_warps or DEFAULT_WARPS)
-    else:
-        n_group_rows = x.numel() // (4 * inner)
-        grid = (n_group_rows, triton.cdiv(inner, block))
-        _mvue24_strided_kernel[grid](x, out, n_group_rows, inner, seed, BLOCK=block,
-                                     num_warps=num_warps or DEFAULT_STRIDED_WARPS)
-    return out
+    _check_variant(variant, block)
+    return contiguous(x), dim
+
+
+def mvue24(x: torch.Tensor, dim: int = -1, seed: int = 0, block: int = DEFAULT_BLOCK,
+           num_warps: int | None = None, variant: str = DEFAULT_VARIANT) -> torch.Tensor:
+    """Unbiased 2:4 sparsification of ``x`` with groups of 4 along ``dim``.
+
+    x: float16/bfloat16/float32, ``x.shape[dim] % 4 == 0`` (non-contiguous inputs are copied).
+    seed: int in [0, 2**31 - 1]; the same seed (and variant) gives the same result for any block.
+    block: groups per program (last dim) or columns per program (other dims), a power of two
+    (>= 4 for the philox4 variants). num_warps: None picks 8 for groups along the last dim (4 for
+    its philox4 variants), 4 otherwise. variant: one of ``VARIANTS`` (see the module docstring).
+    Returns a tensor like x (contiguous) with at most 2 non-zeros per group and ``E[result] = x``.
+    """
+    x, dim = _checked(x, dim, seed, block, variant)
+    return _launch(x, dim, seed, block, num_warps, variant)
+
+
+def mvue24_constant_u_for_timing(x: torch.Tensor, dim: int = -1, block: int = DEFAULT_BLOCK,
+                                 num_warps: int | None = None, variant: str = DEFAULT_VARIANT) -> torch.Tensor:
+    """NOT an MVUE: ``variant`` with every uniform replaced by 0.5 (deterministic picks, biased).
+
+    A timing diagnostic only (sparsity_lab.benchmarks.mvue_variants): the gap between this and
+    :func:`mvue24` with the same variant is what the random numbers cost.
+    """
+    x, dim = _checked(x, dim, 0, block, variant)
+    return _launch(x, dim, 0, block, num_warps, variant, constant_u=True)

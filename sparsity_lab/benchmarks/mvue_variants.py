@@ -1,0 +1,385 @@
+"""The MVUE 2:4 kernel's variants side by side against the copy ceiling (one short GPU run).
+
+``python -m sparsity_lab.benchmarks.mvue_variants --out PATH`` (CUDA GPU), in this order:
+
+1. the ceiling: a device-to-device copy of a 128 MiB bf16 tensor, bytes read + written per second;
+2. for each variant of ``kernels/mvue24.py`` and each group dim (0: the tokens of dZ, -1: the last
+   dim), on a 128 MiB bf16 tensor (8192 x 8192 by default):
+
+   * checks, on the benchmark tensor: at most 2 non-zeros per group (all of it); kept values are
+     ``x / p`` with the reference's probabilities (``methods.mvue.mvue_probabilities``), groups with
+     fewer than 2 non-zeros unchanged (a slice of 2 M / 0.5 M groups); the two timed configurations
+     give identical outputs for one seed (counter-based RNG);
+   * on small bf16 tensors: the mean of 200 draws is x within 6 standard errors (+ one bf16 ulp of
+     rounding), the kept frequency of every non-zero is p within 6 standard deviations, and
+     neighbouring all-ones groups agree on their picks half of the time (independent draws);
+   * the time (``triton.testing.do_bench`` median, L2 cleared between runs) of two block/warp
+     configurations; bytes counted: x read once + the output written once.
+
+   Two diagnostic rows per dim time the v2 and level arithmetic with a constant u (no RNG): what
+   the random numbers cost. They are not MVUE (their draws are deterministic) and cannot win.
+3. a table (variant, dim, block, warps, ms, GB/s, fraction of the copy rate, correct, prediction)
+   and the best correct configuration per variant and dim; a JSON with provenance at ``--out``.
+
+The predictions were written before any GPU run, from offline sm_90 SASS instruction counts
+(triton 3.9 here; the GPU machine runs triton 3.6, which may schedule differently).
+``--smoke`` runs tiny sizes on the CPU through the Triton interpreter (a test of this script; its
+numbers mean nothing).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+MIB = 1 << 20
+DIMS = (0, -1)
+DRAWS = 200
+
+# (block, num_warps) per variant and group dim. Each keeps one Philox call's quad per thread where
+# the variant draws per quad (kernels/mvue24.py, "A layout constraint"); bf16 accesses per thread
+# in brackets. v2's configurations are its best measured (results/kernels_h100.json); a second
+# configuration only where it tests something (program size, access width). Every configuration
+# is a compilation (about a second each on the GPU machine): 17 in all keep the run near 30 s.
+CONFIGS = {
+    ("v2", -1): [(512, 8)],  # 2 groups per thread [16 B]
+    ("level", -1): [(512, 8)],
+    ("v2_philox4", -1): [(512, 4)],  # 1 quad per thread [2 x 16 B]
+    ("level_philox4", -1): [(512, 4), (1024, 8)],
+    ("v2", 0): [(512, 4)],  # 4 columns per thread [8 B]
+    ("level", 0): [(512, 4), (1024, 4)],  # 4 [8 B]; 8 [16 B], 80 registers
+    ("v2_philox4", 0): [(512, 4)],  # 4 columns = 1 quad per thread [8 B]
+    ("level_philox4", 0): [(512, 4), (1024, 8)],
+    ("level_philox4_tile16", 0): [(128, 4), (256, 8)],  # 1 column x 16 rows per thread [2 B]
+}
+# level_philox4_tile16 with groups along the last dim runs the level_philox4 kernel: not timed twice
+SAME_KERNEL = {("level_philox4_tile16", -1): "level_philox4"}
+DIAGNOSTICS = {("v2", -1): (512, 8), ("level", -1): (512, 8), ("v2", 0): (512, 4), ("level", 0): (512, 4)}
+
+# Written before the first GPU run. SASS instructions per group (offline, sm_90, triton 3.9, first
+# config) and the predicted fraction of the copy rate. Model: t = t_mem + a * t_issue, with
+# t_issue = groups * instructions / (132 SMs * 128 lanes * 1.75 GHz) and a = 0.5 (0.65 for > 70
+# registers), calibrated on v2's measured 0.62 / 0.55; the ranges allow for better overlap once
+# the issue time falls well below the memory time.
+PREDICTIONS = {
+    ("v2", -1): (200, "0.58-0.65"), ("level", -1): (144, "0.66-0.75"),
+    ("v2_philox4", -1): (192, "0.60-0.67"), ("level_philox4", -1): (102, "0.74-0.88"),
+    ("v2", 0): (198, "0.52-0.58"), ("level", 0): (138, "0.66-0.75"),
+    ("v2_philox4", 0): (184, "0.57-0.64"), ("level_philox4", 0): (100, "0.74-0.88"),
+    ("level_philox4_tile16", 0): (120, "0.65-0.80"),
+    ("v2 constant u", -1): (128, "0.68-0.78"), ("level constant u", -1): (80, "0.80-0.92"),
+    ("v2 constant u", 0): (136, "0.64-0.74"), ("level constant u", 0): (80, "0.80-0.92"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="path of the JSON to write")
+    parser.add_argument("--rows", type=int, default=8192, help="rows of the bf16 benchmark tensor (default 8192)")
+    parser.add_argument("--cols", type=int, default=8192, help="columns of the bf16 benchmark tensor (default 8192)")
+    parser.add_argument("--rep-ms", type=int, default=40, help="do_bench repetition time per measurement (ms)")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated subset of kernels/mvue24.VARIANTS (default: all)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes on the CPU through the Triton interpreter: checks the script, not the figures")
+
+
+# --- checks (each returns (ok, detail); they never raise on a wrong kernel output) -------------------
+def groups_of(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """(..., L, ...) with groups of 4 along ``dim`` -> (n_groups, 4)."""
+    return t.movedim(dim, -1).reshape(-1, 4)
+
+
+def check_support_and_values(x: torch.Tensor, y: torch.Tensor, probabilities: torch.Tensor,
+                             rtol: float = 1.6e-2) -> tuple[bool, str]:
+    """At most 2 non-zeros per group; kept values x / p; groups with < 2 non-zeros unchanged.
+
+    x, y: (n_groups, 4) float64 views of the same groups; probabilities: the reference's p for x.
+    rtol: bf16 rounding of x / p (2^-7 covers the interpreter's truncation too).
+    """
+    kept = y != 0
+    most = int(kept.sum(1).max())
+    if most > 2:
+        return False, f"a group keeps {most} entries"
+    if bool((kept & (probabilities <= 0)).any()):
+        return False, "an entry with p = 0 was kept"
+    expected = x / probabilities.clamp_min(1e-300)
+    bad = (y - expected).abs()[kept] > rtol * expected.abs()[kept]
+    if bool(bad.any()):
+        return False, f"{int(bad.sum())} kept values differ from x / p by more than rtol={rtol}"
+    few = (x != 0).sum(1) < 2
+    if not torch.equal(y[few], x[few]):
+        return False, "a group with fewer than 2 non-zeros was changed"
+    return True, "ok"
+
+
+def check_unbiased(x: torch.Tensor, draws_mean: torch.Tensor, kept_freq: torch.Tensor, probabilities: torch.Tensor,
+                   draws: int, ulp: float) -> tuple[bool, str]:
+    """Mean of ``draws`` draws within 6 standard errors of x (+ ``ulp`` * |x| of output rounding);
+    kept frequency of every non-zero within 6 standard deviations of p. All (n_groups, 4) float64."""
+    var = x ** 2 * (1 / probabilities.clamp_min(1e-300) - 1)  # variance of one draw
+    err = (draws_mean - x).abs()
+    bound = 6 * (var / draws).sqrt() + (ulp + 1e-12) * x.abs() + 1e-30  # 1e-12: float64 summation
+    if not bool((err <= bound).all()):
+        return False, f"mean off by {float((err / bound).max()):.2f} x the bound"
+    nz = x != 0
+    fbound = 6 * (probabilities * (1 - probabilities) / draws).sqrt() + 1e-9
+    if not bool(((kept_freq - probabilities).abs()[nz] <= fbound[nz]).all()):
+        return False, "kept frequency differs from p"
+    return True, "ok"
+
+
+def check_independent_neighbours(code: torch.Tensor) -> tuple[bool, str]:
+    """code: (rows, groups) pick patterns of all-ones groups (5 = {0, 2}, 10 = {1, 3}, each with
+    probability 1/2). Groups 1..3 apart along either axis agree half of the time when independent."""
+    if not bool(((code == 5) | (code == 10)).all()):
+        return False, "an all-ones group did not keep {0, 2} or {1, 3}"
+    for d in (1, 2, 3):
+        for axis, same in (("groups", code[:, d:] == code[:, :-d]), ("rows", code[d:, :] == code[:-d, :])):
+            if same.numel() == 0:
+                continue
+            freq = float(same.double().mean())
+            if abs(freq - 0.5) > 6 * (0.25 / same.numel()) ** 0.5:
+                return False, f"groups {d} apart along the {axis} agree {freq:.3f} of the time (expected 0.5)"
+    return True, "ok"
+
+
+# --- the run -------------------------------------------------------------------------------------------
+class Timer:
+    def __init__(self, smoke: bool, rep_ms: int) -> None:
+        self.smoke, self.rep_ms = smoke, rep_ms
+
+    def __call__(self, fn) -> float:
+        """Median milliseconds of fn() (smoke: one timed call after a warm-up, meaningless)."""
+        if self.smoke:
+            fn()
+            start = time.perf_counter()
+            fn()
+            return (time.perf_counter() - start) * 1e3
+        import triton.testing
+        return float(triton.testing.do_bench(fn, warmup=10, rep=self.rep_ms, return_mode="median"))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _small_checks(M, variant: str, dim: int, block: int, warps: int, device: torch.device, smoke: bool) -> dict:
+    """Unbiasedness over DRAWS draws and independence of neighbouring groups, bf16 (one launch each).
+
+    Sizes keep the integer arguments in the benchmark's specialisation class (multiples of 16), so
+    the configuration compiled for the timing is reused on the GPU.
+    """
+    from ..methods.mvue import mvue_probabilities
+
+    n = 16 if smoke else 64
+    gen = torch.Generator().manual_seed(123)
+    x = torch.randn(n, n, generator=gen)
+    x[0, :4] = torch.tensor([3.0, 0.1, 0.1, 0.1])  # the largest capped at p = 1
+    x[1, :4] = torch.tensor([0.0, 0.0, 2.0, 0.0])  # a single non-zero
+    x[2, :4] = torch.tensor([0.0, 1.5, 0.0, -0.5])  # two non-zeros: both kept
+    x[3, :4] = 0.0
+    x = x.to(torch.bfloat16)
+    if dim == 0:
+        x = x.t().contiguous()  # the special groups along the rows
+        rep = x.repeat(1, DRAWS).to(device)  # the draws side by side in the columns
+        ys = M.mvue24(rep, dim=0, seed=11, block=block, num_warps=warps, variant=variant).cpu()
+        ys = ys.reshape(n, DRAWS, n).transpose(0, 1)
+    else:
+        rep = x.unsqueeze(0).expand(DRAWS, n, n).contiguous().to(device)
+        ys = M.mvue24(rep, dim=-1, seed=11, block=block, num_warps=warps, variant=variant).cpu()
+    ys = ys.double()
+    gx = groups_of(x.double(), dim)
+    p = mvue_probabilities(gx)
+    mean = groups_of(ys.mean(0), dim)
+    freq = groups_of((ys != 0).double().mean(0), dim)
+    unbiased = check_unbiased(gx, mean, freq, p, DRAWS, ulp=torch.finfo(torch.bfloat16).eps)
+
+    m = 32 if smoke else 128
+    ones = torch.ones(m, m, dtype=torch.bfloat16, device=device)
+    y1 = M.mvue24(ones, dim=dim, seed=17, block=block, num_warps=warps, variant=variant).cpu()
+    kept = (y1 != 0).movedim(dim, -1).reshape(m, m // 4, 4)
+    code = (kept.int() * torch.tensor([1, 2, 4, 8])).sum(-1)
+    independent = check_independent_neighbours(code)
+    return {"unbiased": unbiased, "independent": independent}
+
+
+def _compiled_kernel_info() -> list[dict]:
+    """Registers, spills and shared memory of every compiled MVUE kernel (best effort: triton's
+    cache layout is internal and differs between versions; an error is recorded, not hidden)."""
+    M = importlib.import_module("sparsity_lab.kernels.mvue24")
+    infos = []
+    for name in ("_mvue24_lastdim_kernel", "_mvue24_lastdim_quads_kernel", "_mvue24_strided_kernel",
+                 "_mvue24_strided_quads_kernel", "_mvue24_strided_tile16_kernel"):
+        fn = getattr(M, name)
+        try:
+            for cache in getattr(fn, "device_caches", {}).values():
+                for kernel in cache[0].values():
+                    src = getattr(kernel, "src", None)
+                    consts = getattr(src, "constexprs", None) or getattr(src, "constants", None) or {}
+                    infos.append({"kernel": name, "num_warps": kernel.metadata.num_warps,
+                                  "n_regs": getattr(kernel, "n_regs", None), "n_spills": getattr(kernel, "n_spills", None),
+                                  "shared_bytes": getattr(kernel.metadata, "shared", None),
+                                  "constexprs": {str(k): str(v) for k, v in dict(consts).items()}})
+        except Exception as err:  # recorded in the JSON: the timings stand without it
+            infos.append({"kernel": name, "error": f"{type(err).__name__}: {err}"})
+    return infos
+
+
+def run(args: argparse.Namespace) -> int:
+    start_time = time.perf_counter()
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        device = torch.device("cpu")
+    else:
+        if not torch.cuda.is_available():
+            print("mvue_variants needs a CUDA GPU (use --smoke to check the script on a CPU)")
+            return 2
+        device = torch.device("cuda")
+    M = importlib.import_module("sparsity_lab.kernels.mvue24")
+    from ..methods.mvue import mvue_probabilities
+    from ..provenance import provenance
+
+    variants = M.VARIANTS if args.variants is None else tuple(v.strip() for v in args.variants.split(","))
+    unknown = [v for v in variants if v not in M.VARIANTS]
+    if unknown:
+        raise ValueError(f"--variants: unknown {unknown}; expected names from {M.VARIANTS}")
+    rows, cols = (32, 64) if args.smoke else (args.rows, args.cols)
+    if rows % 4 or cols % 4:
+        raise ValueError(f"--rows and --cols must be divisible by 4, got {rows} x {cols}")
+    timer = Timer(args.smoke, args.rep_ms)
+    bf16 = torch.bfloat16
+
+    # 1. the ceiling
+    src = torch.randn(64 * MIB if not args.smoke else 4096, device=device, dtype=bf16)  # 128 MiB
+    dst = torch.empty_like(src)
+    copy_ms = timer(lambda: dst.copy_(src))
+    copy_gbps = 2 * src.numel() * 2 / copy_ms / 1e6
+    del src, dst
+    device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (smoke)"
+    print(f"device: {device_name}; copy ceiling {copy_gbps:.0f} GB/s (128 MiB read + 128 MiB written)")
+
+    torch.manual_seed(0)
+    x = torch.randn(rows, cols, device=device, dtype=bf16)
+    nbytes = 2 * 2 * x.numel()  # read once + written once
+    print(f"benchmark tensor {rows} x {cols} bf16 ({x.numel() * 2 / MIB:.0f} MiB); bytes counted {nbytes / 1e6:.0f} MB")
+    # reference probabilities on a slice: 1024 rows (dim 0) / 256 rows (last dim)
+    slices = {0: min(rows, 16 if args.smoke else 1024), -1: min(rows, 8 if args.smoke else 256)}
+    reference = {}
+    for dim in DIMS:
+        gx = groups_of(x[:slices[dim]].double(), dim)
+        reference[dim] = (gx, mvue_probabilities(gx))
+
+    results, failures = [], []
+
+    def record(variant, dim, block, warps, ms, correct, checks, diagnostic=False, note=""):
+        gbps = nbytes / ms / 1e6
+        label = f"{variant} constant u" if diagnostic else variant
+        instr, predicted = PREDICTIONS.get((label, dim), (None, ""))
+        results.append({"variant": label, "dim": dim, "block": block, "num_warps": warps, "ms": ms, "gbps": gbps,
+                        "fraction_of_copy": gbps / copy_gbps, "correct": correct, "checks": checks,
+                        "diagnostic": diagnostic, "predicted_fraction": predicted,
+                        "offline_sass_instructions_per_group": instr, "note": note})
+
+    for variant in variants:
+        for dim in DIMS:
+            if (variant, dim) in SAME_KERNEL:
+                print(f"{variant} dim {dim}: the {SAME_KERNEL[(variant, dim)]} kernel (not timed twice)")
+                continue
+            configs = CONFIGS[(variant, dim)]
+            t0 = time.perf_counter()
+            try:
+                outputs = []
+                for block, warps in configs:
+                    outputs.append(M.mvue24(x, dim=dim, seed=3, block=block, num_warps=warps, variant=variant))
+                y = outputs[0]
+                gx, p = reference[dim]
+                checks = {"support_and_values": check_support_and_values(gx, groups_of(y[:slices[dim]].double(), dim), p)}
+                most = int((groups_of(y, dim) != 0).sum(1).max())
+                checks["at_most_2_everywhere"] = (most <= 2, "ok" if most <= 2 else f"a group keeps {most}")
+                if len(outputs) > 1:
+                    same = all(torch.equal(y, other) for other in outputs[1:])
+                    checks["same_output_every_config"] = (same, "ok" if same else "configurations disagree for one seed")
+                del outputs
+                checks.update(_small_checks(M, variant, dim, *configs[0], device, args.smoke))
+                correct = all(ok for ok, _ in checks.values())
+                for block, warps in configs:
+                    ms = timer(lambda: M.mvue24(x, dim=dim, seed=3, block=block, num_warps=warps, variant=variant))
+                    record(variant, dim, block, warps, ms, correct, {k: v[1] for k, v in checks.items()})
+                if not correct:
+                    failures.append(f"{variant} dim {dim}: " + "; ".join(f"{k}: {v[1]}" for k, v in checks.items() if not v[0]))
+            except Exception as err:  # one broken variant must not hide the others' numbers: recorded
+                failures.append(f"{variant} dim {dim}: {type(err).__name__}: {str(err).splitlines()[0][:300]}")
+                results.append({"variant": variant, "dim": dim, "error": failures[-1]})
+            print(f"  {variant} dim {dim}: {time.perf_counter() - t0:.1f} s (compile, checks, timing)")
+
+    # diagnostics: the same arithmetic without the RNG (not MVUE)
+    for (variant, dim), (block, warps) in DIAGNOSTICS.items():
+        if variant not in variants:
+            continue
+        try:
+            y = M.mvue24_constant_u_for_timing(x, dim=dim, block=block, num_warps=warps, variant=variant)
+            gx, p = reference[dim]
+            ok, detail = check_support_and_values(gx, groups_of(y[:slices[dim]].double(), dim), p)
+            ms = timer(lambda: M.mvue24_constant_u_for_timing(x, dim=dim, block=block, num_warps=warps, variant=variant))
+            record(variant, dim, block, warps, ms, False, {"support_and_values": detail}, diagnostic=True,
+                   note="u = 0.5 everywhere: deterministic, NOT an MVUE; shows what the RNG costs")
+        except Exception as err:
+            results.append({"variant": f"{variant} constant u", "dim": dim, "error": f"{type(err).__name__}: {err}"})
+    _sync(device)
+
+    # the table
+    print(f"\n{'variant':<24}{'dim':>4}{'block':>7}{'warps':>6}{'ms':>9}{'GB/s':>8}{'x copy':>8}  {'correct':<12}"
+          f"{'predicted':>11}{'SASS/grp':>9}")
+    for r in results:
+        if "error" in r:
+            print(f"{r['variant']:<24}{r['dim']:>4}  ERROR {r['error']}")
+            continue
+        correct = "diagnostic" if r["diagnostic"] else ("yes" if r["correct"] else "NO")
+        print(f"{r['variant']:<24}{r['dim']:>4}{r['block']:>7}{r['num_warps']:>6}{r['ms']:>9.4f}{r['gbps']:>8.0f}"
+              f"{r['fraction_of_copy']:>8.2f}  {correct:<12}{r['predicted_fraction']:>11}"
+              f"{r['offline_sass_instructions_per_group'] or '':>9}")
+    best = {}
+    for r in results:
+        if "error" not in r and r["correct"] and not r["diagnostic"]:
+            key = (r["variant"], r["dim"])
+            if key not in best or r["ms"] < best[key]["ms"]:
+                best[key] = r
+    print("\nbest correct configuration per variant and dim (fraction of the copy rate):")
+    for (variant, dim), r in sorted(best.items(), key=lambda kv: (kv[0][1], -kv[1]["fraction_of_copy"])):
+        print(f"  dim {dim:>2}  {variant:<24} {r['fraction_of_copy']:.2f}  ({r['ms']:.4f} ms, block {r['block']}, "
+              f"{r['num_warps']} warps)")
+    if failures:
+        print("FAILED: " + " | ".join(failures))
+    elapsed = time.perf_counter() - start_time
+    print(f"elapsed {elapsed:.1f} s")
+    if args.smoke:
+        print("(smoke run on the CPU interpreter: the numbers above are not measurements of the kernels)")
+
+    payload = {"provenance": provenance(), "smoke": bool(args.smoke), "device": device_name,
+               "copy_gbps": copy_gbps, "shape": [rows, cols], "dtype": "bfloat16", "bytes_counted": nbytes,
+               "rep_ms": args.rep_ms, "rows": results, "failures": failures, "elapsed_s": elapsed,
+               "best": [{"variant": v, "dim": d, **{k: r[k] for k in ("block", "num_warps", "ms", "fraction_of_copy")}}
+                        for (v, d), r in best.items()],
+               "compiled_kernels": _compiled_kernel_info() if not args.smoke else []}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    print(f"wrote {out}")
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sparsity_lab.benchmarks.mvue_variants", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
