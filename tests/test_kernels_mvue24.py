@@ -8,6 +8,9 @@ from _kernel_testing import DEVICE, DTYPES
 from sparsity_lab.kernels.mvue24 import VARIANTS, mvue24
 from sparsity_lab.methods.mvue import mvue_probabilities
 
+# the v2 baselines are run on purpose here; test_baseline_variants_warn checks the warning
+pytestmark = pytest.mark.filterwarnings("ignore:MVUE variant .* is a measurement baseline")
+
 RTOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
@@ -178,3 +181,20 @@ def test_mvue_unbiased_on_gpu_with_many_draws(dim, variant):
     x = torch.randn(16, 64, device="cuda")
     x = x if dim == -1 else x.t().contiguous()
     _unbiasedness(x, dim, draws=40000, seed=3, variant=variant, block=512)
+
+
+@pytest.mark.filterwarnings("default")
+def test_baseline_variants_warn_and_the_default_does_not():
+    import importlib
+    import warnings
+
+    mod = importlib.import_module("sparsity_lab.kernels.mvue24")  # the module (the package exports the function)
+
+    x = torch.randn(8, 16, device=DEVICE)
+    for variant in mod.BASELINE_VARIANTS:
+        with pytest.warns(UserWarning, match="measurement baseline"):
+            mod.mvue24(x, variant=variant)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mod.mvue24(x)
+    assert mod.DEFAULT_VARIANT == "level_philox4"

@@ -4,12 +4,16 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from sparsity_lab.benchmarks.mvue_variants import (CONFIGS, DIAGNOSTICS, SAME_KERNEL, check_independent_neighbours,
                                                    check_support_and_values, check_unbiased)
 from sparsity_lab.methods.mvue import mvue24 as reference_mvue24
 from sparsity_lab.methods.mvue import mvue_probabilities
+
+# the v2 baselines are run on purpose here; test_baseline_variants_warn checks the warning
+pytestmark = pytest.mark.filterwarnings("ignore:MVUE variant .* is a measurement baseline")
 
 
 def _groups(n=64, seed=0):
