@@ -41,7 +41,7 @@ def test_train_stop_and_resume_via_cli(tmp_path, text, capsys):
     (["--ffn-hidden", "42", "--transposable"], "FFN hidden width=42 is not divisible by 4"),
     (["--method", "ste", "--decay", "1e-4"], "does not take option"),
     (["--data", "/no/such/path"], "does not exist"),
-    (["--fp8-sim", "--backend", "torch"], "drop --backend"),
+    (["--fp8-sim", "--backend", "foo"], "--fp8-sim with --backend: backend must be one that FP8 simulation wraps"),
 ])
 def test_train_errors_are_one_clear_line(tmp_path, text, capsys, argv, message):
     data = [] if "--data" in argv else ["--data", text]

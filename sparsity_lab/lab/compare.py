@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..methods.config import MaskedDecay
 from ..provenance import write_result
-from . import fp8_sim
+from ..backends.fp8_sim import fp8_sim_backend_for
 from .data import load_corpus
 from .options import add_common_arguments, cli_errors, common_method_options, config_from_args, given
 from .runlog import finite_json
@@ -41,11 +41,13 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "masked_decay_noft": ("masked_decay", {"dense_finetune_at": None}),  # ablation for claim 3
     "sste": ("sste", {}),
     "sste_mvue": ("sste", {"mvue": True}),
-    "sste_mvue_fp8sim": ("sste", {"mvue": True, "backend": fp8_sim.NAME}),  # FP8 numerics simulated
+    "sste_mvue_fp8sim": ("sste", {"mvue": True}),  # FP8 numerics simulated (FP8_SIM_VARIANTS)
     # the seed systems that are not 2:4 (structures.py): same model, data and token budget
     "dyad": ("dyad", {}),  # DYAD-IT, 4 blocks: 1/2 of the FFN FLOPs
     "prune_regrow": ("prune_regrow", {}),  # 90 % sparse 16x16 blocks, pruned and regrown
 }
+# variants whose products run on the FP8 simulation around the chosen backend (torch -> torch_fp8sim)
+FP8_SIM_VARIANTS = ("sste_mvue_fp8sim",)
 DEFAULT_VARIANTS = ("dense", "ste", "srste", "masked_decay", "sste", "sste_mvue", "sste_mvue_fp8sim")
 EARLY, LATE = (0.10, 0.20), (0.70, 0.80)
 GAP_TOLERANCE = 0.02  # claim 5: within 2 % of dense
@@ -62,6 +64,8 @@ def variant_config(base: TrainConfig, variant: str, common: dict, decay: float |
         opts["decay"] = decay
     if method == "srste" and srste_decay is not None:
         opts["decay"] = srste_decay
+    if variant in FP8_SIM_VARIANTS:
+        opts["backend"] = fp8_sim_backend_for(opts.get("backend", "torch"))
     return replace(base, method=method, method_options=opts)
 
 
@@ -232,6 +236,8 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
         raise ValueError(f"variants must be a non-empty list from {sorted(VARIANTS)}, got {variants}")
+    for variant in variants:  # option errors (e.g. a backend FP8 simulation cannot wrap) before any training
+        variant_config(base, variant, common, decay, srste_decay)
     corpus = load_corpus(base.data, base.data_max_bytes, min_split_bytes=base.model.context + 1)
     sizing = None
     if time_budget is not None:

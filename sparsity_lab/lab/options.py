@@ -100,7 +100,7 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
                    "(default 6e-5, the GPT-2 124M reference); see `sparsity-lab decay-search`")
     g.add_argument("--mvue", action="store_true", default=S, help="MVUE 2:4 weight gradient (S-STE's recipe)")
     g.add_argument("--fp8-sim", action="store_true", default=S, help="simulate FP8 products (E4M3 forward, "
-                   "E5M2 gradients, per-tensor scales): numerics only, not faster")
+                   "E5M2 gradients, per-tensor scales) around --backend: numerics only, not faster")
     g.add_argument("--dyad-blocks", type=int, default=S, help="dyad: number of blocks n (default 4)")
     g.add_argument("--dyad-variant", choices=("it", "ot", "dt"), default=S, help="dyad: which side is "
                    "permuted (default it)")

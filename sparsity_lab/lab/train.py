@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import fp8_sim
+from ..backends.fp8_sim import fp8_sim_backend_for
 from .options import (TRAJECTORY_OPTIONS, add_common_arguments, add_method_arguments, cli_errors,
                       common_method_options, config_from_args, given)
 from .trainer import Trainer
@@ -46,10 +46,11 @@ def method_options(args) -> dict:
             opts[name] = getattr(args, name)
     if "mvue" in vars(args):
         opts["mvue"] = True
-    if "fp8_sim" in vars(args):
-        if "backend" in opts:
-            raise ValueError("--fp8-sim runs the products on its own backend (torch_fp8sim); drop --backend")
-        opts["backend"] = fp8_sim.NAME
+    if "fp8_sim" in vars(args):  # FP8-rounded operands around the chosen backend: torch -> torch_fp8sim
+        try:
+            opts["backend"] = fp8_sim_backend_for(opts.get("backend", "torch"))
+        except ValueError as err:
+            raise ValueError(f"--fp8-sim with --backend: {err}") from None
     return opts
 
 

@@ -31,7 +31,6 @@ from ..methods.config import SparsityMethod, method_from_name
 from ..methods.flip_rate import overall_flip_rate
 from ..sparsify import flip_report, sparsify, sparsity_summary
 from ..training_hooks import attach_optimizer, sparse_layers
-from . import fp8_sim  # noqa: F401  (registers the "torch_fp8sim" backend that methods may name)
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .data import DEFAULT_MAX_BYTES, BatchSampler, ByteCorpus, load_corpus
 from .model import GPT, GPTConfig
