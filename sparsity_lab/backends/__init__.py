@@ -1,5 +1,6 @@
 """Backends behind one interface: "torch" (reference) now; Triton and cuSPARSELt plug in here."""
 from .base import Backend, available_backends, get_backend, register_backend
+from .fp8_sim import register_fp8_sim
 from .torch_reference import TorchBackend
 
 register_backend("torch", TorchBackend)
@@ -12,5 +13,17 @@ def _triton_backend():
 
 
 register_backend("triton", _triton_backend)
+
+
+def _cusparselt_backend(auto: bool):
+    # imported only when asked for; without a CUDA GPU it returns the reference with a warning
+    from .cusparselt_backend import cusparselt_backend
+    return cusparselt_backend(auto=auto)
+
+
+register_backend("cusparselt", lambda: _cusparselt_backend(False))
+register_backend("cusparselt_auto", lambda: _cusparselt_backend(True))
+register_fp8_sim("torch")  # "torch_fp8sim": simulated FP8 products around any backend (fp8_sim.py)
+register_fp8_sim("triton")  # "triton_fp8sim"
 
 __all__ = ["Backend", "TorchBackend", "available_backends", "get_backend", "register_backend"]

@@ -1,0 +1,207 @@
+"""The ``auto`` policy: per product shape, sparse where it beats dense, and a report that says which.
+
+Both choices compute the same mathematics: the sparse product on the compressed 2:4 operand, or the
+dense product of the same masked operand (S(W), S(W)^T or MVUE(dZ^T) with its zeros). Only speed
+differs, so the choice is a measurement: for each :class:`ProductShape` the first time it is seen,
+``measure(shape)`` returns ``(dense_ms, sparse_ms)`` and the sparse path is taken when
+``dense_ms / sparse_ms >= min_speedup``. Shapes cuSPARSELt cannot run (dtype, minimum sizes) are
+dense with the reason recorded and no measurement.
+
+What ``sparse_ms`` counts is the measure function's business (the cuSPARSELt backend counts the
+per-step compression of the operand once, as if each optimizer step had a single micro-step: the
+conservative case). The measuring runs only on a GPU; the selection and the report here are plain
+Python, tested on the CPU with injected timings.
+
+``backend_report(model)`` lists every SparseLinear: which backend it asked for, which one runs
+(with the reason when the reference runs instead), and per product whether it is sparse, with the
+measured speed-up where ``auto`` decided.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+PRODUCTS = ("forward", "grad_input", "grad_weight")
+
+
+@dataclass(frozen=True)
+class ProductShape:
+    """``A (m, k) @ B (k, n)`` of one product of a linear layer with weight (out, in) and ``tokens`` rows.
+
+    forward     Z^T  = S(W) X^T          m = out, k = in,     n = tokens
+    grad_input  dX^T = S(W)^T dZ^T       m = in,  k = out,    n = tokens
+    grad_weight dW   = MVUE(dZ^T) X      m = out, k = tokens, n = in
+    """
+
+    product: str
+    m: int
+    k: int
+    n: int
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if self.product not in PRODUCTS:
+            raise ValueError(f"product must be one of {PRODUCTS}, got {self.product!r}")
+        for name in ("m", "k", "n"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+    @classmethod
+    def of_layer(cls, product: str, out_features: int, in_features: int, tokens: int, dtype: str) -> "ProductShape":
+        if product == "forward":
+            return cls(product, out_features, in_features, tokens, dtype)
+        if product == "grad_input":
+            return cls(product, in_features, out_features, tokens, dtype)
+        return cls(product, out_features, tokens, in_features, dtype)
+
+    def weight_shape(self) -> tuple[int, int]:
+        """(out, in) of the layer this product belongs to."""
+        if self.product == "forward":
+            return self.m, self.k
+        if self.product == "grad_input":
+            return self.k, self.m
+        return self.m, self.n
+
+    @property
+    def tokens(self) -> int:
+        return self.k if self.product == "grad_weight" else self.n
+
+
+@dataclass(frozen=True)
+class Decision:
+    shape: ProductShape
+    sparse: bool
+    dense_ms: float | None
+    sparse_ms: float | None
+    reason: str
+
+    @property
+    def speedup(self) -> float | None:
+        """dense_ms / sparse_ms (> 1: sparse is faster), None when nothing was measured."""
+        if self.dense_ms is None or self.sparse_ms is None:
+            return None
+        return self.dense_ms / self.sparse_ms
+
+    def describe(self) -> str:
+        what = "sparse" if self.sparse else "dense"
+        if self.speedup is None:
+            return f"{what} ({self.reason})"
+        return f"{what} {self.speedup:.2f}x @{self.shape.tokens} tokens"
+
+
+def _check_ms(value: object, name: str, shape: ProductShape) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"measure({shape}) returned {name}={value!r}; expected a positive finite number of ms")
+    return float(value)
+
+
+@dataclass
+class AutoPolicy:
+    """Sparse or dense per product shape, decided once per shape from ``measure``.
+
+    measure: ProductShape -> (dense_ms, sparse_ms); on a GPU the cuSPARSELt backend supplies one.
+    min_speedup: sparse is chosen when dense_ms / sparse_ms >= min_speedup (default 1.0).
+    """
+
+    measure: Callable[[ProductShape], tuple[float, float]] | None = None
+    min_speedup: float = 1.0
+    _decisions: dict[ProductShape, Decision] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        s = self.min_speedup
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
+            raise ValueError(f"min_speedup must be a positive finite number, got {s!r}")
+
+    def decide(self, shape: ProductShape, unsupported: str | None = None) -> Decision:
+        """The (cached) decision for ``shape``; ``unsupported`` (a reason) forces dense unmeasured."""
+        if shape in self._decisions:
+            return self._decisions[shape]
+        if unsupported is not None:
+            decision = Decision(shape, False, None, None, unsupported)
+        else:
+            if self.measure is None:
+                raise RuntimeError("AutoPolicy has no measure function: it decides from timings taken on a GPU "
+                                   "(the cuSPARSELt backend provides one); pass measure=... to decide elsewhere")
+            dense_ms, sparse_ms = self.measure(shape)
+            dense_ms = _check_ms(dense_ms, "dense_ms", shape)
+            sparse_ms = _check_ms(sparse_ms, "sparse_ms", shape)
+            sparse = dense_ms / sparse_ms >= self.min_speedup
+            reason = f"measured; sparse needs >= {self.min_speedup:g}x"
+            decision = Decision(shape, sparse, dense_ms, sparse_ms, reason)
+        self._decisions[shape] = decision
+        return decision
+
+    @property
+    def decisions(self) -> list[Decision]:
+        return list(self._decisions.values())
+
+    def decisions_for(self, out_features: int, in_features: int) -> dict[str, list[Decision]]:
+        """Decisions per product for a layer with weight (out, in) (one per token count seen)."""
+        found: dict[str, list[Decision]] = {p: [] for p in PRODUCTS}
+        for d in self._decisions.values():
+            if d.shape.weight_shape() == (out_features, in_features):
+                found[d.shape.product].append(d)
+        return found
+
+    def table(self) -> str:
+        rows = [f"{'product':<12} {'m':>6} {'k':>6} {'n':>6} {'dtype':<9} {'dense ms':>9} {'sparse ms':>9} "
+                f"{'speed-up':>8}  choice"]
+        for d in self._decisions.values():
+            s = d.shape
+            dense = f"{d.dense_ms:9.3f}" if d.dense_ms is not None else f"{'-':>9}"
+            sparse = f"{d.sparse_ms:9.3f}" if d.sparse_ms is not None else f"{'-':>9}"
+            speed = f"{d.speedup:7.2f}x" if d.speedup is not None else f"{'-':>8}"
+            rows.append(f"{s.product:<12} {s.m:>6} {s.k:>6} {s.n:>6} {s.dtype:<9} {dense} {sparse} {speed}  "
+                        f"{'sparse' if d.sparse else 'dense'} ({d.reason})")
+        return "\n".join(rows)
+
+
+@dataclass
+class LayerBackendRow:
+    """One SparseLinear in :func:`backend_report`."""
+
+    name: str
+    out_features: int
+    in_features: int
+    requested: str  # method.backend
+    running: str  # backend.name of what runs the products
+    fallback_reason: str | None
+    products: dict[str, str]
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def backend_report(model) -> list[LayerBackendRow]:
+    """Which backend runs each SparseLinear, and per product whether it runs sparse (and why)."""
+    from ..training_hooks import sparse_layers  # the layer imports the backends: import late
+
+    rows = []
+    for name, layer in sparse_layers(model):
+        backend = layer.backend
+        reason = getattr(backend, "fallback_reason", None)
+        if layer.dense_now:
+            products = {p: "dense W (dense phase of the method)" for p in PRODUCTS}
+        elif hasattr(backend, "product_plan"):
+            products = backend.product_plan(layer.out_features, layer.in_features, layer.method.mvue)
+        else:
+            label = "dense masked W (reference)" if reason else f"dense masked W (backend {backend.name!r})"
+            products = {p: label for p in PRODUCTS}
+            if not layer.method.mvue:
+                products["grad_weight"] = "dense dZ^T X"
+        rows.append(LayerBackendRow(name or "<model>", layer.out_features, layer.in_features, layer.method.backend,
+                                    backend.name, reason, products))
+    return rows
+
+
+def format_backend_report(rows: list[LayerBackendRow]) -> str:
+    lines = []
+    for r in rows:
+        head = f"{r.name} ({r.out_features}x{r.in_features}): asked {r.requested!r}, runs {r.running!r}"
+        if r.fallback_reason:
+            head += f" -- FALLBACK: {r.fallback_reason}"
+        lines.append(head)
+        lines.extend(f"    {p:<12} {r.products[p]}" for p in PRODUCTS)
+    return "\n".join(lines)

@@ -1,0 +1,334 @@
+"""The "cusparselt" backend: a 2:4 linear layer whose products run on sparse tensor cores.
+
+For W (out, in), X (tokens, in), dZ (tokens, out), and cuSPARSELt computing ``A @ B`` with the
+sparse, compressed operand A on the left (``cusparselt_ops`` states the contract, read in PyTorch's
+source, with file names):
+
+    forward         Z^T  = S(W)   X^T    A = S(W)      (out, in), 2:4 along in     B = X.t()   -> Z  (tokens, out)
+    input gradient  dX^T = S(W)^T dZ^T   A = S(W)^T    (in, out), 2:4 along out    B = dZ.t()  -> dX (tokens, in)
+    weight gradient dW   = MVUE(dZ^T) X  A = MVUE(dZ^T)(out, tokens), 2:4 along tokens  B = X  -> dW (out, in)
+
+The first two pass B as the ``.t()`` view of the contiguous X or dZ (no copy: cuSPARSELt reads
+it as a transposed row-major operand) and ask ``transpose_result=True``, so the result arrives as
+Z or dX, row-major, with no transpose after. The weight gradient passes X as it is and takes the
+result as dW (``transpose_result=False``; the other layout is measured by the probe).
+
+Per optimizer step: ``prepare`` wraps S(W) (already masked, in the compute dtype) in a
+:class:`CusparseltOperand`; the compressed S(W) and S(W)^T are built on first use and reused by
+every micro-step (the layer caches the operand per step). Both exist only because the mask is
+transposable: S(W)^T is 2:4 along ``out`` only then, so ``mask`` refuses ``transposable=False``.
+Masks, the soft threshold, MVUE and the masked decay use the Triton kernels on CUDA tensors (the
+reference on CPU tensors, e.g. a layer built on the CPU before ``.cuda()``).
+
+Algorithm choice: per product key, searched and checked numerically on first use
+(``cusparselt_algorithms``). Tokens that are not a multiple of 16 (bf16/fp16) are padded with zero
+rows (a copy, counted in ``stats["padded_calls"]``); weights whose dimensions are not multiples of
+16 raise (``backend="cusparselt_auto"`` runs them dense and reports it).
+
+Two names: "cusparselt" (every product sparse that can be, errors otherwise) and
+"cusparselt_auto" (:class:`AutoPolicy`: sparse only where measured faster than the dense product
+of the same masked operands). On a machine without a CUDA GPU either name gives
+:class:`ReferenceFallback`: the reference backend, with a :class:`BackendFallbackWarning` and its
+``fallback_reason`` in ``backend_report(model)``. A GPU that cannot run cuSPARSELt (compute
+capability < 8.0, no cuSPARSELt in the build) raises :class:`CusparseltUnavailable`.
+
+UNVERIFIED on a GPU (written without GPU access; ``tests/test_cusparselt_backend.py -m gpu`` and
+``python -m sparsity_lab.benchmarks.cusparselt_probe`` check it): that ``_cslt_sparse_mm`` follows
+the contract above on the H100 (operand order, ``transpose_result``, the fused bias), the
+numerical check's tolerance, the algorithm search's cost, and every speed. On the CPU the operand
+order and the absence of copies are tested against a stand-in implementing the same contract.
+
+Memory: an operand keeps S(W) (dense, compute dtype) and up to two compressed forms (9/16 of it
+each) alive for the optimizer step.
+"""
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .auto_policy import PRODUCTS, AutoPolicy, ProductShape
+from .cusparselt_algorithms import AlgorithmCache, ProductKey, synthetic_operands
+from .cusparselt_ops import (PRODUCT_DTYPES, SPARSE_MULTIPLE, TorchCusparseltOps, check_product_dtype,
+                             check_sparse_shape, padded, sparse_shape_problem, transposed_view, unavailable_reason)
+from .torch_reference import TorchBackend
+
+MIN_MULTIPLE = min(SPARSE_MULTIPLE[d] for d in PRODUCT_DTYPES)  # 16: what any weight must meet
+
+
+class BackendFallbackWarning(UserWarning):
+    """A requested backend cannot run here and the reference runs instead.
+    ``warnings.simplefilter("error", BackendFallbackWarning)`` turns the fallback into an error."""
+
+
+class ReferenceFallback(TorchBackend):
+    """The reference backend standing in for ``requested`` on a machine that cannot run it."""
+
+    def __init__(self, requested: str, reason: str) -> None:
+        self.requested = requested
+        self.fallback_reason = reason
+        self.name = f"torch (fallback for {requested})"
+
+
+class CusparseltOperand:
+    """One optimizer step's weight operand: S(W) (out, in) and its compressed forms, built lazily.
+
+    ``compressed``: S(W), 2:4 along in (forward). ``compressed_t``: S(W)^T made contiguous
+    (in, out), 2:4 along out (input gradient; transposable mask).
+    """
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+        self.compressed: torch.Tensor | None = None
+        self.compressed_t: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.weight.shape)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """x with zero rows appended up to ``rows`` (zero tokens change no product and no MVUE draw)."""
+    return x if x.shape[0] == rows else F.pad(x, (0, 0, 0, rows - x.shape[0]))
+
+
+class CusparseltBackend:
+    """2:4 products on sparse tensor cores through cuSPARSELt (see the module docstring).
+
+    ops: the cuSPARSELt calls (default: PyTorch's, which checks the GPU; tests pass a stand-in).
+    policy: None runs every product sparse; an :class:`AutoPolicy` decides per shape.
+    sweep: try every algorithm id, not only cuSPARSELt's own pick.
+    grad_weight_transpose_result: take the weight gradient's result as (in, out) and return its
+    ``.t()`` view (the probe measures which layout is faster).
+    """
+
+    def __init__(self, ops: Any = None, policy: AutoPolicy | None = None, sweep: bool = True,
+                 grad_weight_transpose_result: bool = False) -> None:
+        self._ops = ops if ops is not None else TorchCusparseltOps()
+        self.policy = policy
+        self.name = "cusparselt" if policy is None else "cusparselt_auto"
+        self.algorithms = AlgorithmCache(self._ops, sweep=sweep)
+        self.grad_weight_transpose_result = bool(grad_weight_transpose_result)
+        self.stats: Counter = Counter()
+        self._reference = TorchBackend()
+        self._kernels = None
+
+    # --- masks and weights: Triton kernels on CUDA tensors, the reference elsewhere -----------------
+    def _k(self):
+        if self._kernels is None:
+            from .. import kernels  # triton: imported only when a CUDA tensor needs it
+            self._kernels = kernels
+        return self._kernels
+
+    def mask(self, weight, n, m, transposable):
+        if (n, m) != (2, 4):
+            raise ValueError(f"backend {self.name!r} runs 2:4 sparse tensor cores, got n={n}, m={m}; "
+                             "use backend='torch' for other N:M")
+        if not transposable:
+            raise ValueError(
+                f"backend {self.name!r} computes dX = dZ S(W) on sparse tensor cores, which needs S(W)^T to be "
+                "2:4 as well: set transposable=True in the method (e.g. STE(transposable=True, "
+                f"backend={self.name!r})), or use backend='torch'")
+        if self.policy is None:
+            out_f, in_f = weight.shape
+            if out_f % MIN_MULTIPLE or in_f % MIN_MULTIPLE:
+                check_sparse_shape(out_f, in_f, torch.bfloat16, "the layer's weight (out_features, in_features)")
+        if weight.is_cuda:
+            return self._k().transposable_mask24(weight, pruned=False)[0]
+        return self._reference.mask(weight, n, m, transposable)
+
+    def sparse_weight(self, weight, mask, beta, n, m):
+        if not weight.is_cuda:
+            return self._reference.sparse_weight(weight, mask, beta, n, m)
+        if beta is None:
+            return weight * mask
+        return self._k().soft_threshold24(weight, mask, beta)
+
+    def masked_decay_(self, grad, weight, mask, decay):
+        if grad.is_cuda:
+            self._k().masked_decay_(grad, weight, mask, decay)
+        else:
+            self._reference.masked_decay_(grad, weight, mask, decay)
+
+    # --- products ------------------------------------------------------------------------------------
+    def prepare(self, sparse_weight: torch.Tensor) -> CusparseltOperand:
+        if sparse_weight.dim() != 2:
+            raise ValueError(f"the sparse weight must be 2-D (out, in), got shape {tuple(sparse_weight.shape)}")
+        self._ops.check_device(sparse_weight, "the layer's weight")
+        if self.policy is None:
+            check_product_dtype(sparse_weight.dtype)
+            check_sparse_shape(*sparse_weight.shape, sparse_weight.dtype,
+                               "the layer's weight (out_features, in_features)")
+        return CusparseltOperand(sparse_weight.contiguous())
+
+    def _compress(self, a: torch.Tensor) -> torch.Tensor:
+        self.stats["compressions"] += 1
+        return self._ops.compress(a)
+
+    def _sparse(self, shape: ProductShape, rows: int, cols: int, dtype: torch.dtype) -> bool:
+        """Run this product sparse? (rows, cols): the sparse operand's shape."""
+        if self.policy is None:
+            check_product_dtype(dtype)
+            return True
+        return self.policy.decide(shape, sparse_shape_problem(rows, cols, dtype)).sparse
+
+    def _rows_for(self, tokens: int, dtype: torch.dtype) -> int:
+        rows = padded(tokens, dtype) if dtype in SPARSE_MULTIPLE else tokens + (-tokens) % 4
+        if rows != tokens:
+            self.stats["padded_calls"] += 1
+        return rows
+
+    def _b_transposed(self, x: torch.Tensor) -> torch.Tensor:
+        b, copied = transposed_view(x)
+        self.stats["copies"] += int(copied)
+        return b
+
+    def linear(self, x, operand: CusparseltOperand, bias):
+        out_f, in_f = operand.shape
+        tokens, dtype = x.shape[0], operand.weight.dtype
+        shape = ProductShape.of_layer("forward", out_f, in_f, tokens, _dtype_name(dtype))
+        if not self._sparse(shape, out_f, in_f, dtype):
+            self.stats["dense_products"] += 1
+            return F.linear(x, operand.weight, bias)
+        self._ops.check_device(x, "x")
+        rows = self._rows_for(tokens, dtype)
+        b = self._b_transposed(_pad_rows(x, rows))  # X^T (in, rows), a view
+        if operand.compressed is None:
+            operand.compressed = self._compress(operand.weight)
+        config = self.algorithms.get(ProductKey(out_f, in_f, rows, dtype, True, True), x.device)
+        self.stats["sparse_products"] += 1
+        z = self._ops.mm(operand.compressed, b, bias, True, config)  # (rows, out) = Z
+        return z if rows == tokens else z[:tokens]
+
+    def grad_input(self, grad_out, operand: CusparseltOperand):
+        out_f, in_f = operand.shape
+        tokens, dtype = grad_out.shape[0], operand.weight.dtype
+        shape = ProductShape.of_layer("grad_input", out_f, in_f, tokens, _dtype_name(dtype))
+        if not self._sparse(shape, in_f, out_f, dtype):
+            self.stats["dense_products"] += 1
+            return grad_out @ operand.weight
+        self._ops.check_device(grad_out, "grad_out")
+        rows = self._rows_for(tokens, dtype)
+        b = self._b_transposed(_pad_rows(grad_out, rows))  # dZ^T (out, rows), a view
+        if operand.compressed_t is None:
+            operand.compressed_t = self._compress(operand.weight.t().contiguous())
+        config = self.algorithms.get(ProductKey(in_f, out_f, rows, dtype, True, True), grad_out.device)
+        self.stats["sparse_products"] += 1
+        dx = self._ops.mm(operand.compressed_t, b, None, True, config)  # (rows, in) = dX
+        return dx if rows == tokens else dx[:tokens]
+
+    def _mvue_tokens_major(self, grad_out: torch.Tensor, generator) -> torch.Tensor:
+        """MVUE(dZ) with groups of 4 along the tokens, (tokens, out): the Triton kernel on CUDA
+        (the same call and seed as the "triton" backend, so both draw alike), the reference elsewhere."""
+        if grad_out.is_cuda:
+            from .triton_backend import TritonBackend
+            return self._k().mvue24(grad_out, dim=0, seed=TritonBackend._seed(generator))
+        from ..methods.mvue import mvue24
+        return mvue24(grad_out, dim=0, generator=generator, check=False)
+
+    def grad_weight(self, grad_out, x, mvue, generator):
+        if not mvue:  # dZ^T X has no 2:4 operand: dense
+            self.stats["dense_products"] += 1
+            return self._reference.grad_weight(grad_out, x, False, None)
+        tokens, out_f = grad_out.shape
+        in_f, dtype = x.shape[1], grad_out.dtype
+        rows = self._rows_for(tokens, dtype)
+        mv = self._mvue_tokens_major(_pad_rows(grad_out, rows), generator)  # (rows, out)
+        x_p = _pad_rows(x, rows)
+        shape = ProductShape.of_layer("grad_weight", out_f, in_f, rows, _dtype_name(dtype))
+        if not self._sparse(shape, out_f, rows, dtype):
+            self.stats["dense_products"] += 1
+            return mv.t() @ x_p
+        self._ops.check_device(x_p, "x")
+        if not x_p.is_contiguous():
+            x_p = x_p.contiguous()
+            self.stats["copies"] += 1
+        a = self._compress(mv.t().contiguous())  # MVUE(dZ^T) (out, rows), 2:4 along the tokens
+        tr = self.grad_weight_transpose_result
+        config = self.algorithms.get(ProductKey(out_f, rows, in_f, dtype, False, tr), x_p.device)
+        self.stats["sparse_products"] += 1
+        dw = self._ops.mm(a, x_p, None, tr, config)
+        return dw.t() if tr else dw
+
+    # --- the auto policy's measurements (GPU) ----------------------------------------------------------
+    def measure_product(self, shape: ProductShape) -> tuple[float, float]:
+        """(dense_ms, sparse_ms) for one product on synthetic operands of ``shape``, as the products
+        above run it: sparse counts the searched algorithm's product plus the compression of its
+        operand (once: one micro-step per optimizer step) and, for the weight gradient, the
+        transpose copy of MVUE(dZ); the MVUE itself is common to both and not counted."""
+        device, dtype = torch.device("cuda"), getattr(torch, shape.dtype)
+        t = self._ops.time_ms
+        if shape.product == "grad_weight":
+            key = ProductKey(shape.m, shape.k, shape.n, dtype, False, self.grad_weight_transpose_result)
+            a, x, _ = synthetic_operands(key, device)  # a = MVUE(dZ^T) (out, tokens), x (tokens, in)
+            a_tokens_major = a.t().contiguous()  # how the MVUE kernel leaves it
+            config = self.algorithms.get(key, device)
+            dense_ms = t(lambda: a_tokens_major.t() @ x)
+            compressed = self._ops.compress(a)
+            sparse_ms = (t(lambda: a_tokens_major.t().contiguous()) + t(lambda: self._ops.compress(a))
+                         + t(lambda: self._ops.mm(compressed, x, None, key.transpose_result, config)))
+            return dense_ms, sparse_ms
+        key = ProductKey(shape.m, shape.k, shape.n, dtype, True, True)
+        a, b, _ = synthetic_operands(key, device)  # a: S(W) or S(W)^T; b: X^T or dZ^T (a view)
+        config = self.algorithms.get(key, device)
+        rows_major = b.t()  # X or dZ, contiguous
+        if shape.product == "forward":
+            dense_ms = t(lambda: F.linear(rows_major, a))
+        else:
+            weight = a.t()  # S(W) (out, in) as the dense path holds it (a view here; cuBLAS reads either)
+            dense_ms = t(lambda: rows_major @ weight)
+        compressed = self._ops.compress(a)
+        sparse_ms = t(lambda: self._ops.compress(a)) + t(lambda: self._ops.mm(compressed, b, None, True, config))
+        return dense_ms, sparse_ms
+
+    # --- reports -------------------------------------------------------------------------------------
+    def product_plan(self, out_features: int, in_features: int, mvue: bool) -> dict[str, str]:
+        """Per product, how a layer (out, in) runs here (for ``backend_report``)."""
+        if self.policy is None:
+            return {"forward": "sparse", "grad_input": "sparse",
+                    "grad_weight": "sparse (MVUE dZ^T, compressed per call)" if mvue else "dense dZ^T X"}
+        found = self.policy.decisions_for(out_features, in_features)
+        plan = {}
+        for product in PRODUCTS:
+            if product == "grad_weight" and not mvue:
+                plan[product] = "dense dZ^T X"
+            elif found[product]:
+                plan[product] = "; ".join(d.describe() for d in found[product])
+            else:
+                plan[product] = "auto: not measured yet (decided on first use)"
+        return plan
+
+    def summary(self) -> dict:
+        return {"name": self.name, "stats": dict(self.stats), "algorithms": self.algorithms.summary(),
+                "decisions": [dict(product=d.shape.product, m=d.shape.m, k=d.shape.k, n=d.shape.n,
+                                   dtype=d.shape.dtype, sparse=d.sparse, dense_ms=d.dense_ms,
+                                   sparse_ms=d.sparse_ms, speedup=d.speedup, reason=d.reason)
+                              for d in (self.policy.decisions if self.policy else [])]}
+
+
+def cusparselt_backend(auto: bool = False, min_speedup: float = 1.0):
+    """What ``get_backend("cusparselt")`` (or ``"cusparselt_auto"``) builds.
+
+    No CUDA GPU: :class:`ReferenceFallback`, with a :class:`BackendFallbackWarning`. A GPU that
+    cannot run cuSPARSELt: raises :class:`CusparseltUnavailable`. Otherwise the real backend.
+    """
+    name = "cusparselt_auto" if auto else "cusparselt"
+    if not torch.cuda.is_available():
+        reason = unavailable_reason()
+        warnings.warn(f"backend {name!r} was requested, but {reason}: SparseLinear layers run the reference "
+                      "backend ('torch', dense products of the same masked weights) instead; "
+                      "sparsity_lab.backends.auto_policy.backend_report(model) lists them",
+                      BackendFallbackWarning, stacklevel=3)
+        return ReferenceFallback(name, reason)
+    if not auto:
+        return CusparseltBackend()
+    backend = CusparseltBackend(policy=AutoPolicy(min_speedup=min_speedup))
+    backend.policy.measure = backend.measure_product
+    return backend
