@@ -23,10 +23,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import time
 from pathlib import Path
 
 import torch
+
+from .timing import Timer, sync
 
 TARGET_FRACTION = 0.70
 MIB = 1 << 20
@@ -43,27 +44,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # --- timing -----------------------------------------------------------------------------------
-class Timer:
-    def __init__(self, smoke: bool, rep_ms: int) -> None:
-        self.smoke, self.rep_ms = smoke, rep_ms
-
-    def __call__(self, fn) -> float:
-        """Median milliseconds of fn()."""
-        if self.smoke:
-            fn()
-            start = time.perf_counter()
-            fn()
-            return (time.perf_counter() - start) * 1e3
-        import triton.testing
-        return float(triton.testing.do_bench(fn, warmup=max(25, self.rep_ms // 4), rep=self.rep_ms,
-                                             return_mode="median"))
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 # --- the table ----------------------------------------------------------------------------------
 class Report:
     def __init__(self, copy_gbps: float) -> None:
@@ -399,7 +379,7 @@ def run(args: argparse.Namespace) -> int:
                 del hg, gate, value, out_graph
             del h, dout
 
-    _sync(device)
+    sync(device)
     payload = {"smoke": bool(args.smoke), "main_tensor_mib": (rows * cols * 2) / MIB, "summary": report.summary(),
                "failed_checks": failures, "rows": report.rows}
     path = write_result(args.name, payload, directory=Path(args.out_dir) if args.out_dir else None)

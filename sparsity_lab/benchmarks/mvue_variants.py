@@ -39,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+from .timing import Timer, sync
+
 MIB = 1 << 20
 DIMS = (0, -1)
 DRAWS = 200
@@ -151,26 +153,6 @@ def check_independent_neighbours(code: torch.Tensor) -> tuple[bool, str]:
 
 
 # --- the run -------------------------------------------------------------------------------------------
-class Timer:
-    def __init__(self, smoke: bool, rep_ms: int) -> None:
-        self.smoke, self.rep_ms = smoke, rep_ms
-
-    def __call__(self, fn) -> float:
-        """Median milliseconds of fn() (smoke: one timed call after a warm-up, meaningless)."""
-        if self.smoke:
-            fn()
-            start = time.perf_counter()
-            fn()
-            return (time.perf_counter() - start) * 1e3
-        import triton.testing
-        return float(triton.testing.do_bench(fn, warmup=10, rep=self.rep_ms, return_mode="median"))
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def _small_checks(M, variant: str, dim: int, block: int, warps: int, device: torch.device, smoke: bool) -> dict:
     """Unbiasedness over DRAWS draws and independence of neighbouring groups, bf16 (one launch each).
 
@@ -254,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
     rows, cols = (32, 64) if args.smoke else (args.rows, args.cols)
     if rows % 4 or cols % 4:
         raise ValueError(f"--rows and --cols must be divisible by 4, got {rows} x {cols}")
-    timer = Timer(args.smoke, args.rep_ms)
+    timer = Timer(args.smoke, args.rep_ms, warmup_ms=10)
     bf16 = torch.bfloat16
 
     # 1. the ceiling
@@ -333,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
                    note="u = 0.5 everywhere: deterministic, NOT an MVUE; shows what the RNG costs")
         except Exception as err:
             results.append({"variant": f"{variant} constant u", "dim": dim, "error": f"{type(err).__name__}: {err}"})
-    _sync(device)
+    sync(device)
 
     # the table
     print(f"\n{'variant':<24}{'dim':>4}{'block':>7}{'warps':>6}{'ms':>9}{'GB/s':>8}{'x copy':>8}  {'correct':<12}"

@@ -1,0 +1,32 @@
+"""Timing shared by the kernel benchmarks: median milliseconds through triton's do_bench on a GPU."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class Timer:
+    """``timer(fn)`` -> median milliseconds of fn().
+
+    smoke=True (CPU, Triton interpreter) times one call after a warm-up call: it checks that the
+    script runs, the number means nothing.
+    """
+
+    def __init__(self, smoke: bool, rep_ms: int, warmup_ms: int | None = None) -> None:
+        self.smoke, self.rep_ms = smoke, rep_ms
+        self.warmup_ms = warmup_ms if warmup_ms is not None else max(25, rep_ms // 4)
+
+    def __call__(self, fn) -> float:
+        if self.smoke:
+            fn()
+            start = time.perf_counter()
+            fn()
+            return (time.perf_counter() - start) * 1e3
+        import triton.testing
+        return float(triton.testing.do_bench(fn, warmup=self.warmup_ms, rep=self.rep_ms, return_mode="median"))
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
