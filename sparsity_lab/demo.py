@@ -108,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
     methods = [Dense(), STE(), MaskedDecay(decay=2e-2, total_steps=args.steps)]
     for method in methods:
         rates, loss = flip_trace(method, args.steps, args.seed)
-        early = [r for r in rates[1:11] if not math.isnan(r)]
-        late = [r for r in rates[-10:] if not math.isnan(r)]
+        measured = [r for r in rates if not math.isnan(r)]  # steps that computed a mask
+        early, late = measured[:10], measured[-10:]
         mean = lambda xs: sum(xs) / len(xs) if xs else math.nan  # noqa: E731
         print(f"   {method.name:<13} loss {loss:.4f}  flip rate early {mean(early):.4f} late {mean(late):.4f}")
         print(f"   {'':<13} {sparkline(rates)}")
