@@ -229,8 +229,10 @@ class SparseLinear(nn.Linear):
     def _generator(self, device: torch.device) -> torch.Generator | None:
         if not self.method.mvue:
             return None
-        # counter-based: draw k of this layer is a function of (seed, k) alone, so resume is exact
-        gen = torch.Generator(device=device)
+        # counter-based: draw k of this layer is a function of (seed, k) alone, so resume is exact.
+        # A CPU generator even for GPU tensors: a backend takes its kernel seed from it (or seeds a
+        # device generator, see backends.torch_reference.generator_on) without a host-device sync.
+        gen = torch.Generator()
         gen.manual_seed((self.mvue_seed * 1_000_003 + self.mvue_calls) % (2**63 - 1))
         self.mvue_calls += 1
         return gen

@@ -231,7 +231,8 @@ class CusparseltBackend:
             from .triton_backend import TritonBackend
             return self._k().mvue24(grad_out, dim=0, seed=TritonBackend._seed(generator))
         from ..methods.mvue import mvue24
-        return mvue24(grad_out, dim=0, generator=generator, check=False)
+        from .torch_reference import generator_on
+        return mvue24(grad_out, dim=0, generator=generator_on(grad_out.device, generator), check=False)
 
     def grad_weight(self, grad_out, x, mvue, generator):
         if not mvue:  # dZ^T X has no 2:4 operand: dense

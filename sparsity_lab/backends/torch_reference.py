@@ -9,6 +9,15 @@ from ..methods.mvue import mvue24
 from ..methods.soft_threshold import soft_threshold
 
 
+def generator_on(device: torch.device, generator: torch.Generator | None) -> torch.Generator | None:
+    """``generator`` if it lives on ``device``; else a generator there seeded by one draw from it
+    (a CPU draw: no host-device sync). Reproducible for a seeded generator."""
+    if generator is None or generator.device == device:
+        return generator
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 class TorchBackend:
     name = "torch"
 
@@ -38,7 +47,7 @@ class TorchBackend:
             if pad:  # zero rows change nothing: an all-zero group stays zero, others stay unbiased
                 grad_out = torch.nn.functional.pad(grad_out, (0, 0, 0, pad))
                 x = torch.nn.functional.pad(x, (0, 0, 0, pad))
-            grad_out = mvue24(grad_out, dim=0, generator=generator, check=False)
+            grad_out = mvue24(grad_out, dim=0, generator=generator_on(grad_out.device, generator), check=False)
         return grad_out.t() @ x
 
     def masked_decay_(self, grad, weight, mask, decay):

@@ -82,7 +82,8 @@ class TritonBackend:
     def _seed(generator: torch.Generator | None) -> int:
         """A Philox seed drawn from ``generator`` (reproducible), or from torch's default generator.
 
-        On a CUDA generator this is one tiny device draw and a sync per weight gradient.
+        SparseLinear passes a CPU generator, so this draw needs no host-device sync; a CUDA
+        generator would cost one tiny device draw and a sync per weight gradient.
         """
         from ..kernels.mvue24 import MAX_SEED
 
