@@ -28,7 +28,6 @@ import torch
 from tqdm.auto import tqdm
 
 from ..methods.config import SparsityMethod, method_from_name
-from ..methods.flip_rate import overall_flip_rate
 from ..sparsify import flip_report, sparsify, sparsity_summary
 from ..training_hooks import attach_optimizer, sparse_layers
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
@@ -300,18 +299,12 @@ class Trainer:
         if not self.layers:  # DYAD / prune-and-regrow: no 2:4 masks, only the live fraction
             return {"flip_rate": math.nan, "beta": math.nan, "density": structured_density(self.model),
                     "dense_phase": False}
-        report = flip_report(self.model)
-        flips, pairs = {}, []
-        for name, layer in self.layers:
-            fresh = layer.mask_updates >= 2 and layer.mask_step == layer.step
-            rate = report[name] if fresh else math.nan
-            flips[f"flip/{name}"] = rate
-            if fresh:
-                pairs.append((layer.last_flips, layer.mask.numel()))
+        report = flip_report(self.model, fresh_only=True)  # NaN where no mask was computed this step
+        flips = {f"flip/{name}": report[name] for name, _ in self.layers}
         rows = sparsity_summary(self.model)
         sizes = [layer.weight.numel() for _, layer in self.layers]
         used = [1.0 if r["dense_now"] else r["density"] for r in rows]
-        return {"flip_rate": overall_flip_rate(pairs), **flips,
+        return {"flip_rate": report["overall"], **flips,
                 "beta": sum(r["beta"] for r in rows) / len(rows),
                 "density": sum(u * s for u, s in zip(used, sizes)) / sum(sizes),
                 "dense_phase": all(r["dense_now"] for r in rows)}
