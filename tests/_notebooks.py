@@ -1,32 +1,37 @@
 """Notebook test helpers.
 
 The course notebooks are committed without outputs. nbval's ``# NBVAL_CHECK_OUTPUT`` needs expected
-outputs, so each notebook has a reference copy in tests/nbval_reference/ with the same cells and
-only the outputs of its checked cells (printed facts). A test keeps the copies' sources equal to
-the notebooks'; after editing a notebook, refresh the copies:
+outputs, so each notebook has a reference copy in tests/nbval_reference/: the notebook executed by
+papermill at its CI sizes (so it carries papermill's injected-parameters cell), keeping only the
+outputs of its checked cells (printed facts). A test keeps the copies' sources equal to the
+notebooks'; after editing a notebook, refresh its copy (or all of them):
 
-    python tests/_notebooks.py
+    python tests/_notebooks.py [01_why_24.ipynb ...]
 """
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = ROOT / "notebooks"
+sys.path.insert(0, str(ROOT))
+from sparsity_lab.course import execute, notebooks  # noqa: E402
+
 REFERENCE = Path(__file__).resolve().parent / "nbval_reference"
 CHECK = "# NBVAL_CHECK_OUTPUT"
 
 
-def notebooks() -> list[Path]:
-    return sorted(NOTEBOOKS.glob("*.ipynb"))
+def _is_injected(cell) -> bool:
+    return "injected-parameters" in cell.get("metadata", {}).get("tags", [])
 
 
 def code_sources(path: Path) -> list[str]:
+    """The cells' sources, without papermill's injected-parameters cell."""
     nb = nbformat.read(path, as_version=4)
-    return [c.source for c in nb.cells]
+    return [c.source for c in nb.cells if not _is_injected(c)]
 
 
 def has_outputs(path: Path) -> bool:
@@ -35,14 +40,18 @@ def has_outputs(path: Path) -> bool:
 
 
 def make_reference(path: Path) -> Path:
-    """Execute ``path`` and write its reference copy, keeping only the checked cells' outputs."""
-    from nbclient import NotebookClient
-
-    nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    """Execute ``path`` at its CI sizes and write its reference copy, keeping only the checked cells' outputs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        executed = Path(tmp) / path.name
+        execute(path, executed, sizes="ci")
+        nb = nbformat.read(executed, as_version=4)
     for cell in nb.cells:
         if cell.cell_type == "code" and CHECK not in cell.source:
             cell.outputs, cell.execution_count = [], None
+    nb.metadata.pop("papermill", None)
+    for cell in nb.cells:
+        cell.metadata.pop("papermill", None)
+        cell.metadata.pop("execution", None)
     REFERENCE.mkdir(exist_ok=True)
     out = REFERENCE / path.name
     nbformat.write(nb, out)
@@ -50,6 +59,10 @@ def make_reference(path: Path) -> Path:
 
 
 if __name__ == "__main__":
-    for nb_path in notebooks():
+    wanted = set(sys.argv[1:])
+    chosen = [p for p in notebooks() if not wanted or p.name in wanted]
+    missing = wanted - {p.name for p in chosen}
+    if missing:
+        sys.exit(f"no such notebooks: {', '.join(sorted(missing))}")
+    for nb_path in chosen:
         print("wrote", make_reference(nb_path))
-    sys.exit(0)

@@ -5,20 +5,28 @@ import sys
 import pytest
 
 pytest.importorskip("papermill", reason="papermill is in the test extra")
-import papermill  # noqa: E402
-from _notebooks import REFERENCE, ROOT, code_sources, has_outputs, notebooks  # noqa: E402
+import nbformat  # noqa: E402
+from _notebooks import REFERENCE, ROOT, code_sources, has_outputs  # noqa: E402
 
-# small sizes injected into each notebook's `parameters` cell for the CPU run
-CI_PARAMETERS = {
-    "10_dyad.ipynb": {"width": 16},
-    "11_prune_and_regrow.ipynb": {"width": 32, "steps": 20, "update_every": 5},
-}
+from sparsity_lab.course import ci_parameters, execute, notebooks  # noqa: E402
+
 NOTEBOOKS = notebooks()
 
 
-def test_every_notebook_has_ci_parameters():
+def test_the_course_has_notebooks():
     assert NOTEBOOKS, "no notebooks found"
-    assert {p.name for p in NOTEBOOKS} == set(CI_PARAMETERS)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_has_a_parameters_cell_and_ci_sizes(path):
+    """papermill injects the CI sizes (kept in the notebook's metadata) into its `parameters` cell."""
+    nb = nbformat.read(path, as_version=4)
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1, f"{path.name} needs exactly one cell tagged 'parameters'"
+    params = ci_parameters(path)
+    assert params, f"{path.name}: empty ci_parameters"
+    for name in params:
+        assert f"{name} =" in tagged[0].source, f"{path.name}: CI parameter {name!r} is not in its parameters cell"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -28,8 +36,7 @@ def test_committed_without_outputs(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_runs_with_papermill_at_ci_sizes(path, tmp_path):
-    papermill.execute_notebook(str(path), str(tmp_path / path.name), parameters=CI_PARAMETERS[path.name],
-                               kernel_name="python3", cwd=str(ROOT), progress_bar=False)
+    execute(path, tmp_path / path.name, sizes="ci")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
