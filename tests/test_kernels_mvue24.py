@@ -164,8 +164,14 @@ def test_bad_arguments_are_named():
         mvue24(x, dim=0, block=24)
 
 
+# the v2 defect shown by test_a_dominant_entry_does_not_cancel_the_rest also hits random bf16 inputs at
+# this size now and then (measured on the H100: one group kept 3 of 4); v2 is only a warned baseline
+_V2_RANDOM = pytest.mark.xfail(strict=False, reason="v2 float32 cancellation can keep 3 of 4 in a rare group")
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", [pytest.param(v, marks=_V2_RANDOM) if v.startswith("v2") else v
+                                     for v in VARIANTS])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_mvue_on_gpu_at_size(dtype, variant):
     x = torch.randn(4100, 1030, device="cuda").to(dtype)
