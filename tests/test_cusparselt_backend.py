@@ -258,6 +258,10 @@ def test_products_use_views_of_the_inputs_and_transpose_result():
     assert wgt["b"].data_ptr() == x.data_ptr() and wgt["b_contiguous"] and not wgt["transpose_result"]
     assert (wgt["m"], wgt["k"]) == (32, 32) and dw.shape == (32, 64)
     assert backend.stats["copies"] == 0 and backend.stats["padded_calls"] == 0
+    # CPU tensors: no Triton compressor, so _cslt_compress (the stand-in) on contiguous copies of
+    # the transposed views S(W)^T (and MVUE(dZ)^T where the reference leaves it strided), counted
+    assert backend.stats["slow_compressions"] == 3 and 1 <= backend.stats["compress_copies"] <= 2
+    assert backend.summary()["slow_compress_reasons"] == {"not a CUDA tensor": 3}
     torch.testing.assert_close(z.float(), x.float() @ sw.float().t(), rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(dx.float(), dz.float() @ sw.float(), rtol=1e-2, atol=1e-2)
 

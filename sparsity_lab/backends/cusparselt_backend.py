@@ -52,6 +52,7 @@ import torch.nn.functional as F
 
 from .auto_policy import PRODUCTS, AutoPolicy, ProductShape
 from .cusparselt_algorithms import AlgorithmCache, ProductKey, synthetic_operands
+from .cusparselt_layout import fast_layout_problem
 from .cusparselt_ops import (PRODUCT_DTYPES, SPARSE_MULTIPLE, TorchCusparseltOps, check_product_dtype,
                              check_sparse_shape, padded, sparse_shape_problem, transposed_view, unavailable_reason)
 from .torch_reference import TorchBackend
@@ -110,13 +111,15 @@ class CusparseltBackend:
     """
 
     def __init__(self, ops: Any = None, policy: AutoPolicy | None = None, sweep: bool = True,
-                 grad_weight_transpose_result: bool = False) -> None:
+                 grad_weight_transpose_result: bool = False, fast_compress: bool = True) -> None:
         self._ops = ops if ops is not None else TorchCusparseltOps()
         self.policy = policy
         self.name = "cusparselt" if policy is None else "cusparselt_auto"
         self.algorithms = AlgorithmCache(self._ops, sweep=sweep)
         self.grad_weight_transpose_result = bool(grad_weight_transpose_result)
+        self.fast_compress = bool(fast_compress)
         self.stats: Counter = Counter()
+        self.slow_compress_reasons: Counter = Counter()
         self._reference = TorchBackend()
         self._kernels = None
 
@@ -168,9 +171,29 @@ class CusparseltBackend:
                                "the layer's weight (out_features, in_features)")
         return CusparseltOperand(sparse_weight.contiguous())
 
+    def _compressor(self, a: torch.Tensor):
+        """(function, reason): how ``a`` gets compressed. CUDA tensors of whole-tile shapes go
+        through the Triton compressor (``kernels/compress24.py``: bit for bit the bytes of
+        ``_cslt_compress``, at memory speed, reading transposed views in place); other shapes
+        through ``_cslt_compress`` on a contiguous copy, with the reason."""
+        problem = fast_layout_problem(*a.shape, a.dtype) if a.is_cuda else "not a CUDA tensor"
+        if problem is None and self.fast_compress:
+            return self._k().compress24, None
+        return (lambda t: self._ops.compress(t.contiguous())), problem or "fast_compress=False"
+
     def _compress(self, a: torch.Tensor) -> torch.Tensor:
+        """The compressed form of the 2:4 matrix ``a`` (any strides: W^T and MVUE(dZ)^T arrive as
+        transposed views), counted in ``stats``: "fast_compressions" or "slow_compressions" (the
+        reasons in ``slow_compress_reasons``; the copy a transposed view needs there in "compress_copies")."""
         self.stats["compressions"] += 1
-        return self._ops.compress(a)
+        fn, reason = self._compressor(a)
+        if reason is None:
+            self.stats["fast_compressions"] += 1
+        else:
+            self.stats["slow_compressions"] += 1
+            self.slow_compress_reasons[reason] += 1
+            self.stats["compress_copies"] += int(not a.is_contiguous())
+        return fn(a)
 
     def _sparse(self, shape: ProductShape, rows: int, cols: int, dtype: torch.dtype) -> bool:
         """Run this product sparse? (rows, cols): the sparse operand's shape."""
@@ -218,7 +241,7 @@ class CusparseltBackend:
         rows = self._rows_for(tokens, dtype)
         b = self._b_transposed(_pad_rows(grad_out, rows))  # dZ^T (out, rows), a view
         if operand.compressed_t is None:
-            operand.compressed_t = self._compress(operand.weight.t().contiguous())
+            operand.compressed_t = self._compress(operand.weight.t())  # a view: the compressor reads it strided
         config = self.algorithms.get(ProductKey(in_f, out_f, rows, dtype, True, True), grad_out.device)
         self.stats["sparse_products"] += 1
         dx = self._ops.mm(operand.compressed_t, b, None, True, config)  # (rows, in) = dX
@@ -251,7 +274,7 @@ class CusparseltBackend:
         if not x_p.is_contiguous():
             x_p = x_p.contiguous()
             self.stats["copies"] += 1
-        a = self._compress(mv.t().contiguous())  # MVUE(dZ^T) (out, rows), 2:4 along the tokens
+        a = self._compress(mv.t())  # MVUE(dZ^T) (out, rows), 2:4 along the tokens: a view, read strided
         tr = self.grad_weight_transpose_result
         config = self.algorithms.get(ProductKey(out_f, rows, in_f, dtype, False, tr), x_p.device)
         self.stats["sparse_products"] += 1
@@ -272,8 +295,9 @@ class CusparseltBackend:
             a_tokens_major = a.t().contiguous()  # how the MVUE kernel leaves it
             config = self.algorithms.get(key, device)
             dense_ms = t(lambda: a_tokens_major.t() @ x)
-            compressed = self._ops.compress(a)
-            sparse_ms = (t(lambda: a_tokens_major.t().contiguous()) + t(lambda: self._ops.compress(a))
+            compress, _ = self._compressor(a_tokens_major.t())
+            compressed = compress(a_tokens_major.t())
+            sparse_ms = (t(lambda: compress(a_tokens_major.t()))
                          + t(lambda: self._ops.mm(compressed, x, None, key.transpose_result, config)))
             return dense_ms, sparse_ms
         key = ProductKey(shape.m, shape.k, shape.n, dtype, True, True)
@@ -285,8 +309,9 @@ class CusparseltBackend:
         else:
             weight = a.t()  # S(W) (out, in) as the dense path holds it (a view here; cuBLAS reads either)
             dense_ms = t(lambda: rows_major @ weight)
-        compressed = self._ops.compress(a)
-        sparse_ms = t(lambda: self._ops.compress(a)) + t(lambda: self._ops.mm(compressed, b, None, True, config))
+        compress, _ = self._compressor(a)
+        compressed = compress(a)
+        sparse_ms = t(lambda: compress(a)) + t(lambda: self._ops.mm(compressed, b, None, True, config))
         return dense_ms, sparse_ms
 
     # --- reports -------------------------------------------------------------------------------------
@@ -307,7 +332,8 @@ class CusparseltBackend:
         return plan
 
     def summary(self) -> dict:
-        return {"name": self.name, "stats": dict(self.stats), "algorithms": self.algorithms.summary(),
+        return {"name": self.name, "stats": dict(self.stats),
+                "slow_compress_reasons": dict(self.slow_compress_reasons), "algorithms": self.algorithms.summary(),
                 "decisions": [dict(product=d.shape.product, m=d.shape.m, k=d.shape.k, n=d.shape.n,
                                    dtype=d.shape.dtype, sparse=d.sparse, dense_ms=d.dense_ms,
                                    sparse_ms=d.sparse_ms, speedup=d.speedup, reason=d.reason)

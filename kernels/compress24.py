@@ -1,0 +1,154 @@
+"""Kernel 8: compress a 2:4 matrix into cuSPARSELt's sm90 layout, at memory speed.
+
+The idea
+    ``torch._cslt_compress`` runs at 52-71 GB/s on the H100 (FACTS.md): 10 ms for a 16384^2 bf16
+    weight, more than the sparse product saves. Its output layout on sm90 was mapped by
+    measurement (``sparsity_lab/backends/cusparselt_layout.py`` states it and holds the plain
+    PyTorch reference ``compress24_reference``): the kept values row-major, then one 4-bit code
+    ``i | j << 2`` per group, placed by a bit permutation of (row, group) inside 64-row tiles.
+    This kernel writes exactly those bytes in one pass.
+
+    Each program takes 64 rows x ``BLOCK_G`` groups. The two nibbles of a metadata byte belong to
+    rows r and r + 8 of the same group (16-bit dtypes) or to groups g and g + 1 of the same row
+    (8-bit): the program computes both halves ("lo" and "hi") and writes whole bytes, so no two
+    programs touch one byte. Values and codes are computed on the raw bits (int16 / uint8), so
+    bf16, fp16 and fp8 share the code path and values are copied exactly; "kept" means non-zero
+    ignoring the sign bit (a pruned ``-w * 0`` is ``-0.0``).
+
+    The input may have any strides: compressing ``W.t()`` (for the input-gradient product) or
+    ``MVUE(dZ).t()`` (the weight gradient's 2:4 operand) reads the transposed view directly, with
+    no transpose copy.
+
+Bytes (A of rows x cols, element size s)
+    read ``s * rows * cols``; write ``s * rows * cols / 2`` (values) + ``rows * cols / 8`` (codes).
+
+Precondition: at most two non-zeros per group of 4 along the rows (a 2:4-pruned matrix); the
+wrapper does not check it (``check=True`` does, at the cost of an extra pass).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import check_device, check_tensor
+
+ROW_TILE = 64
+
+
+@triton.jit
+def _pick(x0, x1, x2, x3, SIGN_OFF):
+    """Kept columns (i < j) of each group, their raw values and the 4-bit code i | j << 2."""
+    n0 = (x0 & SIGN_OFF) != 0
+    n1 = (x1 & SIGN_OFF) != 0
+    n2 = (x2 & SIGN_OFF) != 0
+    n3 = (x3 & SIGN_OFF) != 0
+    i = tl.where(n0, 0, tl.where(n1, 1, tl.where(n2, 2, 0)))
+    j = tl.where(n3 & (i < 3), 3, tl.where(n2 & (i < 2), 2, tl.where(n1 & (i < 1), 1, 3)))
+    v0 = tl.where(i == 0, x0, tl.where(i == 1, x1, x2))
+    v1 = tl.where(j == 3, x3, tl.where(j == 2, x2, x1))
+    return v0, v1, i | (j << 2)
+
+
+@triton.jit
+def _group_half(a_ptr, vals_ptr, r, g, stride_r, stride_c, half_cols, SIGN_OFF):
+    """Load the groups (r, g) [2-D index tensors], store their two values, return their codes."""
+    base = a_ptr + r * stride_r + (4 * g) * stride_c
+    x0 = tl.load(base)
+    x1 = tl.load(base + stride_c)
+    x2 = tl.load(base + 2 * stride_c)
+    x3 = tl.load(base + 3 * stride_c)
+    v0, v1, code = _pick(x0, x1, x2, x3, SIGN_OFF)
+    out = vals_ptr + r * half_cols + 2 * g
+    tl.store(out, v0)
+    tl.store(out + 1, v1)
+    return code
+
+
+@triton.jit
+def _nibble(r, g, col_tiles, EIGHT_BIT: tl.constexpr):
+    """The metadata nibble index of group (r, g): cusparselt_layout.metadata_nibble_index."""
+    rw = r % 64
+    if EIGHT_BIT:
+        gw = g % 16
+        tile = (r // 64) * col_tiles + g // 16
+        p = ((gw & 1) | (((rw >> 3) & 1) << 1) | (((gw >> 3) & 1) << 2) | (((gw >> 1) & 1) << 3)
+             | (((gw >> 2) & 1) << 4) | ((rw & 1) << 5) | (((rw >> 1) & 1) << 6) | (((rw >> 2) & 1) << 7)
+             | (((rw >> 4) & 1) << 8) | (((rw >> 5) & 1) << 9))
+        return tile * 1024 + p
+    else:
+        gw = g % 8
+        tile = (r // 64) * col_tiles + g // 8
+        p = (((rw >> 3) & 1) | (((gw >> 2) & 1) << 1) | ((gw & 1) << 2) | (((gw >> 1) & 1) << 3)
+             | ((rw & 1) << 4) | (((rw >> 1) & 1) << 5) | (((rw >> 2) & 1) << 6) | (((rw >> 4) & 1) << 7)
+             | (((rw >> 5) & 1) << 8))
+        return tile * 512 + p
+
+
+@triton.jit
+def _compress24_kernel(a_ptr, vals_ptr, meta_ptr, stride_r, stride_c, half_cols, col_tiles,
+                       EIGHT_BIT: tl.constexpr, BLOCK_G: tl.constexpr):
+    row0 = tl.program_id(0) * 64
+    g0 = tl.program_id(1) * BLOCK_G
+    if EIGHT_BIT:  # byte = groups (g, g + 1) of one row: lo = even groups
+        r = row0 + tl.arange(0, 64)[:, None]
+        g_lo = g0 + 2 * tl.arange(0, BLOCK_G // 2)[None, :]
+        code_lo = _group_half(a_ptr, vals_ptr, r, g_lo, stride_r, stride_c, half_cols, 0x7F)
+        code_hi = _group_half(a_ptr, vals_ptr, r, g_lo + 1, stride_r, stride_c, half_cols, 0x7F)
+        nib = _nibble(r, g_lo, col_tiles, EIGHT_BIT)
+    else:  # byte = rows (r, r + 8) of one group: lo = rows whose bit 3 is clear
+        k = tl.arange(0, 32)
+        r_lo = row0 + ((k & 7) | ((k >> 3) << 4))[:, None]
+        g = g0 + tl.arange(0, BLOCK_G)[None, :]
+        code_lo = _group_half(a_ptr, vals_ptr, r_lo, g, stride_r, stride_c, half_cols, 0x7FFF)
+        code_hi = _group_half(a_ptr, vals_ptr, r_lo + 8, g, stride_r, stride_c, half_cols, 0x7FFF)
+        nib = _nibble(r_lo, g, col_tiles, EIGHT_BIT)
+    tl.store(meta_ptr + (nib >> 1), (code_lo | (code_hi << 4)).to(tl.uint8))
+
+
+def _layout():  # the package's layout description (imported lazily: kernels never import backends at load)
+    from sparsity_lab.backends import cusparselt_layout
+    return cusparselt_layout
+
+
+def compress24(a: torch.Tensor, block_groups: int | None = None, check: bool = False) -> torch.Tensor:
+    """cuSPARSELt's compressed form of the 2:4 matrix ``a``, bit for bit as ``torch._cslt_compress``.
+
+    a: (rows, cols) bfloat16 / float16 / float8_e4m3fn, any strides, at most 2 non-zeros per group
+    of 4 along each row; rows a multiple of 64, cols of 32 (16-bit) or 64 (8-bit)
+    (``cusparselt_layout.fast_layout_problem`` says why a shape is refused).
+    Returns ``cusparselt_layout.compressed_shape(rows, cols, a.dtype)`` of a's dtype.
+    """
+    layout = _layout()
+    check_tensor(a, "a", layout.FAST_DTYPES)
+    if a.dim() != 2:
+        raise ValueError(f"a must be 2-D (rows, cols), got shape {tuple(a.shape)}")
+    rows, cols = a.shape
+    problem = layout.fast_layout_problem(rows, cols, a.dtype)
+    if problem:
+        raise ValueError(f"a: {problem}; use torch._cslt_compress for such shapes")
+    if rows * cols > 2**31 - 1 or (rows - 1) * abs(a.stride(0)) + (cols - 1) * abs(a.stride(1)) > 2**31 - 1:
+        raise ValueError(f"a with shape {tuple(a.shape)} and strides {a.stride()} exceeds int32 offsets")
+    if check:
+        counts = (a.reshape(rows, cols // 4, 4) != 0).sum(-1)
+        if int(counts.max()) > 2:
+            raise ValueError("a is not 2:4 along its rows: some group of 4 has more than 2 non-zeros")
+    check_device(_compress24_kernel, a=a)
+    eight_bit = a.element_size() == 1
+    tile_groups = 16 if eight_bit else 8
+    groups = cols // 4
+    if block_groups is None:
+        block_groups = next(b for b in (32, 16, 8) if b >= tile_groups and groups % b == 0)
+    if block_groups % tile_groups or groups % block_groups or block_groups & (block_groups - 1):
+        raise ValueError(f"block_groups must be a power of two, a multiple of {tile_groups} dividing "
+                         f"{groups}, got {block_groups}")
+    out = torch.empty(layout.compressed_shape(rows, cols, a.dtype), dtype=a.dtype, device=a.device)
+    int_type = torch.uint8 if eight_bit else torch.int16
+    flat = out.view(int_type).reshape(-1)
+    n_values = rows * cols // 2
+    values = flat[:n_values]
+    meta = out.view(torch.uint8).reshape(-1)[n_values * a.element_size():]
+    grid = (rows // ROW_TILE, groups // block_groups)
+    _compress24_kernel[grid](a.view(int_type), values, meta, a.stride(0), a.stride(1), cols // 2,
+                             groups // tile_groups, EIGHT_BIT=eight_bit, BLOCK_G=block_groups, num_warps=4)
+    return out
