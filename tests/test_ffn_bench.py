@@ -1,0 +1,150 @@
+"""``sparsity-lab bench-ffn``: the script's plumbing on the CPU (``--smoke``), its JSON schema, and that
+the targets are judged from the measured rows. No speed is asserted here (smoke numbers mean nothing)."""
+import json
+import math
+
+import pytest
+
+from sparsity_lab.benchmarks.ffn_speed import (GPT_VARIANTS, PHASES, SMOKE, THRESHOLDS, VARIANTS, judge_targets)
+from sparsity_lab.cli import main
+
+ROW_KEYS = {"tokens", "d_model", "ffn", "variant", "phase", "ms", "speedup_vs_dense"}
+# on the CPU these two cannot run: PyTorch's semi-structured tensors and CUDA graphs need a GPU
+EXPECTED_CPU_ERRORS = ("pytorch_semi_structured build", "capture+replay")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ffn")
+    import contextlib
+    import io
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        status = main(["bench-ffn", "--smoke", "--out-dir", str(out)])
+    assert status == 0
+    return json.loads((out / "cusparselt_ffn_smoke.json").read_text()), stdout.getvalue()
+
+
+def _speedup_ok(row: dict, dense_ms: float | None) -> bool:
+    if row["ms"] is None or not dense_ms:
+        return row["speedup_vs_dense"] is None
+    return math.isclose(row["speedup_vs_dense"], dense_ms / row["ms"], rel_tol=1e-9)
+
+
+def test_smoke_json_has_the_schema_and_every_row(smoke):
+    result, _ = smoke
+    assert {"provenance", "rows", "graph", "gpt_step", "targets", "errors", "skipped", "shapes"} <= set(result)
+    assert result["smoke"] is True and result["backends"] == {"cusparselt": "torch", "cusparselt_auto": "torch"}
+    grid = {(t, d) for t in SMOKE["tokens"] for d in SMOKE["d_model"]}
+    keys = [(r["tokens"], r["d_model"], r["variant"], r["phase"]) for r in result["rows"]]
+    assert sorted(keys) == sorted((t, d, v, p) for t, d in grid for v in VARIANTS for p in PHASES)
+    dense = {(r["tokens"], r["d_model"], r["phase"]): r["ms"] for r in result["rows"] if r["variant"] == "dense"}
+    for row in result["rows"]:
+        assert ROW_KEYS <= set(row) and row["ffn"] == 4 * row["d_model"]
+        assert _speedup_ok(row, dense[(row["tokens"], row["d_model"], row["phase"])])
+        if row["variant"] == "pytorch_semi_structured":
+            assert row["ms"] is None and "CUDA" in row["error"] and "weights fixed" in row["note"]
+        else:
+            assert row["ms"] > 0, row
+        if row["variant"].startswith("ours") or row["variant"] == "auto":
+            assert row["backend"] == "torch" and "transposable" in row["method"]
+            assert isinstance(row["stats_per_step"], dict) and row["steps_counted"] >= 1
+        if row["phase"] == "fwd" and row["variant"] != "dense" and row["ms"] is not None:
+            assert row["rel_err_vs_masked_dense"] < 1e-2  # the same masked weights, dense
+    assert {(s["tokens"], s["d_model"]) for s in result["shapes"]} == grid
+    assert all(any(w in e["where"] for w in EXPECTED_CPU_ERRORS) for e in result["errors"]), result["errors"]
+
+
+def test_smoke_graph_and_gpt_sections(smoke):
+    result, _ = smoke
+    modes = {(r["variant"], r["mode"]) for r in result["graph"]}
+    assert modes == {(v, m) for v in ("dense", "ours_mvue") for m in ("eager", "graph")}
+    for row in result["graph"]:
+        if row["mode"] == "eager":
+            assert row["ms"] > 0
+        else:  # no CUDA graph on the CPU: the error is recorded, the run goes on
+            assert row["ms"] is None and "CUDA" in row["error"]
+    gpt = result["gpt_step"]
+    assert set(gpt["variants"]) == set(GPT_VARIANTS)
+    assert gpt["tokens_per_step"] == SMOKE["gpt"]["batch"] * SMOKE["gpt"]["context"]
+    dense_ms = gpt["variants"]["dense"]["ms"]
+    for name, record in gpt["variants"].items():
+        assert record["ms"] > 0 and math.isfinite(record["loss_after"])
+        assert math.isclose(record["tokens_per_s"], gpt["tokens_per_step"] / record["ms"] * 1e3)
+        assert math.isclose(record["speedup_vs_dense"], dense_ms / record["ms"])
+        if name != "dense":
+            assert record["sparse_layers"] == 2 * SMOKE["gpt"]["n_layer"]
+
+
+def test_smoke_targets_are_the_measured_rows(smoke):
+    result, stdout = smoke
+    t_tokens, t_d = SMOKE["target"]
+    row = {(r["variant"], r["phase"]): r for r in result["rows"] if (r["tokens"], r["d_model"]) == (t_tokens, t_d)}
+    targets = result["targets"]
+    assert targets["ffn_fwd_bwd_ours_mvue"]["measured"] == row[("ours_mvue", "fwd_bwd")]["speedup_vs_dense"]
+    assert targets["ffn_fwd_ours"]["measured"] == row[("ours_mvue", "fwd")]["speedup_vs_dense"]
+    auto = [r["speedup_vs_dense"] for r in result["rows"] if r["variant"] == "auto" and r["phase"] == "fwd_bwd"]
+    assert targets["auto_every_grid_point"]["measured"] == min(auto)
+    assert targets["gpt_step"]["measured"] == result["gpt_step"]["variants"]["ours_mvue"]["speedup_vs_dense"]
+    for name, target in targets.items():
+        assert target["threshold"] == THRESHOLDS[name]
+        assert target["met"] == (target["measured"] >= target["threshold"])
+    last = stdout.strip().splitlines()[-len(targets):]
+    assert all(line.startswith("target ") and "SMOKE" in line for line in last)
+    assert all(("-> met" in line) == t["met"] for line, t in zip(last, targets.values()))
+
+
+def _rows(values: dict) -> list[dict]:
+    """Rows with speed-ups {(tokens, d, variant, phase): speedup}."""
+    return [{"tokens": t, "d_model": d, "ffn": 4 * d, "variant": v, "phase": p, "ms": 1.0, "speedup_vs_dense": x}
+            for (t, d, v, p), x in values.items()]
+
+
+def test_judge_targets_follows_the_numbers():
+    grid = [(8, 16), (8, 32)]
+    values = {(8, 32, "ours_mvue", "fwd_bwd"): 1.40, (8, 32, "ours_mvue", "fwd"): 1.49,
+              (8, 16, "auto", "fwd_bwd"): 0.98, (8, 32, "auto", "fwd_bwd"): 1.2}
+    gpt = {"config": {"d_model": 32}, "variants": {"ours_mvue": {"speedup_vs_dense": 1.16}}}
+    t = judge_targets(_rows(values), gpt, (8, 32), grid)
+    assert [t[k]["met"] for k in THRESHOLDS] == [True, False, True, True]
+    assert t["ffn_fwd_bwd_ours_mvue"]["measured"] == 1.40 and t["auto_every_grid_point"]["measured"] == 0.98
+
+    values[(8, 32, "ours_mvue", "fwd_bwd")] = 1.34
+    values[(8, 32, "ours_mvue", "fwd")] = 1.5
+    values[(8, 16, "auto", "fwd_bwd")] = 0.96
+    gpt["variants"]["ours_mvue"]["speedup_vs_dense"] = 1.14
+    t = judge_targets(_rows(values), gpt, (8, 32), grid)
+    assert [t[k]["met"] for k in THRESHOLDS] == [False, True, False, False]
+
+
+def test_judge_targets_counts_missing_measurements_as_not_met():
+    grid = [(8, 16), (8, 32)]
+    values = {(8, 32, "auto", "fwd_bwd"): 1.5, (8, 16, "auto", "fwd_bwd"): None}  # one auto point failed
+    t = judge_targets(_rows(values), None, (8, 32), grid)
+    assert t["ffn_fwd_bwd_ours_mvue"]["measured"] is None and not t["ffn_fwd_bwd_ours_mvue"]["met"]
+    auto = t["auto_every_grid_point"]
+    assert auto["measured"] == 1.5 and not auto["complete"] and not auto["met"]
+    assert auto["grid_points_measured"] == 1 and auto["grid_points"] == 2
+    assert t["gpt_step"]["measured"] is None and not t["gpt_step"]["met"]
+
+
+def test_spent_budget_skips_everything_and_says_so(tmp_path, capsys):
+    assert main(["bench-ffn", "--smoke", "--budget-s", "1e-9", "--out-dir", str(tmp_path), "--name", "b"]) == 0
+    result = json.loads((tmp_path / "b.json").read_text())
+    assert result["rows"] == [] and result["gpt_step"] is None and result["graph"] == []
+    skipped = {s["what"] for s in result["skipped"]}
+    assert {"ffn 32x32", "ffn 32x16", "gpt_step", "graph 32x32", "graph 32x16"} == skipped
+    assert not any(t["met"] for t in result["targets"].values())
+    assert "not measured" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--reps", "0"], "--reps"),
+    (["--d-model", "20"], "multiples of 16"),
+    (["--tokens", "0"], "--tokens"),
+    (["--budget-s", "0"], "--budget-s"),
+    (["--warmup", "-1"], "--warmup"),
+])
+def test_bad_arguments_name_the_flag(argv, message, tmp_path, capsys):
+    assert main(["bench-ffn", "--smoke", "--out-dir", str(tmp_path), *argv]) == 2
+    assert message in capsys.readouterr().err
