@@ -8,10 +8,11 @@ The idea
     ``i | j << 2`` per group, placed by a bit permutation of (row, group) inside 64-row tiles.
     This kernel writes exactly those bytes in one pass.
 
-    Each program takes 64 rows x ``BLOCK_G`` groups. The two nibbles of a metadata byte belong to
-    rows r and r + 8 of the same group (16-bit dtypes) or to groups g and g + 1 of the same row
-    (8-bit): the program computes both halves ("lo" and "hi") and writes whole bytes, so no two
-    programs touch one byte. Values and codes are computed on the raw bits (int16 / uint8), so
+    Each program loads 64 rows x ``4 * BLOCK_G`` columns in one 2-D load, splits the groups' four
+    members in registers and stores each row's kept values as one contiguous run. The two nibbles
+    of a metadata byte belong to rows r and r + 8 of the same group (16-bit dtypes) or to groups g
+    and g + 1 of the same row (8-bit): a reshape (and for 16-bit a permute) pairs them in
+    registers, so the program writes whole bytes and no two programs touch one byte. Values and codes are computed on the raw bits (int16 / uint8), so
     bf16, fp16 and fp8 share the code path and values are copied exactly; "kept" means non-zero
     ignoring the sign bit (a pruned ``-w * 0`` is ``-0.0``).
 
@@ -37,7 +38,7 @@ ROW_TILE = 64
 
 
 @triton.jit
-def _pick(x0, x1, x2, x3, SIGN_OFF):
+def _pick(x0, x1, x2, x3, SIGN_OFF: tl.constexpr):
     """Kept columns (i < j) of each group, their raw values and the 4-bit code i | j << 2."""
     n0 = (x0 & SIGN_OFF) != 0
     n1 = (x1 & SIGN_OFF) != 0
@@ -48,21 +49,6 @@ def _pick(x0, x1, x2, x3, SIGN_OFF):
     v0 = tl.where(i == 0, x0, tl.where(i == 1, x1, x2))
     v1 = tl.where(j == 3, x3, tl.where(j == 2, x2, x1))
     return v0, v1, i | (j << 2)
-
-
-@triton.jit
-def _group_half(a_ptr, vals_ptr, r, g, stride_r, stride_c, half_cols, SIGN_OFF):
-    """Load the groups (r, g) [2-D index tensors], store their two values, return their codes."""
-    base = a_ptr + r * stride_r + (4 * g) * stride_c
-    x0 = tl.load(base)
-    x1 = tl.load(base + stride_c)
-    x2 = tl.load(base + 2 * stride_c)
-    x3 = tl.load(base + 3 * stride_c)
-    v0, v1, code = _pick(x0, x1, x2, x3, SIGN_OFF)
-    out = vals_ptr + r * half_cols + 2 * g
-    tl.store(out, v0)
-    tl.store(out + 1, v1)
-    return code
 
 
 @triton.jit
@@ -87,23 +73,27 @@ def _nibble(r, g, col_tiles, EIGHT_BIT: tl.constexpr):
 
 @triton.jit
 def _compress24_kernel(a_ptr, vals_ptr, meta_ptr, stride_r, stride_c, half_cols, col_tiles,
-                       EIGHT_BIT: tl.constexpr, BLOCK_G: tl.constexpr):
+                       EIGHT_BIT: tl.constexpr, BLOCK_G: tl.constexpr, SIGN_OFF: tl.constexpr):
     row0 = tl.program_id(0) * 64
     g0 = tl.program_id(1) * BLOCK_G
-    if EIGHT_BIT:  # byte = groups (g, g + 1) of one row: lo = even groups
-        r = row0 + tl.arange(0, 64)[:, None]
-        g_lo = g0 + 2 * tl.arange(0, BLOCK_G // 2)[None, :]
-        code_lo = _group_half(a_ptr, vals_ptr, r, g_lo, stride_r, stride_c, half_cols, 0x7F)
-        code_hi = _group_half(a_ptr, vals_ptr, r, g_lo + 1, stride_r, stride_c, half_cols, 0x7F)
-        nib = _nibble(r, g_lo, col_tiles, EIGHT_BIT)
-    else:  # byte = rows (r, r + 8) of one group: lo = rows whose bit 3 is clear
-        k = tl.arange(0, 32)
-        r_lo = row0 + ((k & 7) | ((k >> 3) << 4))[:, None]
-        g = g0 + tl.arange(0, BLOCK_G)[None, :]
-        code_lo = _group_half(a_ptr, vals_ptr, r_lo, g, stride_r, stride_c, half_cols, 0x7FFF)
-        code_hi = _group_half(a_ptr, vals_ptr, r_lo + 8, g, stride_r, stride_c, half_cols, 0x7FFF)
-        nib = _nibble(r_lo, g, col_tiles, EIGHT_BIT)
-    tl.store(meta_ptr + (nib >> 1), (code_lo | (code_hi << 4)).to(tl.uint8))
+    rows = tl.arange(0, 64)
+    # one 2-D load of 64 rows x 4*BLOCK_G columns (coalesced along whichever axis has stride 1)
+    x = tl.load(a_ptr + (row0 + rows)[:, None] * stride_r + (4 * g0 + tl.arange(0, 4 * BLOCK_G))[None, :] * stride_c)
+    even, odd = tl.split(tl.reshape(x, [64, BLOCK_G, 2, 2]))  # even[r, g, a] = member 2a of group g
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    v0, v1, code = _pick(x0, x1, x2, x3, SIGN_OFF)  # each (64, BLOCK_G)
+    # values: (v0, v1) of group g at columns 2g, 2g + 1 of the row: one contiguous store per row
+    tl.store(vals_ptr + (row0 + rows)[:, None] * half_cols + (2 * g0 + tl.arange(0, 2 * BLOCK_G))[None, :],
+             tl.reshape(tl.join(v0, v1), [64, 2 * BLOCK_G]))
+    if EIGHT_BIT:  # a byte holds groups (g, g + 1) of one row: lo = even groups
+        lo, hi = tl.split(tl.reshape(code, [64, BLOCK_G // 2, 2]))
+        nib = _nibble((row0 + rows)[:, None], g0 + 2 * tl.arange(0, BLOCK_G // 2)[None, :], col_tiles, EIGHT_BIT)
+    else:  # a byte holds rows (r, r + 8) of one group: r = 16a + 8b + c, lo = b == 0
+        lo, hi = tl.split(tl.permute(tl.reshape(code, [4, 2, 8, BLOCK_G]), (0, 2, 3, 1)))  # (4, 8, BLOCK_G)
+        r_lo = row0 + 16 * tl.arange(0, 4)[:, None, None] + tl.arange(0, 8)[None, :, None]
+        nib = _nibble(r_lo, g0 + tl.arange(0, BLOCK_G)[None, None, :], col_tiles, EIGHT_BIT)
+    tl.store(meta_ptr + (nib >> 1), (lo | (hi << 4)).to(tl.uint8))
 
 
 def _layout():  # the package's layout description (imported lazily: kernels never import backends at load)
@@ -111,7 +101,8 @@ def _layout():  # the package's layout description (imported lazily: kernels nev
     return cusparselt_layout
 
 
-def compress24(a: torch.Tensor, block_groups: int | None = None, check: bool = False) -> torch.Tensor:
+def compress24(a: torch.Tensor, block_groups: int | None = None, check: bool = False,
+               num_warps: int = 4) -> torch.Tensor:
     """cuSPARSELt's compressed form of the 2:4 matrix ``a``, bit for bit as ``torch._cslt_compress``.
 
     a: (rows, cols) bfloat16 / float16 / float8_e4m3fn, any strides, at most 2 non-zeros per group
@@ -150,5 +141,6 @@ def compress24(a: torch.Tensor, block_groups: int | None = None, check: bool = F
     meta = out.view(torch.uint8).reshape(-1)[n_values * a.element_size():]
     grid = (rows // ROW_TILE, groups // block_groups)
     _compress24_kernel[grid](a.view(int_type), values, meta, a.stride(0), a.stride(1), cols // 2,
-                             groups // tile_groups, EIGHT_BIT=eight_bit, BLOCK_G=block_groups, num_warps=4)
+                             groups // tile_groups, EIGHT_BIT=eight_bit, BLOCK_G=block_groups,
+                             SIGN_OFF=0x7F if eight_bit else 0x7FFF, num_warps=num_warps)
     return out

@@ -25,7 +25,7 @@ from torch import nn
 from .backends import get_backend
 from .backends.base import Backend
 from .methods.config import STE, SparsityMethod
-from .methods.flip_rate import mask_flips
+from .methods.flip_rate import mask_flips_tensor
 from .methods.soft_threshold import soft_threshold, sste_beta
 from .validation import check_divisible
 
@@ -128,6 +128,8 @@ class SparseLinear(nn.Linear):
         self._operand_cache: tuple[tuple, Any] | None = None
         self.prepare_count = 0  # how many operands were prepared (diagnostic, not saved)
         self._decayed_at_step = -1  # SR-STE: step whose backward already carries the decay
+        self._pending_sum = self._pending_last = None  # flip counts still on the device
+        self._last_flips = self._flips_total = 0
         for name in _COUNTERS:
             setattr(self, name, 0)
         self.mvue_seed = int(torch.randint(0, 2**62, (1,)).item())
@@ -147,6 +149,7 @@ class SparseLinear(nn.Linear):
         missing = [name for name in _COUNTERS if name not in state]
         if missing:
             raise ValueError(f"SparseLinear extra state lacks counters {missing}; was it saved by SparseLinear?")
+        self._pending_sum = self._pending_last = None  # the loaded counters replace any pending count
         for name in _COUNTERS:
             setattr(self, name, int(state[name]))
         self._operand_cache = None
@@ -184,12 +187,43 @@ class SparseLinear(nn.Linear):
         m = self.method
         new = self.backend.mask(self.weight.detach(), m.n, m.m, m.transposable)
         if self.mask_updates > 0:
-            self.last_flips = mask_flips(self.mask, new)
-            self.flips_total += self.last_flips
+            # counted on the device and read when someone asks (last_flips / flips_total): no host
+            # sync in the training step, which would stall the queue of cuSPARSELt calls
+            flips = mask_flips_tensor(self.mask, new)
+            self._pending_last = flips
+            self._pending_sum = flips if self._pending_sum is None else self._pending_sum + flips
         self.mask.copy_(new)
         self.mask_step = self.step
         self.mask_updates += 1
         self._operand_cache = None
+
+    def _settle_flips(self) -> None:
+        if self._pending_sum is not None:
+            self._flips_total += int(self._pending_sum)
+            self._last_flips = int(self._pending_last)
+            self._pending_sum = self._pending_last = None
+
+    @property
+    def last_flips(self) -> int:
+        """Flips of the latest mask computation (0 before the second one)."""
+        self._settle_flips()
+        return self._last_flips
+
+    @last_flips.setter
+    def last_flips(self, value: int) -> None:
+        self._settle_flips()
+        self._last_flips = int(value)
+
+    @property
+    def flips_total(self) -> int:
+        """Flips summed over every mask computation."""
+        self._settle_flips()
+        return self._flips_total
+
+    @flips_total.setter
+    def flips_total(self, value: int) -> None:
+        self._settle_flips()
+        self._flips_total = int(value)
 
     def advance_step(self) -> None:
         """Called after every optimizer step (``attach_optimizer`` does it)."""

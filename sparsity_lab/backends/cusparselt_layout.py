@@ -20,9 +20,10 @@ metadata  right after the values, one 4-bit code per group: ``i | (j << 2)`` for
 
           so ``nibble = tile * 64 * T + p``.
 
-Shapes whose rows are not a multiple of 64 or whose groups are not a multiple of T are padded by
-cuSPARSELt to whole tiles, and the padded allocation's size was not mapped: the fast compressor
-(``kernels/compress24.py``) takes only whole-tile shapes, for which the output is exactly
+Shapes whose rows are not a multiple of 64 or whose columns are not a multiple of 64 (for 16-bit
+dtypes too: 1056 columns got a padded allocation on the H100) are padded by cuSPARSELt, and the
+padded allocation's size was not mapped: the fast compressor (``kernels/compress24.py``) takes only
+rows and columns that are multiples of 64, for which the output is exactly
 ``rows * cols * 9 / 16`` (16-bit) or ``rows * cols * 10 / 16`` (8-bit) elements — the sizes
 ``_cslt_compress`` returns there. Other shapes keep using ``_cslt_compress`` (and say so).
 """
@@ -31,6 +32,9 @@ from __future__ import annotations
 import torch
 
 ROW_TILE = 64
+# measured on the H100: 16-bit shapes whose columns are an odd number of 32-column tiles get a
+# padded (larger) allocation from _cslt_compress, so the fast path asks 64 columns for every dtype
+COL_MULTIPLE = 64
 # per element size: groups per tile and the (source bit, destination bit) pairs of the permutation
 _LAYOUTS = {
     2: dict(tile_groups=8, rows=((3, 0), (0, 4), (1, 5), (2, 6), (4, 7), (5, 8)), groups=((2, 1), (0, 2), (1, 3))),
@@ -50,7 +54,7 @@ def fast_layout_problem(rows: int, cols: int, dtype: torch.dtype) -> str | None:
     """Why (rows, cols, dtype) is outside the mapped whole-tile layout, or None when it is inside."""
     if dtype not in FAST_DTYPES:
         return f"dtype {dtype} is not one of {FAST_DTYPES}"
-    col_mult = 4 * tile_groups(dtype)
+    col_mult = COL_MULTIPLE
     if rows % ROW_TILE or cols % col_mult:
         return (f"shape ({rows}, {cols}) is not whole tiles (rows a multiple of {ROW_TILE}, "
                 f"cols a multiple of {col_mult} for {dtype})")

@@ -1,0 +1,48 @@
+"""Where the GPU time of one FFN training step goes: torch.profiler's kernel table per variant.
+
+``python -m sparsity_lab.benchmarks.ffn_profile --tokens 16384 --d-model 4096`` (GPU). Uses the
+FFN and the step of ``ffn_speed`` (same model, same step), profiles 3 steps after warm-up and
+prints the kernels sorted by total CUDA time, so a slow 2:4 step can be traced to its kernels.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+
+def main(argv=None) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    from .ffn_speed import Settings, _inputs, build_ffn, train_step
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--d-model", type=int, default=4096)
+    p.add_argument("--variants", default="dense,ours_fixed_mask,ours_mvue")
+    p.add_argument("--rows", type=int, default=22)
+    args = p.parse_args(argv)
+    s = Settings(smoke=False, device=torch.device("cuda"), dtype=torch.bfloat16, tokens=[args.tokens],
+                 d_models=[args.d_model], target=(args.tokens, args.d_model), reps=1, warmup=1, budget_s=1.0,
+                 graph=False, gpt=None, backends={"cusparselt": "cusparselt", "cusparselt_auto": "cusparselt_auto"})
+    for variant in args.variants.split(","):
+        model = build_ffn(variant, args.d_model, s)
+        x, dy = _inputs(args.tokens, args.d_model, s)
+        step = train_step(model, x, dy)
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+        print(f"=== {variant}: {args.tokens} tokens x d_model {args.d_model}, 3 steps", flush=True)
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=70),
+              flush=True)
+        del model, x, dy, step
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
