@@ -13,10 +13,12 @@ package (named in its docstring) and a test against it (tests/test_kernels_*.py)
     gated              6. SwiGLU / GEGLU forward and backward, row-major or transposed layout
     fp8_cast           7. FP8 per-tensor amax, scale, cast (E4M3 / E5M2) and back
     compress24         8. a 2:4 matrix into cuSPARSELt's sm90 compressed layout (values + metadata)
+    count_flips        9. entries where two masks differ, counted on the device
 
 Importing this package imports triton: set TRITON_INTERPRET=1 first to run on a CPU.
 """
 from .compress24 import compress24
+from .count_flips import count_flips
 from .fp8_cast import amax, dequantize_fp8, quantize_fp8, quantize_fp8_with_scale
 from .gated import gated_backward, gated_forward
 from .masked_decay import masked_decay_
@@ -26,7 +28,7 @@ from .soft_threshold24 import soft_threshold24
 from .transposable24 import transposable_mask24
 
 __all__ = [
-    "amax", "compress24", "dequantize_fp8", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "pack_mask24",
+    "amax", "compress24", "count_flips", "dequantize_fp8", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "pack_mask24",
     "prune24", "quantize_fp8", "quantize_fp8_with_scale", "soft_threshold24", "transposable_mask24",
     "unpack_mask24",
 ]

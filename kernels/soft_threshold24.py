@@ -82,7 +82,8 @@ def _soft_threshold24_kernel(w_ptr, mask_ptr, beta_ptr, out_ptr, n_groups,
 
 
 def soft_threshold24(w: torch.Tensor, mask: torch.Tensor | None = None, beta: torch.Tensor | float | None = None,
-                     block: int = DEFAULT_BLOCK, num_warps: int = DEFAULT_WARPS) -> torch.Tensor:
+                     block: int = DEFAULT_BLOCK, num_warps: int = DEFAULT_WARPS,
+                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``beta * S(w)`` with groups of 4 along the last dimension.
 
     w: (..., K) float16/bfloat16/float32, K divisible by 4. mask: None (row-wise 2:4 magnitude mask
@@ -111,7 +112,11 @@ def soft_threshold24(w: torch.Tensor, mask: torch.Tensor | None = None, beta: to
     w = contiguous(w)
     mask_u8 = contiguous(mask).view(torch.uint8) if mask is not None else w
     beta_t = beta.reshape(()).float() if beta is not None else w
-    out = torch.empty_like(w)
+    if out_dtype is not None and out_dtype not in HALF_AND_FLOAT:
+        raise TypeError(f"out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
+    # out_dtype: write the product dtype directly (one rounding of the float32 result), saving the
+    # separate cast pass of an fp32 master weight
+    out = torch.empty_like(w, dtype=out_dtype or w.dtype)
     n_groups = w.numel() // 4
     _soft_threshold24_kernel[(triton.cdiv(n_groups, block),)](
         w, mask_u8, beta_t, out, n_groups, HAS_MASK=mask is not None, HAS_BETA=beta is not None,

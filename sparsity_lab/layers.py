@@ -189,7 +189,8 @@ class SparseLinear(nn.Linear):
         if self.mask_updates > 0:
             # counted on the device and read when someone asks (last_flips / flips_total): no host
             # sync in the training step, which would stall the queue of cuSPARSELt calls
-            flips = mask_flips_tensor(self.mask, new)
+            count = getattr(self.backend, "mask_flips", mask_flips_tensor)  # a backend may count faster
+            flips = count(self.mask, new)
             self._pending_last = flips
             self._pending_sum = flips if self._pending_sum is None else self._pending_sum + flips
         self.mask.copy_(new)
@@ -250,6 +251,15 @@ class SparseLinear(nn.Linear):
         beta = self.beta if m.soft_threshold else None
         return self.backend.sparse_weight(self.weight.detach(), self.mask, beta, m.n, m.m)
 
+    def _sparse_weight_as(self, dtype: torch.dtype) -> torch.Tensor:
+        """``sparse_weight().to(dtype)``, in one pass where the backend offers ``sparse_weight_as``."""
+        as_dtype = getattr(self.backend, "sparse_weight_as", None)
+        if as_dtype is None or self.dense_now:
+            return self.sparse_weight().to(dtype)
+        m = self.method
+        beta = self.beta if m.soft_threshold else None
+        return as_dtype(self.weight.detach(), self.mask, beta, m.n, m.m, dtype)
+
     def _operand(self, dtype: torch.dtype) -> Any:
         # one prepared (pruned, and for hardware backends compressed) weight per optimizer step,
         # reused by every gradient-accumulation micro-step; rebuilt when W, the mask or beta change
@@ -257,7 +267,7 @@ class SparseLinear(nn.Linear):
                dtype, self.weight.device)
         if self._operand_cache is None or self._operand_cache[0] != key:
             self.prepare_count += 1
-            self._operand_cache = (key, self.backend.prepare(self.sparse_weight().to(dtype)))
+            self._operand_cache = (key, self.backend.prepare(self._sparse_weight_as(dtype)))
         return self._operand_cache[1]
 
     def _generator(self, device: torch.device) -> torch.Generator | None:

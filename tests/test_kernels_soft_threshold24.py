@@ -73,3 +73,15 @@ def test_soft_threshold_on_gpu_at_size(dtype):
     assert_close_ulp(soft_threshold24(w, beta=beta), _reference(w, None, 1.48))
     mask = transposable_mask(w[:2052].float(), 2, 4)
     assert_close_ulp(soft_threshold24(w[:2052], mask=mask, beta=beta), _reference(w[:2052], mask, 1.48))
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_out_dtype_writes_the_product_dtype_with_one_rounding(out_dtype):
+    """fp32 master weight in, bf16/fp16 out: the float32 result rounded once (no fp32 intermediate)."""
+    w = torch.randn(24, 64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    mask = transposable_mask(w.cpu(), 2, 4).to(DEVICE)
+    out = soft_threshold24(w, mask, torch.tensor(1.3, device=DEVICE), out_dtype=out_dtype)
+    assert out.dtype == out_dtype and out.shape == w.shape
+    assert_close_ulp(out, (1.3 * soft_threshold(w.cpu(), mask.cpu())).to(out_dtype).to(DEVICE))
+    with pytest.raises(TypeError, match="out_dtype"):
+        soft_threshold24(w, mask, 1.0, out_dtype=torch.int8)

@@ -38,6 +38,10 @@ class Backend(Protocol):
                     generator: torch.Generator | None) -> torch.Tensor:
         """dW = dZ^T X, or MVUE(dZ^T) X with groups of 4 along the tokens. Returns (out, in)."""
 
+    # optional: ``mask_flips(previous, current) -> 0-d int64 tensor`` (a faster flip count; the
+    # layer uses sparsity_lab.methods.flip_rate.mask_flips_tensor when a backend has none) and
+    # ``sparse_weight_as(weight, mask, beta, n, m, dtype)`` (= sparse_weight(...).to(dtype), fewer passes)
+
     def masked_decay_(self, grad: torch.Tensor, weight: torch.Tensor, mask: torch.Tensor,
                       decay: float) -> None:
         """In place: grad += decay * (1 - m) * W."""

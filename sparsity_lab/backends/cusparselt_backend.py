@@ -52,6 +52,7 @@ import torch.nn.functional as F
 
 from .auto_policy import PRODUCTS, AutoPolicy, ProductShape
 from .cusparselt_algorithms import AlgorithmCache, ProductKey, synthetic_operands
+from ..methods.flip_rate import mask_flips_tensor
 from .cusparselt_layout import fast_layout_problem
 from .cusparselt_ops import (PRODUCT_DTYPES, SPARSE_MULTIPLE, TorchCusparseltOps, check_product_dtype,
                              check_sparse_shape, padded, sparse_shape_problem, transposed_view, unavailable_reason)
@@ -146,6 +147,21 @@ class CusparseltBackend:
         if weight.is_cuda:
             return self._k().transposable_mask24(weight, pruned=False)[0]
         return self._reference.mask(weight, n, m, transposable)
+
+    def sparse_weight_as(self, weight, mask, beta, n, m, dtype):
+        """``sparse_weight(...).to(dtype)`` in fewer passes on CUDA: the soft threshold writes
+        ``dtype`` itself; m * W casts before masking (a smaller temporary)."""
+        if not weight.is_cuda:
+            return self.sparse_weight(weight, mask, beta, n, m).to(dtype)
+        if beta is None:
+            return weight.to(dtype) * mask
+        return self._k().soft_threshold24(weight, mask, beta, out_dtype=dtype)
+
+    def mask_flips(self, previous, current):
+        """0-d int64 count of differing entries, on the device (kernel 9 on CUDA tensors)."""
+        if previous.is_cuda:
+            return self._k().count_flips(previous, current)
+        return mask_flips_tensor(previous, current)
 
     def sparse_weight(self, weight, mask, beta, n, m):
         if not weight.is_cuda:

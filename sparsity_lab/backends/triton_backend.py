@@ -50,6 +50,10 @@ class TritonBackend:
         _, bits = self._k.prune24(weight, values=False)
         return self._k.unpack_mask24(bits)
 
+    def mask_flips(self, previous, current):
+        """0-d int64 count of differing entries, on the device (kernel 9)."""
+        return self._k.count_flips(previous, current)
+
     def sparse_weight(self, weight, mask, beta, n, m):
         _check_24(n, m)
         if beta is None:

@@ -15,11 +15,8 @@ def mask_flips_tensor(previous: torch.Tensor, current: torch.Tensor) -> torch.Te
     host sync: a training step can count flips and read them later)."""
     if previous.shape != current.shape:
         raise ValueError(f"masks differ in shape: {tuple(previous.shape)} vs {tuple(current.shape)}")
-    if (previous.dtype == current.dtype == torch.bool and previous.is_contiguous() and current.is_contiguous()
-            and previous.numel() % 8 == 0):
-        # bool bytes are 0 or 1: XOR 8 of them at a time as int64 words, then add the bytes up
-        words = torch.bitwise_xor(previous.reshape(-1).view(torch.int64), current.reshape(-1).view(torch.int64))
-        return words.view(torch.uint8).sum(dtype=torch.int64)
+    if previous.dtype == current.dtype == torch.bool:
+        return (previous ^ current).sum()
     return ((previous != 0) ^ (current != 0)).sum()
 
 
