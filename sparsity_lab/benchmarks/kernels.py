@@ -379,6 +379,43 @@ def run(args: argparse.Namespace) -> int:
                 del hg, gate, value, out_graph
             del h, dout
 
+    # 8. compress into cuSPARSELt's layout (row-major W, and W^T read as a transposed view) -------------------
+    with section('8. compress24', failures):
+        from ..backends.cusparselt_layout import compress24_reference
+        crow = rows - rows % 64 if rows >= 64 else 64
+        w = torch.randn(crow, cols, device=device, dtype=bf16)
+        w = w * nm_mask(w, 2, 4)
+        wt = w.t().contiguous().t()  # the same matrix stored column-major: how W^T and MVUE(dZ)^T arrive
+        _check("compress24", torch.equal(K.compress24(w).view(torch.uint8), compress24_reference(w).view(torch.uint8))
+               and torch.equal(K.compress24(wt).view(torch.uint8), compress24_reference(w).view(torch.uint8)))
+        n = w.numel()
+        nbytes = 2 * n + n + n // 8  # read bf16, write half the values + 4 bits per group
+        cfgs = [{"block_groups": b, "num_warps": nw} for b in (16, 32) for nw in (4, 8)][: 1 if few else None]
+        for variant, a in (("row-major", w), ("transposed view (W^T, MVUE^T)", wt)):
+            ms, cfg, allc = _sweep(timer, lambda a=a, **c: (lambda: K.compress24(a, **c)), cfgs)
+            report.memory_bound("8 compress24", variant, w.shape, nbytes, ms, cfg, allc, counts_for_target=False,
+                                note="issue 4's kernel: not in issue 3's target set")
+        if device.type == "cuda":
+            ref_ms = timer(lambda: torch._cslt_compress(w))
+            report.ratio("8 compress24", "row-major vs _cslt_compress", w.shape,
+                         min(r["ms"] for r in report.rows if r["kernel"] == "8 compress24"), "_cslt_compress", ref_ms,
+                         None)
+        del w, wt
+
+    # 9. flip count of two bool masks -----------------------------------------------------------------------------
+    with section('9. count_flips', failures):
+        prev = torch.rand(rows, cols, device=device) < 0.5
+        new = prev ^ (torch.rand(rows, cols, device=device) < 0.01)
+        _check("count_flips", int(K.count_flips(prev, new)) == int((prev != new).sum()))
+        n = prev.numel()
+        cfgs = [{"block": b, "num_warps": nw} for b in (4096, 8192, 16384) for nw in (4, 8)][: 1 if few else None]
+        ms, cfg, allc = _sweep(timer, lambda **c: (lambda: K.count_flips(prev, new, **c)), cfgs)
+        report.memory_bound("9 count_flips", "two bool masks", prev.shape, 2 * n, ms, cfg, allc, counts_for_target=False,
+                            note="issue 4's kernel: not in issue 3's target set")
+        ref_ms = timer(lambda: (prev ^ new).sum())
+        report.ratio("9 count_flips", "vs PyTorch (prev ^ new).sum()", prev.shape, ms, "PyTorch", ref_ms, None)
+        del prev, new
+
     sync(device)
     payload = {"smoke": bool(args.smoke), "main_tensor_mib": (rows * cols * 2) / MIB, "summary": report.summary(),
                "failed_checks": failures, "rows": report.rows}
