@@ -261,7 +261,7 @@ def _int_view(t: torch.Tensor) -> torch.Tensor:
 
 def _value_region(dtype: torch.dtype, rows: int, cols: int) -> dict:
     w, mask = _random_24(rows, cols, dtype, seed=rows + cols)
-    c = torch._cslt_compress(w)
+    c = torch._cslt_compress(w).reshape(-1)  # torch 2.11 returns it 2-D (rows, cols * 9 / 16)
     n = rows * cols
     nv = n // 2
     kept = _int_view(w)[mask]  # row-major order of the kept entries
@@ -277,6 +277,7 @@ def _value_region(dtype: torch.dtype, rows: int, cols: int) -> dict:
 
 def _meta_bits(c: torch.Tensor, nv: int):
     import numpy as np
+    c = c.reshape(-1)
     return np.unpackbits(c[nv:].contiguous().view(torch.uint8).cpu().numpy(), bitorder="little")
 
 
@@ -294,7 +295,7 @@ def _metadata_map(dtype: torch.dtype, rows: int, cols: int, all_patterns: bool) 
     nv = rows * cols // 2
     uniform = {}
     for pair in PAIRS:
-        c = torch._cslt_compress(_pattern_matrix(rows, cols, dtype, pair))
+        c = torch._cslt_compress(_pattern_matrix(rows, cols, dtype, pair)).reshape(-1)
         meta = c[nv:].contiguous().view(torch.uint8).cpu().numpy()
         words = meta.view(np.uint16)
         uniform[f"{pair[0]}{pair[1]}"] = {"first_bytes_hex": meta[:16].tobytes().hex(),
