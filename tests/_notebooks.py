@@ -24,6 +24,31 @@ REFERENCE = Path(__file__).resolve().parent / "nbval_reference"
 CHECK = "# NBVAL_CHECK_OUTPUT"
 
 
+# Tiny course notebooks for the course and book tests (a parameters cell n = 50, CI size n = 3).
+FIGURE_CELL = """import plotly.graph_objects as go
+import plotly.io as pio
+pio.renderers.default = "plotly_mimetype+notebook_connected"
+print("points:", n)
+go.Figure(go.Scatter(y=list(range(n))))"""
+WIDGET_CELL = """import ipywidgets as widgets
+import plotly.graph_objects as go
+print("points:", n)
+widgets.VBox([widgets.IntSlider(description="steps"), go.FigureWidget(go.Scatter(y=list(range(n))))])"""
+
+
+def tiny_notebook(folder: Path, name: str = "01_tiny.ipynb", body: str | list[str] = FIGURE_CELL) -> Path:
+    """A course notebook: a heading, a parameters cell (n = 50; CI: n = 3), the code cell(s) ``body``."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["sparsity_lab"] = {"ci_parameters": {"n": 3}}
+    nb.cells = [nbformat.v4.new_markdown_cell("# A tiny notebook\n\nOne figure."),
+                nbformat.v4.new_code_cell("n = 50", metadata={"tags": ["parameters"]}),
+                *(nbformat.v4.new_code_cell(b) for b in ([body] if isinstance(body, str) else body))]
+    folder.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, folder / name)
+    return folder / name
+
+
 def _is_injected(cell) -> bool:
     return "injected-parameters" in cell.get("metadata", {}).get("tags", [])
 
@@ -49,6 +74,7 @@ def make_reference(path: Path) -> Path:
         if cell.cell_type == "code" and CHECK not in cell.source:
             cell.outputs, cell.execution_count = [], None
     nb.metadata.pop("papermill", None)
+    nb.metadata.pop("widgets", None)  # saved widget state carries ~5 MB of JavaScript
     for cell in nb.cells:
         cell.metadata.pop("papermill", None)
         cell.metadata.pop("execution", None)

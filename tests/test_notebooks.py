@@ -1,4 +1,7 @@
-"""The notebooks as tests: committed clean, executed by papermill at CI sizes, checked by nbval."""
+"""The notebooks as tests: committed clean, executed by papermill at CI sizes, checked by nbval, and
+built into the HTML book (from the same executed copies: each notebook runs once for both)."""
+import json
+import re
 import subprocess
 import sys
 
@@ -8,9 +11,16 @@ pytest.importorskip("papermill", reason="papermill is in the test extra")
 import nbformat  # noqa: E402
 from _notebooks import REFERENCE, ROOT, code_sources, has_outputs  # noqa: E402
 
-from sparsity_lab.course import ci_parameters, execute, notebooks  # noqa: E402
+from sparsity_lab.course import (PLOTLY_JSON, WIDGET_STATE, WIDGET_VIEW, book_notebook, build_course,  # noqa: E402
+                                 ci_parameters, execute, notebooks)
 
 NOTEBOOKS = notebooks()
+
+
+@pytest.fixture(scope="session")
+def executed_dir(tmp_path_factory):
+    """Executed copies at CI sizes, shared by the papermill tests and the book build."""
+    return tmp_path_factory.mktemp("executed-ci")
 
 
 def test_the_course_has_notebooks():
@@ -35,8 +45,8 @@ def test_committed_without_outputs(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_runs_with_papermill_at_ci_sizes(path, tmp_path):
-    execute(path, tmp_path / path.name, sizes="ci")
+def test_runs_with_papermill_at_ci_sizes(path, executed_dir):
+    execute(path, executed_dir / path.name, sizes="ci")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -55,3 +65,51 @@ def test_nbval_lax_checks_the_key_printed_facts(path):
                           str(REFERENCE / path.name)], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert " passed" in out.stdout
+
+
+def _outputs_with(nb, mime: str) -> int:
+    return sum(mime in out.get("data", {}) for c in nb.cells for out in c.get("outputs", []))
+
+
+def _shown_figure_widgets(nb) -> int:
+    """FigureWidgets in the displayed widgets, read from the saved widget state (not from the book's
+    snapshots): every "IPY_MODEL_" reference is followed from each displayed widget."""
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    count = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            todo, seen = [out.get("data", {}).get(WIDGET_VIEW, {}).get("model_id")], set()
+            while todo:
+                model_id = todo.pop()
+                if model_id not in state or model_id in seen:
+                    continue
+                seen.add(model_id)
+                model = state[model_id]["state"]
+                count += str(model.get("_anywidget_id", "")).endswith("FigureWidget")
+                todo += re.findall(r"IPY_MODEL_([0-9a-f]+)", json.dumps(model))
+    return count
+
+
+def test_book_builds_with_a_page_per_notebook_and_its_figures(executed_dir, tmp_path):
+    """jupyter-book build -W over the executed copies (notebooks not yet run are run now): every
+    notebook has a page, listed in the table of contents, that draws each plotly figure the notebook
+    made (FigureWidgets as static snapshots) and embeds the state of its other widgets."""
+    try:
+        import jupyter_book  # noqa: F401
+    except ImportError:
+        pytest.fail("the book needs Jupyter Book 1, which the test extra installs: pip install -e '.[test]'")
+    index = build_course(out=tmp_path / "book", sizes="ci", executed_dir=executed_dir, reuse=True, progress=False)
+    intro = (index.parent / "intro.html").read_text()
+    for path in NOTEBOOKS:
+        page = index.parent / f"{path.stem}.html"
+        assert page.exists(), f"no page for {path.name}"
+        assert f'href="{path.stem}.html"' in intro, f"{path.name} is not in the table of contents"
+        html = page.read_text()
+        executed = nbformat.read(executed_dir / path.name, as_version=4)
+        figures = _outputs_with(executed, PLOTLY_JSON) + _shown_figure_widgets(executed)
+        assert html.count('class="plotly-graph-div"') == figures, f"{page.name}: expected {figures} plotly figures"
+        assert html.count("Plotly.newPlot(") == figures
+        live = [o for c in book_notebook(executed).cells for o in c.get("outputs", []) if WIDGET_VIEW in o.get("data", {})]
+        if live:
+            assert WIDGET_VIEW in html and WIDGET_STATE in html, f"{page.name}: the widgets' state is not embedded"
+    assert (index.parent / "_static" / "plotly.min.js").exists(), "plotly.js is not served with the book"

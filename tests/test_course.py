@@ -1,0 +1,179 @@
+"""``sparsity-lab course``: argument handling, the JupyterLab launch command, and the headless path
+(execute every notebook, build the book) on tiny notebooks made here."""
+from __future__ import annotations
+
+import argparse
+import socket
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("papermill", reason="papermill is in the test extra")
+import nbformat  # noqa: E402
+
+from _notebooks import WIDGET_CELL, tiny_notebook  # noqa: E402
+
+from sparsity_lab import cli, course_command  # noqa: E402
+from sparsity_lab.course import NotebookFailed, execute, execute_all, is_current  # noqa: E402
+
+def parse(*argv: str) -> argparse.Namespace:
+    return cli.build_parser("course").parse_args(["course", *argv])
+
+
+def printed(run_output) -> str:
+    return "".join(l.get("text", "") for c in run_output.cells for l in c.get("outputs", []))
+
+
+# --- arguments ---------------------------------------------------------------------------------
+
+def test_cli_lists_the_course_command(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "course" in capsys.readouterr().out
+
+
+def test_headless_options_parse():
+    args = parse("--headless", "--sizes", "full", "--out", "somewhere")
+    assert args.headless and args.sizes == "full" and args.out == Path("somewhere")
+    course_command.check_arguments(args)
+
+
+def test_sizes_must_be_ci_or_full(capsys):
+    with pytest.raises(SystemExit):
+        parse("--headless", "--sizes", "huge")
+    assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, named", [
+    (("--sizes", "ci"), "--sizes"),
+    (("--out", "x"), "--out"),
+    (("--headless", "--no-browser"), "--no-browser"),
+    (("--headless", "--port", "9000"), "--port"),
+    (("--headless", "--", "--ServerApp.allow_root=True"), "LAB_ARGS"),
+    (("--port", "70000"), "--port"),
+    (("--notebooks", "/no/such/folder"), "--notebooks"),
+])
+def test_options_of_the_other_mode_are_named_errors(argv, named, capsys):
+    assert cli.main(["course", *argv]) == 2
+    assert named in capsys.readouterr().err
+
+
+def test_options_after_double_dash_go_to_jupyter_lab(monkeypatch, capsys, tmp_path):
+    """The launch: exactly the requested port, --no-browser and the pass-through options on the
+    command line, the token in the environment, and the URL with that token printed."""
+    seen = {}
+
+    class FakeLab:
+        def __init__(self, cmd, env):
+            seen["cmd"], seen["env"] = cmd, env
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(course_command.subprocess, "Popen", FakeLab)
+    monkeypatch.delenv("JUPYTER_TOKEN", raising=False)
+    port = course_command.free_port()
+    rc = cli.main(["course", "--notebooks", str(tmp_path), "--port", str(port), "--no-browser",
+                   "--", "--ServerApp.allow_root=True", "--LabApp.default_url=/lab/tree/x.ipynb"])
+    assert rc == 0
+    cmd, token = seen["cmd"], seen["env"]["JUPYTER_TOKEN"]
+    assert cmd[1:3] == ["-m", "jupyterlab"]
+    assert f"--ServerApp.root_dir={tmp_path.resolve()}" in cmd and f"--ServerApp.port={port}" in cmd
+    assert "--ServerApp.port_retries=0" in cmd and "--no-browser" in cmd
+    assert cmd[-2:] == ["--ServerApp.allow_root=True", "--LabApp.default_url=/lab/tree/x.ipynb"]
+    assert token and token not in " ".join(cmd)
+    assert f"http://127.0.0.1:{port}/lab?token={token}" in capsys.readouterr().out
+
+
+def test_a_bare_word_for_jupyter_lab_is_an_error(capsys):
+    assert cli.main(["course", "--", "notebook.ipynb"]) == 2
+    assert "after --" in capsys.readouterr().err
+
+
+def test_free_port_moves_off_a_taken_port():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        assert course_command.free_port("127.0.0.1", preferred=busy) != busy
+
+
+# --- executing and the book -------------------------------------------------------------------
+
+def test_headless_runs_every_notebook_at_ci_sizes_and_builds_the_book(tmp_path, capsys):
+    """Two notebooks (a plotly figure; a slider with a FigureWidget): both run with n = 3 injected,
+    each has a page listed in the contents, each page draws its figure (the widget as a snapshot)."""
+    folder = tmp_path / "notebooks"
+    tiny_notebook(folder, "01_tiny.ipynb")
+    tiny_notebook(folder, "02_widget.ipynb", body=WIDGET_CELL)
+    out = tmp_path / "book"
+    assert cli.main(["course", "--headless", "--notebooks", str(folder), "--out", str(out)]) == 0
+    shown = capsys.readouterr().out
+    index = out / "_build" / "html" / "index.html"
+    assert str(index.resolve()) in shown
+    for stem in ("01_tiny", "02_widget"):
+        executed = nbformat.read(out / "_build" / "executed-ci" / f"{stem}.ipynb", as_version=4)
+        assert "points: 3" in printed(executed), "the CI size n = 3 was not injected"
+        page = (index.parent / f"{stem}.html").read_text()
+        assert page.count('class="plotly-graph-div"') == 1 and "Plotly.newPlot(" in page
+        assert f'href="{stem}.html"' in (index.parent / "intro.html").read_text()
+    widget_page = (index.parent / "02_widget.html").read_text()
+    assert "controls: steps" in widget_page and '"y":[0,1,2]' in widget_page.replace(" ", "")
+    assert "_esm" not in widget_page, "the FigureWidget's JavaScript must not be embedded in the page"
+    assert (index.parent / "_static" / "plotly.min.js").exists()
+
+
+def test_headless_names_the_failing_notebook_and_cell(tmp_path, capsys):
+    folder = tmp_path / "notebooks"
+    tiny_notebook(folder, "01_fine.ipynb", body="print(n)")
+    tiny_notebook(folder, "02_broken.ipynb", body="x = n + 1\nraise ValueError('the tiny notebook breaks')")
+    out = tmp_path / "book"
+    assert cli.main(["course", "--headless", "--notebooks", str(folder), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "02_broken.ipynb failed in cell 3 of 3" in err and "'x = n + 1'" in err
+    assert "ValueError: the tiny notebook breaks" in err
+    assert not (out / "_build" / "html" / "index.html").exists()
+
+
+def test_full_sizes_keep_the_notebook_defaults_and_reuse_checks_the_run(tmp_path):
+    source = tiny_notebook(tmp_path / "notebooks", body="print('points:', n)")
+    [full] = execute_all([source], tmp_path / "full", sizes="full", progress=False)
+    assert "points: 50" in printed(nbformat.read(full, as_version=4))
+    assert is_current(full, source, "full") and not is_current(full, source, "ci")
+    nb = nbformat.read(source, as_version=4)
+    nb.cells[2].source = "print('changed', n)"
+    nbformat.write(nb, source)
+    assert not is_current(full, source, "full"), "an edited notebook must be run again"
+    [again] = execute_all([source], tmp_path / "full", sizes="full", reuse=True, progress=False)
+    assert "changed 50" in printed(nbformat.read(again, as_version=4))
+
+
+def test_a_failed_run_is_never_reused(tmp_path):
+    source = tiny_notebook(tmp_path / "notebooks", body="raise RuntimeError('no')")
+    with pytest.raises(NotebookFailed) as failure:
+        execute(source, tmp_path / "run" / source.name)
+    assert failure.value.cell == 2 and failure.value.notebook == source
+    assert (tmp_path / "run" / source.name).exists() and not is_current(tmp_path / "run" / source.name, source, "ci")
+
+
+def test_bad_sizes_are_a_clear_error(tmp_path):
+    source = tiny_notebook(tmp_path)
+    with pytest.raises(ValueError, match="sizes must be 'ci' or 'full'"):
+        execute(source, tmp_path / "out.ipynb", sizes="tiny")
+    with pytest.raises(ValueError, match="sources is empty"):
+        execute_all([], tmp_path / "out")
+
+
+
+def test_a_book_warning_fails_the_build(tmp_path):
+    """-W: a page that makes Sphinx warn (here a reference to a label that does not exist) fails the
+    build, and the error carries the warning."""
+    from sparsity_lab.course import BookBuildFailed, build_book
+
+    source = tiny_notebook(tmp_path / "notebooks", body="print(n)")
+    nb = nbformat.read(source, as_version=4)
+    nb.cells[0].source += "\n\nSee {ref}`a-label-nobody-defined`."
+    nbformat.write(nb, source)
+    [executed] = execute_all([source], tmp_path / "executed", progress=False)
+    with pytest.raises(BookBuildFailed, match="a-label-nobody-defined"):
+        build_book([executed], tmp_path / "book")
