@@ -6,7 +6,7 @@ pytest.importorskip("plotly", reason="plotly is in the test extra; this file nee
 from sparsity_lab.benchmarks.kernels import Report  # noqa: E402
 from sparsity_lab.provenance import RESULTS_DIR, provenance, read_result  # noqa: E402
 from sparsity_lab.viz.kernel_bench_view import (copy_fraction_rows, kernel_bench_figure,  # noqa: E402
-                                                provenance_line, speedup_rows)
+                                                kernel_bench_provenance, speedup_rows)
 
 
 def _result(smoke=False, failed=()):
@@ -39,11 +39,11 @@ def test_figure_bars_and_lines():
     assert "2000 GB/s" in fig.layout.title.text
 
 
-def test_provenance_line_flags_smoke_runs_and_failed_checks():
-    line = provenance_line(_result())
+def test_kernel_bench_provenance_flags_smoke_runs_and_failed_checks():
+    line = kernel_bench_provenance(_result())
     assert "bench-kernels --test" in line and "SMOKE" not in line
-    assert "SMOKE RUN" in provenance_line(_result(smoke=True))
-    assert "checks FAILED" in provenance_line(_result(failed=["3. soft threshold"]))
+    assert "SMOKE RUN" in kernel_bench_provenance(_result(smoke=True))
+    assert "checks FAILED" in kernel_bench_provenance(_result(failed=["3. soft threshold"]))
     with pytest.raises(ValueError, match="bench-kernels result"):
         copy_fraction_rows({"rows": []})
     with pytest.raises(ValueError, match="no rows with a fraction"):

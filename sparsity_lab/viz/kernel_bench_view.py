@@ -9,6 +9,7 @@ run's JSON) and plots it; it computes nothing that the benchmark did not record.
 """
 from __future__ import annotations
 
+from ._provenance import provenance_line
 from ._optional import plotly_go
 
 TARGET_COLOR, OTHER_COLOR = "#1f77b4", "#9e9e9e"
@@ -52,16 +53,13 @@ def speedup_rows(data: dict) -> list[dict]:
             for r in data["rows"] if r.get("baseline")]
 
 
-def provenance_line(data: dict) -> str:
-    """Where the figures come from: GPU, date, commit, versions, copy ceiling, tensor size, command."""
+def kernel_bench_provenance(data: dict) -> str:
+    """Where the kernel figures come from: ``provenance_line`` (GPU, date, commit, versions) plus the copy
+    ceiling, the tensor size and the command; smoke runs and failed checks are flagged."""
     _check_result(data)
     p, s = data["provenance"], data.get("summary", {})
-    gpu = p.get("gpu") or "no GPU (CPU)"
-    commit = str(p.get("git_commit", "unknown"))
-    line = (f"{gpu}; {p.get('date', '?')}; commit {commit[:12]}{' (+dirty)' if commit.endswith('+dirty') else ''}; "
-            f"torch {p.get('torch', '?')}, triton {p.get('triton', '?')}; copy ceiling "
-            f"{s.get('copy_gbps', float('nan')):.0f} GB/s; main tensor {data.get('main_tensor_mib', float('nan')):g} MiB; "
-            f"command: {p.get('command', '?')}")
+    line = (f"{provenance_line(p)}; copy ceiling {s.get('copy_gbps', float('nan')):.0f} GB/s; main tensor "
+            f"{data.get('main_tensor_mib', float('nan')):g} MiB; command: {p.get('command', '?')}")
     if data.get("smoke"):
         line += " [SMOKE RUN on the CPU interpreter: these numbers are not measurements of the kernels]"
     if data.get("failed_checks"):
