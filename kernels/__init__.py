@@ -14,6 +14,7 @@ package (named in its docstring) and a test against it (tests/test_kernels_*.py)
     fp8_cast           7. FP8 per-tensor amax, scale, cast (E4M3 / E5M2) and back
     compress24         8. a 2:4 matrix into cuSPARSELt's sm90 compressed layout (values + metadata)
     count_flips        9. entries where two masks differ, counted on the device
+    mvue_compress24   10. MVUE 2:4 of dZ along the tokens, written straight into cuSPARSELt's layout
 
 Importing this package imports triton: set TRITON_INTERPRET=1 first to run on a CPU.
 """
@@ -23,12 +24,13 @@ from .fp8_cast import amax, dequantize_fp8, quantize_fp8, quantize_fp8_with_scal
 from .gated import gated_backward, gated_forward
 from .masked_decay import masked_decay_
 from .mvue24 import mvue24
+from .mvue_compress24 import mvue_compress24
 from .prune24 import pack_mask24, prune24, unpack_mask24
 from .soft_threshold24 import soft_threshold24
 from .transposable24 import transposable_mask24
 
 __all__ = [
-    "amax", "compress24", "count_flips", "dequantize_fp8", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "pack_mask24",
+    "amax", "compress24", "count_flips", "dequantize_fp8", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "mvue_compress24", "pack_mask24",
     "prune24", "quantize_fp8", "quantize_fp8_with_scale", "soft_threshold24", "transposable_mask24",
     "unpack_mask24",
 ]

@@ -638,3 +638,19 @@ def test_real_training_follows_the_reference():
     spread = (ref_a[-50:].mean() - ref_b[-50:].mean()).abs()
     assert cs[-1] < 0.5 * cs[0]  # it trains
     assert (cs[-50:].mean() - ref_a[-50:].mean()).abs() <= max(2 * spread, 0.05 * ref_a[-50:].mean())
+
+
+@pytest.mark.gpu
+def test_fused_mvue_compress_gives_the_same_weight_gradient_on_gpu():
+    """Kernel 10 in place of MVUE + compress24: the same draws and bytes, so the same dW, bit for bit."""
+    from sparsity_lab.backends.cusparselt_backend import CusparseltBackend
+
+    torch.manual_seed(0)
+    dz = torch.randn(4096, 1024, device="cuda").to(torch.bfloat16)
+    x = torch.randn(4096, 512, device="cuda").to(torch.bfloat16)
+    plain, fused = CusparseltBackend(), CusparseltBackend(fused_mvue_compress=True)
+    fused.algorithms = plain.algorithms  # one algorithm choice: the products must then agree bit for bit
+    a = plain.grad_weight(dz, x, True, torch.Generator().manual_seed(5))
+    b = fused.grad_weight(dz, x, True, torch.Generator().manual_seed(5))
+    assert fused.stats["fused_mvue_compressions"] == 1 and plain.stats["fused_mvue_compressions"] == 0
+    assert torch.equal(a, b)

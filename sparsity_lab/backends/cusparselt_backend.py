@@ -45,6 +45,7 @@ each) alive for the optimizer step.
 """
 from __future__ import annotations
 
+import os
 import warnings
 from collections import Counter
 from typing import Any
@@ -114,13 +115,17 @@ class CusparseltBackend:
     """
 
     def __init__(self, ops: Any = None, policy: AutoPolicy | None = None, sweep: bool = True,
-                 grad_weight_transpose_result: bool = False, fast_compress: bool = True) -> None:
+                 grad_weight_transpose_result: bool = False, fast_compress: bool = True,
+                 fused_mvue_compress: bool = False) -> None:
         self._ops = ops if ops is not None else TorchCusparseltOps()
         self.policy = policy
         self.name = "cusparselt" if policy is None else "cusparselt_auto"
         self.algorithms = AlgorithmCache(self._ops, sweep=sweep)
         self.grad_weight_transpose_result = bool(grad_weight_transpose_result)
         self.fast_compress = bool(fast_compress)
+        # kernel 10 (MVUE straight into the compressed layout): bit-identical to the two-kernel path
+        # on the CPU interpreter; off by default until its speed is measured on the GPU
+        self.fused_mvue_compress = bool(fused_mvue_compress)
         self.stats: Counter = Counter()
         self.slow_compress_reasons: Counter = Counter()
         self._reference = TorchBackend()
@@ -282,17 +287,30 @@ class CusparseltBackend:
         tokens, out_f = grad_out.shape
         in_f, dtype = x.shape[1], grad_out.dtype
         rows = self._rows_for(tokens, dtype)
-        mv = self._mvue_tokens_major(_pad_rows(grad_out, rows), generator)  # (rows, out)
+        dz_p = _pad_rows(grad_out, rows)
         x_p = _pad_rows(x, rows)
         shape = ProductShape.of_layer("grad_weight", out_f, in_f, rows, _dtype_name(dtype))
-        if not self._sparse(shape, out_f, rows, dtype):
+        sparse = self._sparse(shape, out_f, rows, dtype)
+        fused = (sparse and self.fused_mvue_compress and dz_p.is_cuda and dz_p.is_contiguous()
+                 and dtype in (torch.bfloat16, torch.float16) and rows % 64 == 0 and out_f % 64 == 0)
+        if fused:  # the same seed as the two-kernel path: the same draws, the same bytes
+            from .triton_backend import TritonBackend
+            mv, seed = None, TritonBackend._seed(generator)
+        else:
+            mv = self._mvue_tokens_major(dz_p, generator)  # (rows, out)
+        if not sparse:
             self.stats["dense_products"] += 1
             return mv.t() @ x_p
         self._ops.check_device(x_p, "x")
         if not x_p.is_contiguous():
             x_p = x_p.contiguous()
             self.stats["copies"] += 1
-        a = self._compress(mv.t())  # MVUE(dZ^T) (out, rows), 2:4 along the tokens: a view, read strided
+        if mv is None:  # fused: MVUE(dZ^T) drawn and compressed in one pass
+            self.stats["compressions"] += 1
+            self.stats["fused_mvue_compressions"] += 1
+            a = self._k().mvue_compress24(dz_p, seed=seed)
+        else:
+            a = self._compress(mv.t())  # MVUE(dZ^T) (out, rows), 2:4 along the tokens: a view, read strided
         tr = self.grad_weight_transpose_result
         config = self.algorithms.get(ProductKey(out_f, rows, in_f, dtype, False, tr), x_p.device)
         self.stats["sparse_products"] += 1
@@ -365,6 +383,8 @@ def cusparselt_backend(auto: bool = False, min_speedup: float = 1.0):
     cannot run cuSPARSELt: raises :class:`CusparseltUnavailable`. Otherwise the real backend.
     """
     name = "cusparselt_auto" if auto else "cusparselt"
+    # experimental until measured on a GPU: SPARSITY_LAB_FUSED_MVUE_COMPRESS=1 turns kernel 10 on
+    fused = os.environ.get("SPARSITY_LAB_FUSED_MVUE_COMPRESS", "0") == "1"
     if not torch.cuda.is_available():
         reason = unavailable_reason()
         warnings.warn(f"backend {name!r} was requested, but {reason}: SparseLinear layers run the reference "
@@ -373,7 +393,7 @@ def cusparselt_backend(auto: bool = False, min_speedup: float = 1.0):
                       BackendFallbackWarning, stacklevel=3)
         return ReferenceFallback(name, reason)
     if not auto:
-        return CusparseltBackend()
-    backend = CusparseltBackend(policy=AutoPolicy(min_speedup=min_speedup))
+        return CusparseltBackend(fused_mvue_compress=fused)
+    backend = CusparseltBackend(policy=AutoPolicy(min_speedup=min_speedup), fused_mvue_compress=fused)
     backend.policy.measure = backend.measure_product
     return backend

@@ -416,6 +416,23 @@ def run(args: argparse.Namespace) -> int:
         report.ratio("9 count_flips", "vs PyTorch (prev ^ new).sum()", prev.shape, ms, "PyTorch", ref_ms, None)
         del prev, new
 
+    # 10. MVUE straight into the compressed layout, against mvue24 then compress24 ------------------------------
+    with section('10. mvue_compress24', failures):
+        ctok = rows - rows % 64 if rows >= 64 else 64
+        dz = torch.randn(ctok, cols, device=device, dtype=bf16)
+        fused_out = K.mvue_compress24(dz, seed=5)
+        _check("mvue_compress24", torch.equal(fused_out.view(torch.uint8),
+                                              K.compress24(K.mvue24(dz, dim=0, seed=5).t()).view(torch.uint8)))
+        n = dz.numel()
+        cfgs = [{"block_groups": b, "num_warps": nw} for b in (16, 32) for nw in (4, 8)][: 1 if few else None]
+        ms, cfg, allc = _sweep(timer, lambda **c: (lambda: K.mvue_compress24(dz, seed=5, **c)), cfgs)
+        report.memory_bound("10 mvue_compress24", "dZ (tokens, out) -> compressed MVUE(dZ)^T", dz.shape,
+                            2 * n + n + n // 8, ms, cfg, allc, counts_for_target=False,
+                            note="issue 4's kernel: not in issue 3's target set")
+        two_ms = timer(lambda: K.compress24(K.mvue24(dz, dim=0, seed=5).t()))
+        report.ratio("10 mvue_compress24", "vs mvue24 then compress24", dz.shape, ms, "two kernels", two_ms, None)
+        del dz, fused_out
+
     sync(device)
     payload = {"smoke": bool(args.smoke), "main_tensor_mib": (rows * cols * 2) / MIB, "summary": report.summary(),
                "failed_checks": failures, "rows": report.rows}

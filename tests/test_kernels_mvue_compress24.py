@@ -1,0 +1,58 @@
+"""Kernel 10 (MVUE 2:4 along the tokens, written in cuSPARSELt's layout) against the two-kernel path
+``compress24(mvue24(dz, dim=0).t())``, whose parts are each tested against their references."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from _kernel_testing import DEVICE
+
+from sparsity_lab.backends.cusparselt_layout import compressed_shape, decompress24_reference
+from sparsity_lab.kernels import compress24, mvue24
+from sparsity_lab.kernels.mvue_compress24 import mvue_compress24
+
+
+def _bytes(t):
+    return t.contiguous().view(torch.uint8).reshape(-1)
+
+
+@settings(max_examples=12, deadline=None)
+@given(token_tiles=st.integers(1, 3), col_tiles=st.integers(1, 3), dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+       zeros=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_same_bytes_as_mvue_then_compress(token_tiles, col_tiles, dtype, zeros, seed):
+    gen = torch.Generator().manual_seed(seed)
+    dz = torch.randn(64 * token_tiles, 64 * col_tiles, generator=gen)
+    if zeros:  # groups with fewer than two non-zeros, and exact zeros among the kept
+        dz = torch.where(torch.rand(dz.shape, generator=gen) < 0.4, torch.zeros(()), dz)
+    dz = dz.to(dtype).to(DEVICE)
+    fused = mvue_compress24(dz, seed=seed % 1000)
+    assert fused.shape == compressed_shape(dz.shape[1], dz.shape[0], dtype) and fused.dtype == dtype
+    assert torch.equal(_bytes(fused), _bytes(compress24(mvue24(dz, dim=0, seed=seed % 1000).t())))
+
+
+def test_it_stands_for_the_mvue_draw_and_changes_with_the_seed():
+    dz = torch.randn(128, 64).to(torch.bfloat16).to(DEVICE)
+    dense = decompress24_reference(mvue_compress24(dz, seed=3), 64, 128)  # (out, tokens)
+    assert torch.equal(dense.t().float(), mvue24(dz, dim=0, seed=3).float())
+    assert not torch.equal(_bytes(mvue_compress24(dz, seed=3)), _bytes(mvue_compress24(dz, seed=4)))
+
+
+def test_bad_inputs_are_refused_with_the_reason():
+    dz = torch.randn(128, 64).to(torch.bfloat16).to(DEVICE)
+    with pytest.raises(ValueError, match="multiples of 64"):
+        mvue_compress24(dz[:96])
+    with pytest.raises(ValueError, match="contiguous"):
+        mvue_compress24(torch.randn(64, 128).to(torch.bfloat16).to(DEVICE).t())
+    with pytest.raises(TypeError, match="dtype"):
+        mvue_compress24(dz.float())
+    with pytest.raises(ValueError, match="seed"):
+        mvue_compress24(dz, seed=-1)
+    with pytest.raises(ValueError, match="block_groups"):
+        mvue_compress24(dz, block_groups=12)
+
+
+@pytest.mark.gpu
+def test_same_bytes_as_the_two_kernels_at_size_on_gpu():
+    dz = torch.randn(16384, 4096, device="cuda").to(torch.bfloat16)
+    fused = mvue_compress24(dz, seed=7)
+    assert torch.equal(_bytes(fused), _bytes(compress24(mvue24(dz, dim=0, seed=7).t())))
+    assert torch.equal(_bytes(fused), _bytes(torch._cslt_compress(mvue24(dz, dim=0, seed=7).t().contiguous())))
