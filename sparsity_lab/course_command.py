@@ -86,6 +86,10 @@ def lab_url(ip: str, port: int, token: str) -> str:
     return f"http://{host}:{port}/lab?token={token}"
 
 
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
 def run_lab(args) -> int:
     if importlib.util.find_spec("jupyterlab") is None:
         print("the course needs JupyterLab: python -m pip install -e '.[lab]'", file=sys.stderr)
@@ -94,7 +98,12 @@ def run_lab(args) -> int:
     # The token travels in the environment (jupyter reads JUPYTER_TOKEN), not on the command line.
     env = dict(os.environ)
     token = env.setdefault("JUPYTER_TOKEN", secrets.token_hex(24))
-    cmd = lab_command(Path(args.notebooks).resolve(), args.ip, port, args.no_browser, _lab_args(args))
+    extra = _lab_args(args)
+    if _is_root() and not any("allow_root" in a or a == "--allow-root" for a in extra):
+        # jupyter refuses to start as root (containers, cloud machines) unless told: say so and allow it
+        print("running as root: starting JupyterLab with --ServerApp.allow_root=True", flush=True)
+        extra = extra + ["--ServerApp.allow_root=True"]
+    cmd = lab_command(Path(args.notebooks).resolve(), args.ip, port, args.no_browser, extra)
     print(f"The course in JupyterLab: {lab_url(args.ip, port, token)}\n(stop it with Ctrl+C)", flush=True)
     proc = subprocess.Popen(cmd, env=env)
     try:

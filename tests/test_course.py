@@ -177,3 +177,22 @@ def test_a_book_warning_fails_the_build(tmp_path):
     [executed] = execute_all([source], tmp_path / "executed", progress=False)
     with pytest.raises(BookBuildFailed, match="a-label-nobody-defined"):
         build_book([executed], tmp_path / "book")
+
+
+@pytest.mark.parametrize("root", [True, False])
+def test_as_root_jupyter_is_allowed_to_start_and_says_so(monkeypatch, capsys, tmp_path, root):
+    """jupyter lab exits at once as root unless allowed: the README's command must work there too."""
+    seen = {}
+
+    class FakeLab:
+        def __init__(self, cmd, env):
+            seen["cmd"] = cmd
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(course_command.subprocess, "Popen", FakeLab)
+    monkeypatch.setattr(course_command, "_is_root", lambda: root)
+    assert cli.main(["course", "--notebooks", str(tmp_path), "--no-browser"]) == 0
+    assert ("--ServerApp.allow_root=True" in seen["cmd"]) == root
+    assert ("running as root" in capsys.readouterr().out) == root
