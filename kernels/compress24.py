@@ -72,6 +72,24 @@ def _nibble(r, g, col_tiles, EIGHT_BIT: tl.constexpr):
 
 
 @triton.jit
+def _store_compressed(vals_ptr, meta_ptr, row0, g0, v0, v1, code, half_cols, col_tiles,
+                      EIGHT_BIT: tl.constexpr, BLOCK_G: tl.constexpr):
+    """Write a 64-row x BLOCK_G-group tile: kept values (v0, v1) and 4-bit codes, each (64, BLOCK_G)."""
+    rows = row0 + tl.arange(0, 64)
+    # values: (v0, v1) of group g at columns 2g, 2g + 1 of the row: one contiguous store per row
+    tl.store(vals_ptr + rows[:, None] * half_cols + (2 * g0 + tl.arange(0, 2 * BLOCK_G))[None, :],
+             tl.reshape(tl.join(v0, v1), [64, 2 * BLOCK_G]))
+    if EIGHT_BIT:  # a byte holds groups (g, g + 1) of one row: lo = even groups
+        lo, hi = tl.split(tl.reshape(code, [64, BLOCK_G // 2, 2]))
+        nib = _nibble(rows[:, None], g0 + 2 * tl.arange(0, BLOCK_G // 2)[None, :], col_tiles, EIGHT_BIT)
+    else:  # a byte holds rows (r, r + 8) of one group: r = 16a + 8b + c, lo = b == 0
+        lo, hi = tl.split(tl.permute(tl.reshape(code, [4, 2, 8, BLOCK_G]), (0, 2, 3, 1)))  # (4, 8, BLOCK_G)
+        r_lo = row0 + 16 * tl.arange(0, 4)[:, None, None] + tl.arange(0, 8)[None, :, None]
+        nib = _nibble(r_lo, g0 + tl.arange(0, BLOCK_G)[None, None, :], col_tiles, EIGHT_BIT)
+    tl.store(meta_ptr + (nib >> 1), (lo | (hi << 4)).to(tl.uint8))
+
+
+@triton.jit
 def _compress24_kernel(a_ptr, vals_ptr, meta_ptr, stride_r, stride_c, half_cols, col_tiles,
                        EIGHT_BIT: tl.constexpr, BLOCK_G: tl.constexpr, SIGN_OFF: tl.constexpr):
     row0 = tl.program_id(0) * 64
@@ -83,17 +101,7 @@ def _compress24_kernel(a_ptr, vals_ptr, meta_ptr, stride_r, stride_c, half_cols,
     x0, x2 = tl.split(even)
     x1, x3 = tl.split(odd)
     v0, v1, code = _pick(x0, x1, x2, x3, SIGN_OFF)  # each (64, BLOCK_G)
-    # values: (v0, v1) of group g at columns 2g, 2g + 1 of the row: one contiguous store per row
-    tl.store(vals_ptr + (row0 + rows)[:, None] * half_cols + (2 * g0 + tl.arange(0, 2 * BLOCK_G))[None, :],
-             tl.reshape(tl.join(v0, v1), [64, 2 * BLOCK_G]))
-    if EIGHT_BIT:  # a byte holds groups (g, g + 1) of one row: lo = even groups
-        lo, hi = tl.split(tl.reshape(code, [64, BLOCK_G // 2, 2]))
-        nib = _nibble((row0 + rows)[:, None], g0 + 2 * tl.arange(0, BLOCK_G // 2)[None, :], col_tiles, EIGHT_BIT)
-    else:  # a byte holds rows (r, r + 8) of one group: r = 16a + 8b + c, lo = b == 0
-        lo, hi = tl.split(tl.permute(tl.reshape(code, [4, 2, 8, BLOCK_G]), (0, 2, 3, 1)))  # (4, 8, BLOCK_G)
-        r_lo = row0 + 16 * tl.arange(0, 4)[:, None, None] + tl.arange(0, 8)[None, :, None]
-        nib = _nibble(r_lo, g0 + tl.arange(0, BLOCK_G)[None, None, :], col_tiles, EIGHT_BIT)
-    tl.store(meta_ptr + (nib >> 1), (lo | (hi << 4)).to(tl.uint8))
+    _store_compressed(vals_ptr, meta_ptr, row0, g0, v0, v1, code, half_cols, col_tiles, EIGHT_BIT, BLOCK_G)
 
 
 def _layout():  # the package's layout description (imported lazily: kernels never import backends at load)
@@ -106,7 +114,7 @@ def compress24(a: torch.Tensor, block_groups: int | None = None, check: bool = F
     """cuSPARSELt's compressed form of the 2:4 matrix ``a``, bit for bit as ``torch._cslt_compress``.
 
     a: (rows, cols) bfloat16 / float16 / float8_e4m3fn, any strides, at most 2 non-zeros per group
-    of 4 along each row; rows a multiple of 64, cols of 32 (16-bit) or 64 (8-bit)
+    of 4 along each row; rows and cols multiples of 64
     (``cusparselt_layout.fast_layout_problem`` says why a shape is refused).
     Returns ``cusparselt_layout.compressed_shape(rows, cols, a.dtype)`` of a's dtype.
     """

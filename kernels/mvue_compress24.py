@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_device, check_tensor
-from .compress24 import _nibble, _pick
+from .compress24 import _pick, _store_compressed
 from .mvue24 import MAX_SEED, _mvue_group_level, _unit_float
 
 
@@ -53,14 +53,7 @@ def _mvue_compress24_kernel(dz_ptr, vals_ptr, meta_ptr, n_cols, quads_per_row, h
     b2 = y2.to(dt).to(tl.int16, bitcast=True)
     b3 = y3.to(dt).to(tl.int16, bitcast=True)
     v0, v1, code = _pick(b0, b1, b2, b3, 0x7FFF)
-    # values: row n of A holds (v0, v1) of group g at columns 2g, 2g + 1
-    tl.store(vals_ptr + (row0 + tl.arange(0, 64))[:, None] * half_cols + (2 * g0 + tl.arange(0, 2 * BLOCK_G))[None, :],
-             tl.reshape(tl.join(v0, v1), [64, 2 * BLOCK_G]))
-    # metadata (16-bit layout): a byte holds rows (r, r + 8) of one group, r = 16a + 8b + c, lo = b == 0
-    lo, hi = tl.split(tl.permute(tl.reshape(code, [4, 2, 8, BLOCK_G]), (0, 2, 3, 1)))
-    r_lo = row0 + 16 * tl.arange(0, 4)[:, None, None] + tl.arange(0, 8)[None, :, None]
-    nib = _nibble(r_lo, g0 + tl.arange(0, BLOCK_G)[None, None, :], col_tiles, False)
-    tl.store(meta_ptr + (nib >> 1), (lo | (hi << 4)).to(tl.uint8))
+    _store_compressed(vals_ptr, meta_ptr, row0, g0, v0, v1, code, half_cols, col_tiles, False, BLOCK_G)
 
 
 def mvue_compress24(dz: torch.Tensor, seed: int = 0, block_groups: int | None = None,
