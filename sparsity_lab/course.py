@@ -164,6 +164,31 @@ def execute_all(sources: Sequence[Path], out_dir: Path, sizes: str = "ci", reuse
     return done
 
 
+def run_report(sources: Sequence[Path], out_dir: Path, sizes: str = "ci", progress: bool = True) -> dict:
+    """Execute every notebook of ``sources`` into ``out_dir`` and time each one; go on past a failure.
+
+    Returns ``{"sizes", "notebooks": [{"notebook", "seconds", "ok", "error"}], "failed": [names]}``
+    (what ``course --headless --report`` writes, with provenance, after a full-size run on a GPU).
+    """
+    import time
+
+    from tqdm import tqdm
+
+    rows = []
+    bar = tqdm(list(sources), desc=f"notebooks ({sizes} sizes)", unit="nb", disable=not progress, file=sys.stderr)
+    for path in bar:
+        bar.set_postfix_str(Path(path).name)
+        start = time.perf_counter()
+        error = None
+        try:
+            execute(path, Path(out_dir) / Path(path).name, sizes=sizes)
+        except NotebookFailed as err:
+            error = str(err)
+        rows.append({"notebook": Path(path).name, "seconds": round(time.perf_counter() - start, 1),
+                     "ok": error is None, "error": error})
+    return {"sizes": sizes, "notebooks": rows, "failed": [r["notebook"] for r in rows if not r["ok"]]}
+
+
 def book_notebook(nb):
     """The executed notebook as the book shows it (a static page, no kernel).
 

@@ -3,6 +3,7 @@
     sparsity-lab course                          # JupyterLab on notebooks/, prints the URL
     sparsity-lab course --no-browser --port 9999 -- --ServerApp.allow_root=True   # after --: to jupyter lab
     sparsity-lab course --headless [--sizes ci|full] [--out DIR]   # run every notebook, build the book
+    sparsity-lab course --headless --sizes full --no-book --report results/course_full.json   # GPU run, timed
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .course import BOOK_DIR, NOTEBOOK_DIR, SIZES, BookBuildFailed, NotebookFailed, build_course
+from .course import (BOOK_DIR, NOTEBOOK_DIR, SIZES, BookBuildFailed, NotebookFailed, build_course, notebooks,
+                     run_report)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="'ci': the small sizes CI uses (default); 'full': the notebooks' own sizes (GPU)")
     headless.add_argument("--out", type=Path, default=None, metavar="DIR",
                           help=f"book folder; the pages land in DIR/_build/html (default {BOOK_DIR})")
+    headless.add_argument("--no-book", action="store_true",
+                          help="only execute the notebooks (no Jupyter Book needed); goes on past a failing one")
+    headless.add_argument("--report", type=Path, default=None, metavar="FILE",
+                          help="with --no-book: write each notebook's time and status, with provenance, as JSON")
     lab = parser.add_argument_group("JupyterLab")
     lab.add_argument("--port", type=int, default=None, help="port (default 8888, or a free one if it is taken)")
     lab.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -44,10 +50,13 @@ def check_arguments(args) -> None:
         if given:
             raise ValueError(f"{', '.join(given)}: JupyterLab options, not used with --headless")
     else:
-        given = [name for name, value in (("--sizes", args.sizes), ("--out", args.out)) if value is not None]
+        given = [name for name, value in (("--sizes", args.sizes), ("--out", args.out), ("--report", args.report))
+                 if value is not None] + (["--no-book"] if args.no_book else [])
         if given:
             raise ValueError(f"{', '.join(given)}: only used with --headless (which runs the notebooks "
                              "and builds the book)")
+    if args.report is not None and not args.no_book:
+        raise ValueError("--report goes with --no-book (the book build stops at the first failing notebook)")
     if lab_args and not lab_args[0].startswith("-"):
         raise ValueError(f"unexpected argument {lab_args[0]!r}: put options for jupyter lab after --")
     if args.port is not None and not 0 < args.port < 65536:
@@ -115,6 +124,8 @@ def run_lab(args) -> int:
 def run_headless(args) -> int:
     out = args.out if args.out is not None else BOOK_DIR
     sizes = args.sizes or "ci"
+    if args.no_book:
+        return run_notebooks_only(args, out, sizes)
     try:
         index = build_course(out=out, sizes=sizes, directory=args.notebooks)
     except (NotebookFailed, BookBuildFailed) as err:
@@ -123,6 +134,25 @@ def run_headless(args) -> int:
     print(f"Every notebook ran at {sizes} sizes; executed copies in {Path(out) / '_build' / ('executed-' + sizes)}")
     print(f"The book: {index.resolve()}  (open file://{index.resolve()})")
     return 0
+
+
+def run_notebooks_only(args, out: Path, sizes: str) -> int:
+    import json
+
+    from .provenance import provenance
+
+    executed_dir = Path(out) / "_build" / f"executed-{sizes}"
+    report = run_report(notebooks(args.notebooks), executed_dir, sizes=sizes)
+    for row in report["notebooks"]:
+        print(f"{row['notebook']:<34} {row['seconds']:>7.1f} s  {'ok' if row['ok'] else 'FAILED'}")
+        if not row["ok"]:
+            print("    " + row["error"].replace("\n", "\n    "), file=sys.stderr)
+    if args.report is not None:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(json.dumps({"provenance": provenance(), **report}, indent=2) + "\n")
+        print(f"report: {args.report}")
+    print(f"executed copies in {executed_dir}")
+    return 1 if report["failed"] else 0
 
 
 def run(args) -> int:

@@ -47,6 +47,8 @@ def test_sizes_must_be_ci_or_full(capsys):
 @pytest.mark.parametrize("argv, named", [
     (("--sizes", "ci"), "--sizes"),
     (("--out", "x"), "--out"),
+    (("--no-book",), "--no-book"),
+    (("--headless", "--report", "r.json"), "--report goes with --no-book"),
     (("--headless", "--no-browser"), "--no-browser"),
     (("--headless", "--port", "9000"), "--port"),
     (("--headless", "--", "--ServerApp.allow_root=True"), "LAB_ARGS"),
@@ -133,6 +135,30 @@ def test_headless_names_the_failing_notebook_and_cell(tmp_path, capsys):
     assert "02_broken.ipynb failed in cell 3 of 3" in err and "'x = n + 1'" in err
     assert "ValueError: the tiny notebook breaks" in err
     assert not (out / "_build" / "html" / "index.html").exists()
+
+
+def test_no_book_report_times_every_notebook_and_goes_on_past_a_failure(tmp_path, capsys):
+    """The GPU full-size run: each notebook timed, a failing one named (with its cell) but the next
+    still run, the JSON report written with provenance, exit status 1."""
+    import json
+
+    folder = tmp_path / "notebooks"
+    tiny_notebook(folder, "01_broken.ipynb", body="raise ValueError('broken on purpose')")
+    tiny_notebook(folder, "02_fine.ipynb", body="print('points:', n)")
+    report = tmp_path / "report.json"
+    rc = cli.main(["course", "--headless", "--no-book", "--sizes", "full", "--notebooks", str(folder),
+                   "--out", str(tmp_path / "out"), "--report", str(report)])
+    assert rc == 1
+    written = json.loads(report.read_text())
+    assert written["sizes"] == "full" and written["failed"] == ["01_broken.ipynb"]
+    broken, fine = written["notebooks"]
+    assert not broken["ok"] and "broken on purpose" in broken["error"] and "cell 3 of 3" in broken["error"]
+    assert fine["ok"] and fine["seconds"] > 0 and fine["error"] is None
+    assert "torch" in written["provenance"] and written["provenance"]["command"]
+    executed = tmp_path / "out" / "_build" / "executed-full" / "02_fine.ipynb"
+    assert "points: 50" in printed(nbformat.read(executed, as_version=4))
+    out = capsys.readouterr()
+    assert "02_fine.ipynb" in out.out and "FAILED" in out.out and "broken on purpose" in out.err
 
 
 def test_full_sizes_keep_the_notebook_defaults_and_reuse_checks_the_run(tmp_path):
