@@ -15,6 +15,7 @@ package (named in its docstring) and a test against it (tests/test_kernels_*.py)
     compress24         8. a 2:4 matrix into cuSPARSELt's sm90 compressed layout (values + metadata)
     count_flips        9. entries where two masks differ, counted on the device
     mvue_compress24   10. MVUE 2:4 of dZ along the tokens, written straight into cuSPARSELt's layout
+    prepare24         11. S(W) and S(W)^T (soft threshold or mask) compressed straight from W, one pass
 
 Importing this package imports triton: set TRITON_INTERPRET=1 first to run on a CPU.
 """
@@ -25,12 +26,13 @@ from .gated import gated_backward, gated_forward
 from .masked_decay import masked_decay_
 from .mvue24 import mvue24
 from .mvue_compress24 import mvue_compress24
+from .prepare24 import prepare24
 from .prune24 import pack_mask24, prune24, unpack_mask24
 from .soft_threshold24 import soft_threshold24
 from .transposable24 import transposable_mask24
 
 __all__ = [
     "amax", "compress24", "count_flips", "dequantize_fp8", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "mvue_compress24", "pack_mask24",
-    "prune24", "quantize_fp8", "quantize_fp8_with_scale", "soft_threshold24", "transposable_mask24",
+    "prepare24", "prune24", "quantize_fp8", "quantize_fp8_with_scale", "soft_threshold24", "transposable_mask24",
     "unpack_mask24",
 ]

@@ -260,14 +260,21 @@ class SparseLinear(nn.Linear):
         beta = self.beta if m.soft_threshold else None
         return as_dtype(self.weight.detach(), self.mask, beta, m.n, m.m, dtype)
 
-    def _operand(self, dtype: torch.dtype) -> Any:
+    def _operand(self, dtype: torch.dtype, backward: bool = True) -> Any:
         # one prepared (pruned, and for hardware backends compressed) weight per optimizer step,
         # reused by every gradient-accumulation micro-step; rebuilt when W, the mask or beta change
         key = (self.step, self.weight._version, self.mask._version, self.beta._version, self.mask_updates,
                dtype, self.weight.device)
         if self._operand_cache is None or self._operand_cache[0] != key:
             self.prepare_count += 1
-            self._operand_cache = (key, self.backend.prepare(self._sparse_weight_as(dtype)))
+            prepare_masked = getattr(self.backend, "prepare_masked", None)  # straight from W and the mask
+            if prepare_masked is not None:
+                m = self.method
+                operand = prepare_masked(self.weight.detach(), self.mask, self.beta if m.soft_threshold else None,
+                                         m.n, m.m, dtype, backward=backward)
+            else:
+                operand = self.backend.prepare(self._sparse_weight_as(dtype))
+            self._operand_cache = (key, operand)
         return self._operand_cache[1]
 
     def _generator(self, device: torch.device) -> torch.Generator | None:
@@ -308,7 +315,7 @@ class SparseLinear(nn.Linear):
         dtype = _compute_dtype(x, self.weight)
         grad_needed = torch.is_grad_enabled() and self.weight.requires_grad
         plan = _BackwardPlan(
-            backend=self.backend, operand=self._operand(dtype), dtype=dtype, mask=self.mask,
+            backend=self.backend, operand=self._operand(dtype, backward=grad_needed), dtype=dtype, mask=self.mask,
             decay=self._backward_decay() if grad_needed else 0.0, mvue=self.method.mvue,
             generator=self._generator(x.device) if grad_needed else None,
         )

@@ -29,6 +29,7 @@ from sparsity_lab.backends.cusparselt_backend import (BackendFallbackWarning, Cu
 from sparsity_lab.backends.cusparselt_ops import (AlgConfig, CusparseltUnavailable, TorchCusparseltOps,
                                                   check_sparse_shape, transposed_view, unavailable_reason)
 from sparsity_lab.benchmarks import cusparselt_probe as probe
+from sparsity_lab.backends.cusparselt_layout import decompress24_reference
 from sparsity_lab.layers import SparseLinear
 
 
@@ -65,6 +66,9 @@ class FakeCusparselt:
         return FakeCompressed(a)
 
     def mm(self, c, b, bias, transpose_result, config):
+        if isinstance(c, torch.Tensor):  # real compressed bytes (kernel 11 in the interpreter): decode them
+            k = b.shape[0]
+            c = FakeCompressed(decompress24_reference(c, c.numel() * 16 // 9 // k, k))
         m, k = c.dense.shape
         assert b.shape[0] == k, f"B has {b.shape[0]} rows, the sparse operand {k} columns"
         assert b.is_contiguous() or b.t().is_contiguous(), "cuSPARSELt would misread this strided B"
@@ -321,6 +325,33 @@ def test_operand_compressed_once_per_optimizer_step(registry):
     assert backend.stats["compressions"] == 4
     # the library also compressed one synthetic operand per algorithm search (2 keys: forward, input grad)
     assert len(backend.algorithms.choices) == 2 and ops.compressions == 4 + 2
+
+
+@pytest.mark.parametrize("method_cls,kwargs", [(sl.STE, {}), (sl.SSTE, {"mvue": True})])
+def test_fused_prepare_writes_both_operands_in_one_pass(registry, monkeypatch, method_cls, kwargs):
+    """Kernel 11 (run by the interpreter on these CPU tensors): one pass per step writes S(W) and
+    S(W)^T, the dense S(W) is never built, and the layer still matches the reference."""
+    from sparsity_lab.backends import cusparselt_backend as cb
+
+    monkeypatch.setattr(cb, "_triton_device", lambda t: True)
+    backend, ops = fake_backend()
+    base.register_backend("cusparselt_fake", lambda: backend)
+    cs, ref = _pair("cusparselt_fake", method_cls, in_f=128, out_f=64, transposable=True, **kwargs)
+    x, dz = torch.randn(64, 128, dtype=torch.bfloat16), torch.randn(64, 64, dtype=torch.bfloat16)
+    grads = []
+    for layer in (cs, ref):  # a fixed dZ: MVUE then draws alike whatever the last ulp of the output
+        layer.train(False)
+        xi = x.clone().requires_grad_(True)
+        out = layer(xi)
+        out.backward(dz)
+        grads.append((out.detach(), xi.grad, layer.weight.grad))
+    for name, a, b in zip(("output", "grad_input", "grad_weight"), *grads):
+        assert _rel(a, b) < 1e-2, name
+    assert backend.stats["fused_prepares"] == 1 and backend.stats["fast_compressions"] >= 2
+    operand = cs._operand_cache[1]
+    assert operand.compressed is not None and operand.compressed_t is not None
+    assert operand._weight is None, "no dense product ran, so the dense S(W) must not have been made"
+    torch.testing.assert_close(operand.weight.float(), cs.sparse_weight().to(torch.bfloat16).float())
 
 
 # --- algorithm choice --------------------------------------------------------------------------------------
@@ -654,3 +685,25 @@ def test_fused_mvue_compress_gives_the_same_weight_gradient_on_gpu():
     b = fused.grad_weight(dz, x, True, torch.Generator().manual_seed(5))
     assert fused.stats["fused_mvue_compressions"] == 1 and plain.stats["fused_mvue_compressions"] == 0
     assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("soft", [False, True])
+def test_fused_prepare_gives_the_same_products_on_gpu(soft):
+    """Kernel 11's operand against prepare(sparse_weight_as(...)) at an FFN size, fp32 master weights:
+    the same compressed bytes, so (one algorithm choice) the same forward and input gradient, bit for bit."""
+    from sparsity_lab.backends.cusparselt_backend import CusparseltBackend
+
+    torch.manual_seed(0)
+    w = torch.randn(1024, 4096, device="cuda")
+    x = torch.randn(512, 4096, device="cuda").to(torch.bfloat16)
+    dz = torch.randn(512, 1024, device="cuda").to(torch.bfloat16)
+    plain, fused = CusparseltBackend(fused_prepare=False), CusparseltBackend(fused_prepare=True)
+    fused.algorithms = plain.algorithms
+    mask = plain.mask(w, 2, 4, True)
+    beta = torch.tensor(0.9, device="cuda") if soft else None
+    a = plain.prepare(plain.sparse_weight_as(w, mask, beta, 2, 4, torch.bfloat16))
+    b = fused.prepare_masked(w, mask, beta, 2, 4, torch.bfloat16)
+    assert torch.equal(plain.linear(x, a, None), fused.linear(x, b, None))
+    assert torch.equal(plain.grad_input(dz, a), fused.grad_input(dz, b))
+    assert fused.stats["fused_prepares"] == 1 and b._weight is None

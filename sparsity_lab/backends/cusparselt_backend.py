@@ -81,22 +81,46 @@ class ReferenceFallback(TorchBackend):
 class CusparseltOperand:
     """One optimizer step's weight operand: S(W) (out, in) and its compressed forms, built lazily.
 
-    ``compressed``: S(W), 2:4 along in (forward). ``compressed_t``: S(W)^T made contiguous
-    (in, out), 2:4 along out (input gradient; transposable mask).
+    ``compressed``: S(W), 2:4 along in (forward). ``compressed_t``: S(W)^T (in, out), 2:4 along out
+    (input gradient; transposable mask). ``weight``: the dense S(W) in the product dtype, given, or
+    (for an operand made by ``prepare_masked``) built on first use by ``dense_fn`` (only a dense
+    product, e.g. chosen by the auto policy, needs it). ``source``: (W, mask, beta, dtype) when the
+    compressed forms can be written straight from W by kernel 11; ``backward``: whether the
+    input gradient is expected (then the first compression writes both forms in one pass).
     """
 
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.weight = weight
+    def __init__(self, weight: torch.Tensor | None = None, shape: tuple[int, int] | None = None,
+                 dtype: torch.dtype | None = None, dense_fn=None, source: tuple | None = None,
+                 backward: bool = True) -> None:
+        if weight is None and (shape is None or dtype is None or dense_fn is None):
+            raise ValueError("an operand needs the dense weight, or its shape, dtype and a function that makes it")
+        self._weight = weight
+        self._shape = tuple(weight.shape) if weight is not None else tuple(shape)
+        self.dtype = weight.dtype if weight is not None else dtype
+        self._dense_fn = dense_fn
+        self.source = source
+        self.backward = backward
         self.compressed: torch.Tensor | None = None
         self.compressed_t: torch.Tensor | None = None
 
     @property
+    def weight(self) -> torch.Tensor:
+        if self._weight is None:
+            self._weight = self._dense_fn()
+        return self._weight
+
+    @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.weight.shape)
+        return self._shape
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+def _triton_device(t: torch.Tensor) -> bool:
+    """Where the fused Triton kernels run: CUDA tensors (tests widen it to the CPU interpreter)."""
+    return t.is_cuda
 
 
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -116,7 +140,7 @@ class CusparseltBackend:
 
     def __init__(self, ops: Any = None, policy: AutoPolicy | None = None, sweep: bool = True,
                  grad_weight_transpose_result: bool = False, fast_compress: bool = True,
-                 fused_mvue_compress: bool = True) -> None:
+                 fused_mvue_compress: bool = True, fused_prepare: bool = True) -> None:
         self._ops = ops if ops is not None else TorchCusparseltOps()
         self.policy = policy
         self.name = "cusparselt" if policy is None else "cusparselt_auto"
@@ -126,6 +150,9 @@ class CusparseltBackend:
         # kernel 10 (MVUE straight into the compressed layout): the same bytes as mvue24 + compress24
         # (GPU-tested) and 1.72x faster than the two (0.109 vs 0.187 ms, results/kernels_h100.json)
         self.fused_mvue_compress = bool(fused_mvue_compress)
+        # kernel 11 (S(W) and S(W)^T compressed straight from W): the same bytes as soft threshold +
+        # compress24 twice (tested); prepare_masked uses it where shapes allow
+        self.fused_prepare = bool(fused_prepare)
         self.stats: Counter = Counter()
         self.slow_compress_reasons: Counter = Counter()
         self._reference = TorchBackend()
@@ -194,6 +221,44 @@ class CusparseltBackend:
                                "the layer's weight (out_features, in_features)")
         return CusparseltOperand(sparse_weight.contiguous())
 
+    def prepare_masked(self, weight, mask, beta, n, m, dtype, backward: bool = True) -> CusparseltOperand:
+        """The step's operand straight from W and the mask (``prepare(sparse_weight_as(...))`` in fewer
+        passes): on CUDA, for whole-tile shapes, kernel 11 later writes S(W) and S(W)^T compressed
+        from W in one pass and the dense S(W) is made only if a dense product asks for it.
+        ``backward``: the input gradient is expected (both forms are then written together)."""
+        if weight.dim() != 2:
+            raise ValueError(f"the weight must be 2-D (out, in), got shape {tuple(weight.shape)}")
+        self._ops.check_device(weight, "the layer's weight")
+        if self.policy is None:
+            check_product_dtype(dtype)
+            check_sparse_shape(*weight.shape, dtype, "the layer's weight (out_features, in_features)")
+
+        def dense() -> torch.Tensor:
+            return self.sparse_weight_as(weight, mask, beta, n, m, dtype).contiguous()
+        fusable = (self.fast_compress and self.fused_prepare and _triton_device(weight) and mask.is_contiguous()
+                   and dtype in PRODUCT_DTYPES and fast_layout_problem(*weight.shape, dtype) is None)
+        return CusparseltOperand(shape=tuple(weight.shape), dtype=dtype, dense_fn=dense, backward=backward,
+                                 source=(weight, mask, beta, dtype) if fusable else None)
+
+    def _compress_operand(self, operand: CusparseltOperand, transposed: bool, want_other: bool) -> None:
+        """Fill ``operand.compressed`` (or ``compressed_t`` when ``transposed``); with ``want_other``
+        and a fusable source, kernel 11 writes the other form in the same pass."""
+        if operand.source is None:
+            if transposed:
+                operand.compressed_t = self._compress(operand.weight.t())  # a view: read strided
+            else:
+                operand.compressed = self._compress(operand.weight)
+            return
+        w, mask, beta, dtype = operand.source
+        forward, backward = (want_other, True) if transposed else (True, want_other)
+        fwd, bwd = self._k().prepare24(w, mask, beta, out_dtype=dtype, forward=forward, transposed=backward)
+        written = int(forward) + int(backward)
+        self.stats["compressions"] += written
+        self.stats["fast_compressions"] += written
+        self.stats["fused_prepares"] += 1
+        operand.compressed = fwd if fwd is not None else operand.compressed
+        operand.compressed_t = bwd if bwd is not None else operand.compressed_t
+
     def _compressor(self, a: torch.Tensor):
         """(function, reason): how ``a`` gets compressed. CUDA tensors of whole-tile shapes go
         through the Triton compressor (``kernels/compress24.py``: bit for bit the bytes of
@@ -238,7 +303,7 @@ class CusparseltBackend:
 
     def linear(self, x, operand: CusparseltOperand, bias):
         out_f, in_f = operand.shape
-        tokens, dtype = x.shape[0], operand.weight.dtype
+        tokens, dtype = x.shape[0], operand.dtype
         shape = ProductShape.of_layer("forward", out_f, in_f, tokens, _dtype_name(dtype))
         if not self._sparse(shape, out_f, in_f, dtype):
             self.stats["dense_products"] += 1
@@ -247,7 +312,10 @@ class CusparseltBackend:
         rows = self._rows_for(tokens, dtype)
         b = self._b_transposed(_pad_rows(x, rows))  # X^T (in, rows), a view
         if operand.compressed is None:
-            operand.compressed = self._compress(operand.weight)
+            # the input gradient's operand in the same pass when the backward will run it sparse too
+            want_t = (operand.backward and operand.compressed_t is None and self._sparse(
+                ProductShape.of_layer("grad_input", out_f, in_f, tokens, _dtype_name(dtype)), in_f, out_f, dtype))
+            self._compress_operand(operand, transposed=False, want_other=want_t)
         config = self.algorithms.get(ProductKey(out_f, in_f, rows, dtype, True, True), x.device)
         self.stats["sparse_products"] += 1
         z = self._ops.mm(operand.compressed, b, bias, True, config)  # (rows, out) = Z
@@ -255,7 +323,7 @@ class CusparseltBackend:
 
     def grad_input(self, grad_out, operand: CusparseltOperand):
         out_f, in_f = operand.shape
-        tokens, dtype = grad_out.shape[0], operand.weight.dtype
+        tokens, dtype = grad_out.shape[0], operand.dtype
         shape = ProductShape.of_layer("grad_input", out_f, in_f, tokens, _dtype_name(dtype))
         if not self._sparse(shape, in_f, out_f, dtype):
             self.stats["dense_products"] += 1
@@ -264,7 +332,7 @@ class CusparseltBackend:
         rows = self._rows_for(tokens, dtype)
         b = self._b_transposed(_pad_rows(grad_out, rows))  # dZ^T (out, rows), a view
         if operand.compressed_t is None:
-            operand.compressed_t = self._compress(operand.weight.t())  # a view: the compressor reads it strided
+            self._compress_operand(operand, transposed=True, want_other=False)
         config = self.algorithms.get(ProductKey(in_f, out_f, rows, dtype, True, True), grad_out.device)
         self.stats["sparse_products"] += 1
         dx = self._ops.mm(operand.compressed_t, b, None, True, config)  # (rows, in) = dX
@@ -385,6 +453,8 @@ def cusparselt_backend(auto: bool = False, min_speedup: float = 1.0):
     name = "cusparselt_auto" if auto else "cusparselt"
     # kernel 10 is the default; SPARSITY_LAB_FUSED_MVUE_COMPRESS=0 brings back the two-kernel path (A/B runs)
     fused = os.environ.get("SPARSITY_LAB_FUSED_MVUE_COMPRESS", "1") != "0"
+    # kernel 11 likewise; SPARSITY_LAB_FUSED_PREPARE=0 compresses the dense S(W) twice instead
+    prepare = os.environ.get("SPARSITY_LAB_FUSED_PREPARE", "1") != "0"
     if not torch.cuda.is_available():
         reason = unavailable_reason()
         warnings.warn(f"backend {name!r} was requested, but {reason}: SparseLinear layers run the reference "
@@ -393,7 +463,8 @@ def cusparselt_backend(auto: bool = False, min_speedup: float = 1.0):
                       BackendFallbackWarning, stacklevel=3)
         return ReferenceFallback(name, reason)
     if not auto:
-        return CusparseltBackend(fused_mvue_compress=fused)
-    backend = CusparseltBackend(policy=AutoPolicy(min_speedup=min_speedup), fused_mvue_compress=fused)
+        return CusparseltBackend(fused_mvue_compress=fused, fused_prepare=prepare)
+    backend = CusparseltBackend(policy=AutoPolicy(min_speedup=min_speedup), fused_mvue_compress=fused,
+                                fused_prepare=prepare)
     backend.policy.measure = backend.measure_product
     return backend

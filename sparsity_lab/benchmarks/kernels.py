@@ -433,6 +433,37 @@ def run(args: argparse.Namespace) -> int:
         report.ratio("10 mvue_compress24", "vs mvue24 then compress24", dz.shape, ms, "two kernels", two_ms, None)
         del dz, fused_out
 
+    # 11. S(W) and S(W)^T compressed straight from W (fp32 master or bf16), against threshold + compress twice ----
+    with section('11. prepare24', failures):
+        prow = rows - rows % 64 if rows >= 64 else 64
+        w32 = torch.randn(prow, cols, device=device)
+        if device.type != "cuda":  # the CPU interpreter truncates fp32 -> bf16 (the GPU rounds): bf16-exact weights
+            w32 = w32.to(bf16).float()
+        mask = K.transposable_mask24(w32, pruned=False)[0]
+        beta = torch.tensor(0.8, device=device)
+
+        def unfused(w, b):
+            s = K.soft_threshold24(w, mask, b, out_dtype=bf16) if b is not None else w.to(bf16) * mask
+            return K.compress24(s), K.compress24(s.t())
+        for w in (w32, w32.to(bf16)):
+            wname = "fp32" if w.dtype == torch.float32 else "bf16"
+            for b, mname in ((beta, "S-STE"), (None, "STE")):
+                got, want = K.prepare24(w, mask, b, out_dtype=bf16), unfused(w, b)
+                _check(f"prepare24 {wname} {mname}", all(torch.equal(g.view(torch.uint8), e.view(torch.uint8))
+                                                         for g, e in zip(got, want)))
+                n = w.numel()
+                nbytes = w.element_size() * n + n + 2 * (n + n // 8)  # W, mask; two compressed forms
+                cfgs = [{"num_warps": nw} for nw in (4, 8)][: 1 if few else None]
+                ms, cfg, allc = _sweep(timer, lambda w=w, b=b, **c: (
+                    lambda: K.prepare24(w, mask, b, out_dtype=bf16, **c)), cfgs)
+                report.memory_bound("11 prepare24", f"{wname} W, {mname} -> S(W), S(W)^T compressed", w.shape,
+                                    nbytes, ms, cfg, allc, counts_for_target=False,
+                                    note="issue 4's kernel: not in issue 3's target set")
+                two_ms = timer(lambda w=w, b=b: unfused(w, b))
+                report.ratio("11 prepare24", f"{wname} {mname} vs threshold then compress24 twice", w.shape, ms,
+                             "three kernels", two_ms, None)
+        del w32, mask
+
     sync(device)
     payload = {"smoke": bool(args.smoke), "main_tensor_mib": (rows * cols * 2) / MIB, "summary": report.summary(),
                "failed_checks": failures, "rows": report.rows}
