@@ -5,7 +5,10 @@ import math
 
 import pytest
 
-from sparsity_lab.benchmarks.ffn_speed import (GPT_VARIANTS, PHASES, SMOKE, THRESHOLDS, VARIANTS, judge_targets)
+import statistics
+
+from sparsity_lab.benchmarks.ffn_speed import (GPT_VARIANTS, PAIRED_VARIANTS, PHASES, SMOKE, THRESHOLDS, VARIANTS,
+                                               judge_targets)
 from sparsity_lab.cli import main
 
 ROW_KEYS = {"tokens", "d_model", "ffn", "variant", "phase", "ms", "speedup_vs_dense"}
@@ -34,7 +37,8 @@ def _speedup_ok(row: dict, dense_ms: float | None) -> bool:
 def test_smoke_json_has_the_schema_and_every_row(smoke):
     result, _ = smoke
     assert {"provenance", "rows", "graph", "gpt_step", "targets", "errors", "skipped", "shapes"} <= set(result)
-    assert result["smoke"] is True and result["backends"] == {"cusparselt": "torch", "cusparselt_auto": "torch"}
+    assert result["smoke"] is True
+    assert result["backends"] == {"cusparselt": "torch", "cusparselt_auto": "torch", "dense_products": "torch"}
     grid = {(t, d) for t in SMOKE["tokens"] for d in SMOKE["d_model"]}
     keys = [(r["tokens"], r["d_model"], r["variant"], r["phase"]) for r in result["rows"]]
     assert sorted(keys) == sorted((t, d, v, p) for t, d in grid for v in VARIANTS for p in PHASES)
@@ -76,13 +80,38 @@ def test_smoke_graph_and_gpt_sections(smoke):
             assert record["sparse_layers"] == 2 * SMOKE["gpt"]["n_layer"]
 
 
+def test_smoke_paired_rounds(smoke):
+    """Every paired variant timed in every round; each round's speed-up is dense ms / its ms of that
+    round, and the row's figure is their median."""
+    result, _ = smoke
+    assert result["rounds"] == 2
+    rows = {(r["variant"], r["phase"]): r for r in result["paired"]}
+    assert set(rows) == {(v, p) for v in PAIRED_VARIANTS for p in PHASES}
+    for (variant, phase), row in rows.items():
+        assert (row["tokens"], row["d_model"]) == SMOKE["target"] and len(row["round_ms"]) == 2
+        dense = rows[("dense", phase)]["round_ms"]
+        expected = [a / b for a, b in zip(dense, row["round_ms"])]
+        assert row["round_speedups"] == pytest.approx(expected)
+        assert row["speedup_vs_dense"] == pytest.approx(statistics.median(expected))
+        assert row["speedup_min"] <= row["speedup_vs_dense"] <= row["speedup_max"]
+
+
 def test_smoke_targets_are_the_measured_rows(smoke):
     result, stdout = smoke
     t_tokens, t_d = SMOKE["target"]
     row = {(r["variant"], r["phase"]): r for r in result["rows"] if (r["tokens"], r["d_model"]) == (t_tokens, t_d)}
+    paired = {(r["variant"], r["phase"]): r for r in result["paired"]}
     targets = result["targets"]
-    assert targets["ffn_fwd_bwd_ours_mvue"]["measured"] == row[("ours_mvue", "fwd_bwd")]["speedup_vs_dense"]
-    assert targets["ffn_fwd_ours"]["measured"] == row[("ours_mvue", "fwd")]["speedup_vs_dense"]
+    # at the target shape the paired rounds decide; the grid's single figure is kept as "unpaired"
+    fb, fw = targets["ffn_fwd_bwd_ours_mvue"], targets["ffn_fwd_ours"]
+    assert fb["measured"] == paired[("ours_mvue", "fwd_bwd")]["speedup_vs_dense"]
+    assert fb["unpaired"] == row[("ours_mvue", "fwd_bwd")]["speedup_vs_dense"] and "paired" in fb["source"]
+    assert fw["measured"] == paired[("ours_mvue", "fwd")]["speedup_vs_dense"]
+    versus = targets["auto_vs_dense_products"]
+    ratios = [r["ms"] / a["ms"] for r in result["rows"] for a in result["rows"]
+              if r["variant"] == "ours_mvue_dense_products" and a["variant"] == "auto" and r["phase"] == "fwd_bwd"
+              and a["phase"] == "fwd_bwd" and (r["tokens"], r["d_model"]) == (a["tokens"], a["d_model"])]
+    assert versus["measured"] == pytest.approx(min(ratios)) and versus["complete"]
     auto = [r["speedup_vs_dense"] for r in result["rows"] if r["variant"] == "auto" and r["phase"] == "fwd_bwd"]
     assert targets["auto_every_grid_point"]["measured"] == min(auto)
     assert targets["gpt_step"]["measured"] == result["gpt_step"]["variants"]["ours_mvue"]["speedup_vs_dense"]
@@ -106,7 +135,8 @@ def test_judge_targets_follows_the_numbers():
               (8, 16, "auto", "fwd_bwd"): 0.98, (8, 32, "auto", "fwd_bwd"): 1.2}
     gpt = {"config": {"d_model": 32}, "variants": {"ours_mvue": {"speedup_vs_dense": 1.16}}}
     t = judge_targets(_rows(values), gpt, (8, 32), grid)
-    assert [t[k]["met"] for k in THRESHOLDS] == [True, False, True, True]
+    # no ours_mvue_dense_products rows: the auto-vs-dense-products target is unmeasured, so not met
+    assert [t[k]["met"] for k in THRESHOLDS] == [True, False, True, False, True]
     assert t["ffn_fwd_bwd_ours_mvue"]["measured"] == 1.40 and t["auto_every_grid_point"]["measured"] == 0.98
 
     values[(8, 32, "ours_mvue", "fwd_bwd")] = 1.34
@@ -114,7 +144,31 @@ def test_judge_targets_follows_the_numbers():
     values[(8, 16, "auto", "fwd_bwd")] = 0.96
     gpt["variants"]["ours_mvue"]["speedup_vs_dense"] = 1.14
     t = judge_targets(_rows(values), gpt, (8, 32), grid)
-    assert [t[k]["met"] for k in THRESHOLDS] == [False, True, False, False]
+    assert [t[k]["met"] for k in THRESHOLDS] == [False, True, False, False, False]
+
+
+def test_auto_against_the_dense_products_of_the_same_method():
+    grid = [(8, 16), (8, 32)]
+    rows = [{"tokens": 8, "d_model": d, "ffn": 4 * d, "variant": v, "phase": "fwd_bwd", "ms": ms,
+             "speedup_vs_dense": None}
+            for d, v, ms in ((16, "auto", 1.0), (16, "ours_mvue_dense_products", 0.98),
+                             (32, "auto", 2.0), (32, "ours_mvue_dense_products", 3.0))]
+    t = judge_targets(rows, None, (8, 32), grid)["auto_vs_dense_products"]
+    assert t["measured"] == pytest.approx(0.98) and t["met"] and t["complete"]
+    rows[1]["ms"] = 0.9  # auto 10 % slower than the dense products at one point
+    t = judge_targets(rows, None, (8, 32), grid)["auto_vs_dense_products"]
+    assert t["measured"] == pytest.approx(0.9) and not t["met"]
+
+
+def test_paired_rounds_decide_the_target_shape():
+    grid = [(8, 32)]
+    rows = _rows({(8, 32, "ours_mvue", "fwd_bwd"): 1.2, (8, 32, "ours_mvue", "fwd"): 1.4})
+    paired = [{"tokens": 8, "d_model": 32, "variant": "ours_mvue", "phase": "fwd_bwd", "speedup_vs_dense": 1.36,
+               "round_speedups": [1.3, 1.36, 1.4], "speedup_min": 1.3, "speedup_max": 1.4}]
+    t = judge_targets(rows, None, (8, 32), grid, paired)
+    assert t["ffn_fwd_bwd_ours_mvue"]["measured"] == 1.36 and t["ffn_fwd_bwd_ours_mvue"]["met"]
+    assert t["ffn_fwd_bwd_ours_mvue"]["unpaired"] == 1.2
+    assert t["ffn_fwd_ours"]["measured"] == 1.4 and t["ffn_fwd_ours"]["source"] == "grid"
 
 
 def test_judge_targets_counts_missing_measurements_as_not_met():
@@ -131,9 +185,9 @@ def test_judge_targets_counts_missing_measurements_as_not_met():
 def test_spent_budget_skips_everything_and_says_so(tmp_path, capsys):
     assert main(["bench-ffn", "--smoke", "--budget-s", "1e-9", "--out-dir", str(tmp_path), "--name", "b"]) == 0
     result = json.loads((tmp_path / "b.json").read_text())
-    assert result["rows"] == [] and result["gpt_step"] is None and result["graph"] == []
+    assert result["rows"] == [] and result["gpt_step"] is None and result["graph"] == [] and result["paired"] == []
     skipped = {s["what"] for s in result["skipped"]}
-    assert {"ffn 32x32", "ffn 32x16", "gpt_step", "graph 32x32", "graph 32x16"} == skipped
+    assert {"ffn 32x32", "ffn 32x16", "paired", "gpt_step", "graph 32x32", "graph 32x16"} == skipped
     assert not any(t["met"] for t in result["targets"].values())
     assert "not measured" in capsys.readouterr().out
 
@@ -144,6 +198,7 @@ def test_spent_budget_skips_everything_and_says_so(tmp_path, capsys):
     (["--tokens", "0"], "--tokens"),
     (["--budget-s", "0"], "--budget-s"),
     (["--warmup", "-1"], "--warmup"),
+    (["--rounds", "-1"], "--rounds"),
 ])
 def test_bad_arguments_name_the_flag(argv, message, tmp_path, capsys):
     assert main(["bench-ffn", "--smoke", "--out-dir", str(tmp_path), *argv]) == 2
