@@ -154,6 +154,7 @@ class CusparseltBackend:
         # compress24 twice (tested); prepare_masked uses it where shapes allow
         self.fused_prepare = bool(fused_prepare)
         self.stats: Counter = Counter()
+        self._decided: dict[tuple, bool] = {}  # (product, out, in, tokens, dtype) -> sparse, the policy's choice
         self.slow_compress_reasons: Counter = Counter()
         self._reference = TorchBackend()
         self._kernels = None
@@ -283,12 +284,20 @@ class CusparseltBackend:
             self.stats["compress_copies"] += int(not a.is_contiguous())
         return fn(a)
 
-    def _sparse(self, shape: ProductShape, rows: int, cols: int, dtype: torch.dtype) -> bool:
-        """Run this product sparse? (rows, cols): the sparse operand's shape."""
+    def _sparse(self, product: str, out_f: int, in_f: int, tokens: int, dtype: torch.dtype) -> bool:
+        """Run this product of a layer (out_f, in_f) over ``tokens`` rows sparse? Cached per key in a
+        plain dict: in eager training at small shapes the host is the bottleneck, so the per-call cost
+        of deciding must be a lookup."""
         if self.policy is None:
             check_product_dtype(dtype)
             return True
-        return self.policy.decide(shape, sparse_shape_problem(rows, cols, dtype)).sparse
+        key = (product, out_f, in_f, tokens, dtype)
+        sparse = self._decided.get(key)
+        if sparse is None:
+            shape = ProductShape.of_layer(product, out_f, in_f, tokens, _dtype_name(dtype))
+            rows, cols = {"forward": (out_f, in_f), "grad_input": (in_f, out_f), "grad_weight": (out_f, tokens)}[product]
+            sparse = self._decided[key] = self.policy.decide(shape, sparse_shape_problem(rows, cols, dtype)).sparse
+        return sparse
 
     def _rows_for(self, tokens: int, dtype: torch.dtype) -> int:
         rows = padded(tokens, dtype) if dtype in SPARSE_MULTIPLE else tokens + (-tokens) % 4
@@ -304,8 +313,7 @@ class CusparseltBackend:
     def linear(self, x, operand: CusparseltOperand, bias):
         out_f, in_f = operand.shape
         tokens, dtype = x.shape[0], operand.dtype
-        shape = ProductShape.of_layer("forward", out_f, in_f, tokens, _dtype_name(dtype))
-        if not self._sparse(shape, out_f, in_f, dtype):
+        if not self._sparse("forward", out_f, in_f, tokens, dtype):
             self.stats["dense_products"] += 1
             return F.linear(x, operand.weight, bias)
         self._ops.check_device(x, "x")
@@ -313,8 +321,8 @@ class CusparseltBackend:
         b = self._b_transposed(_pad_rows(x, rows))  # X^T (in, rows), a view
         if operand.compressed is None:
             # the input gradient's operand in the same pass when the backward will run it sparse too
-            want_t = (operand.backward and operand.compressed_t is None and self._sparse(
-                ProductShape.of_layer("grad_input", out_f, in_f, tokens, _dtype_name(dtype)), in_f, out_f, dtype))
+            want_t = (operand.backward and operand.compressed_t is None
+                      and self._sparse("grad_input", out_f, in_f, tokens, dtype))
             self._compress_operand(operand, transposed=False, want_other=want_t)
         config = self.algorithms.get(ProductKey(out_f, in_f, rows, dtype, True, True), x.device)
         self.stats["sparse_products"] += 1
@@ -324,8 +332,7 @@ class CusparseltBackend:
     def grad_input(self, grad_out, operand: CusparseltOperand):
         out_f, in_f = operand.shape
         tokens, dtype = grad_out.shape[0], operand.dtype
-        shape = ProductShape.of_layer("grad_input", out_f, in_f, tokens, _dtype_name(dtype))
-        if not self._sparse(shape, in_f, out_f, dtype):
+        if not self._sparse("grad_input", out_f, in_f, tokens, dtype):
             self.stats["dense_products"] += 1
             return grad_out @ operand.weight
         self._ops.check_device(grad_out, "grad_out")
@@ -357,8 +364,7 @@ class CusparseltBackend:
         rows = self._rows_for(tokens, dtype)
         dz_p = _pad_rows(grad_out, rows)
         x_p = _pad_rows(x, rows)
-        shape = ProductShape.of_layer("grad_weight", out_f, in_f, rows, _dtype_name(dtype))
-        sparse = self._sparse(shape, out_f, rows, dtype)
+        sparse = self._sparse("grad_weight", out_f, in_f, rows, dtype)
         fused = (sparse and self.fused_mvue_compress and dz_p.is_cuda and dz_p.is_contiguous()
                  and dtype in (torch.bfloat16, torch.float16) and rows % 64 == 0 and out_f % 64 == 0)
         if fused:  # the same seed as the two-kernel path: the same draws, the same bytes

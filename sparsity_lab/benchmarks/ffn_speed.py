@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import statistics
 import sys
 import time
@@ -63,6 +64,8 @@ PAIRED_VARIANTS = ("dense", "ours_mvue", "ours_mvue_dense_products", "auto")
 PHASES = ("fwd_bwd", "fwd")
 GRAPH_VARIANTS = ("dense", "ours_mvue")
 GPT_VARIANTS = ("dense", "ours_mvue", "ours_mask_every_step")
+MIN_ROUND_MS = 100.0  # a paired timing spans at least this long ...
+MAX_ROUND_REPS = 400  # ... within this many calls
 NEVER = 10**9  # the fixed-mask variant's refresh interval: never due within a benchmark
 RESULT_NAME = "cusparselt_ffn_h100"
 SMOKE_NAME = "cusparselt_ffn_smoke"
@@ -520,11 +523,15 @@ def measure_paired(tokens: int, d: int, s: Settings, rec: Recorder) -> list[dict
                 with torch.no_grad():
                     model(inputs[0])
             steps[(v, "fwd")] = forward
-        once = dataclasses.replace(s, warmup=0)
+        timing: dict[tuple[str, str], Settings] = {}
         for key, fn in steps.items():  # warm-up: algorithm searches, compiles, allocations
-            _, e = rec.attempt(f"paired {tokens}x{d} {key} warm-up", lambda fn=fn: median_ms(fn, s))
+            ms, e = rec.attempt(f"paired {tokens}x{d} {key} warm-up", lambda fn=fn: median_ms(fn, s))
             if e:
                 rows[key]["error"] = e
+            # each timing spans at least MIN_ROUND_MS: ten calls of a 0.4 ms step are host jitter
+            reps = s.reps if s.smoke or not ms else max(s.reps, min(MAX_ROUND_REPS, math.ceil(MIN_ROUND_MS / ms)))
+            timing[key] = dataclasses.replace(s, warmup=0, reps=reps)
+            rows[key]["reps_per_round"] = reps
         live = [k for k in steps if not rows[k].get("error")]
         for r in range(s.rounds):
             for phase in PHASES:
@@ -533,7 +540,7 @@ def measure_paired(tokens: int, d: int, s: Settings, rec: Recorder) -> list[dict
                 here = {}
                 for v in order:
                     ms, e = rec.attempt(f"paired {tokens}x{d} {v} {phase} round {r}",
-                                        lambda v=v: median_ms(steps[(v, phase)], once))
+                                        lambda v=v: median_ms(steps[(v, phase)], timing[(v, phase)]))
                     if ms is not None:
                         here[v] = ms
                         rows[(v, phase)]["round_ms"].append(ms)
@@ -867,12 +874,12 @@ def format_table(result: dict) -> str:
             if stats:
                 lines.append(f"{'':>16}per step, {variant}: " + ", ".join(f"{k} {v:g}" for k, v in stats.items()))
     if result.get("paired"):
-        lines.append(f"paired rounds at the target shape (speed-up over dense: median of rounds [min, max]):")
+        lines.append("paired rounds (speed-up over dense: median of rounds [min, max]):")
         for r in result["paired"]:
             if r["variant"] == "dense":
                 continue
             spread = (f" [{r['speedup_min']:.2f}, {r['speedup_max']:.2f}]" if r.get("speedup_min") is not None else "")
-            lines.append(f"  {r['variant']:<26} {r['phase']:<8} {_cell(r)}{spread}"
+            lines.append(f"  {r['tokens']:>6} x {r['d_model']:<5} {r['variant']:<26} {r['phase']:<8} {_cell(r)}{spread}"
                          + (f"  ({r['error'][:120]})" if r.get("error") and r.get("ms") is None else ""))
     if result["graph"]:
         lines.append("eager vs CUDA graph, one fwd_bwd step (speed-up over dense in the same mode):")
