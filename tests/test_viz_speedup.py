@@ -228,3 +228,47 @@ def test_rows_that_record_an_error_are_listed_not_plotted():
         check_ffn_rows([ok, dict(failed, error="")])
     with pytest.raises(ValueError, match="nothing was measured"):
         check_ffn_rows([failed])
+
+
+def _paired_table() -> dict:
+    """Two shapes, dense and ours_mvue in three rounds each (made-up ms)."""
+    rows = []
+    for (tokens, d), dense_ms, ours_ms in (((16384, 4096), (20.0, 21.0, 19.0), (14.0, 15.0, 16.0)),
+                                           ((4096, 1024), (0.4, 0.5, 0.4), (2.0, 1.0, 4.0))):
+        ratios = [a / b for a, b in zip(dense_ms, ours_ms)]
+        base = {"tokens": tokens, "d_model": d, "ffn": 4 * d, "phase": "fwd_bwd"}
+        rows.append({**base, "variant": "dense", "round_ms": list(dense_ms), "round_speedups": [1.0] * 3,
+                     "speedup_vs_dense": 1.0, "speedup_min": 1.0, "speedup_max": 1.0, "ms": sorted(dense_ms)[1]})
+        rows.append({**base, "variant": "ours_mvue", "round_ms": list(ours_ms), "round_speedups": ratios,
+                     "speedup_vs_dense": sorted(ratios)[1], "speedup_min": min(ratios), "speedup_max": max(ratios),
+                     "ms": sorted(ours_ms)[1]})
+    return {"provenance": {}, "rows": [], "paired": rows}
+
+
+def test_paired_rounds_table_and_figure():
+    from sparsity_lab.viz.speedup_view import paired_figure, paired_speedups
+
+    table = paired_speedups(_paired_table())
+    assert [(t["shape"], t["variant"]) for t in table] == [("16384x4096x16384", "ours_mvue"),
+                                                           ("4096x1024x4096", "ours_mvue")]
+    big = table[0]
+    assert big["median"] == pytest.approx(21 / 15) and big["low"] == pytest.approx(19 / 16)
+    assert big["high"] == pytest.approx(20 / 14) and big["rounds"] == 3
+    fig = paired_figure(_paired_table())
+    [bar] = fig.data
+    assert list(bar.x) == ["16384x4096x16384", "4096x1024x4096"]
+    assert list(fig.layout.xaxis.categoryarray) == ["4096x1024x4096", "16384x4096x16384"]  # smallest first
+    assert bar.error_y.array[0] == pytest.approx(20 / 14 - 21 / 15)
+    assert paired_speedups({"rows": []}) == [] and paired_speedups(None) == []
+    with pytest.raises(ValueError, match="no paired rounds"):
+        paired_figure({"rows": []})
+    with pytest.raises(ValueError, match="phase"):
+        paired_speedups(_paired_table(), phase="backward")
+
+
+def test_the_recorded_ffn_run_has_paired_rounds():
+    from sparsity_lab.viz.speedup_view import paired_figure
+
+    data = recorded("cusparselt_ffn_h100")
+    assert data is not None and check_ffn_rows(data)
+    assert paired_figure(data).data

@@ -63,7 +63,8 @@ OURS = ("ours_fixed_mask", "ours_mask_every_step", "ours_mvue", "ours_mvue_dense
 PAIRED_VARIANTS = ("dense", "ours_mvue", "ours_mvue_dense_products", "auto")
 PHASES = ("fwd_bwd", "fwd")
 GRAPH_VARIANTS = ("dense", "ours_mvue")
-GPT_VARIANTS = ("dense", "ours_mvue", "ours_mask_every_step")
+# ours_mvue_dense_products: the same S-STE + MVUE training on dense products, to check ours_mvue's loss
+GPT_VARIANTS = ("dense", "ours_mvue", "ours_mvue_dense_products", "ours_mask_every_step")
 MIN_ROUND_MS = 100.0  # a paired timing spans at least this long ...
 MAX_ROUND_REPS = 400  # ... within this many calls
 NEVER = 10**9  # the fixed-mask variant's refresh interval: never due within a benchmark

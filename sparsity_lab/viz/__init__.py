@@ -26,12 +26,12 @@ from .kernel_bench_view import kernel_bench_figure
 from .mask_view import kept_magnitude_figure, mask_explorer
 from .mvue_view import mvue_convergence_figure
 from .soft_threshold_view import beta_figure, soft_threshold_explorer
-from .speedup_view import ffn_speedup_figure, ffn_wins_heatmap, ours_vs_pytorch_figure
+from .speedup_view import ffn_speedup_figure, ffn_wins_heatmap, ours_vs_pytorch_figure, paired_figure
 from .tile_solver_view import diversity_figure, solver_bars, tile_editor
 
 __all__ = ["beta_figure", "block_mask_figure", "comparison_explorer", "curves_figure", "decay_explorer",
            "decay_search_figure", "diversity_figure", "dyad_explorer", "dyad_figure", "dyad_structure",
            "ffn_speedup_figure", "ffn_wins_heatmap", "find_comparisons", "finetune_figure", "fp8_explorer",
            "kept_magnitude_figure", "kernel_bench_figure", "mask_changes", "mask_explorer",
-           "mvue_convergence_figure", "ours_vs_pytorch_figure", "prune_regrow_explorer", "prune_regrow_trace",
+           "mvue_convergence_figure", "ours_vs_pytorch_figure", "paired_figure", "prune_regrow_explorer", "prune_regrow_trace",
            "soft_threshold_explorer", "solver_bars", "tile_editor"]

@@ -28,7 +28,8 @@ from ._provenance import provenance_line
 
 __all__ = ["FFN_KEYS", "FFN_VARIANTS", "PHASES", "check_ffn_rows", "ffn_errors", "dyad_speedup_figure", "ffn_explorer",
            "ffn_speedup_figure", "ffn_wins_heatmap", "kernel_vs_pytorch_figure", "measure_ffn",
-           "mvue_variants_figure", "ours_vs_pytorch", "ours_vs_pytorch_figure", "provenance_line", "recorded",
+           "mvue_variants_figure", "ours_vs_pytorch", "ours_vs_pytorch_figure", "paired_figure", "paired_speedups",
+           "provenance_line", "recorded",
            "shape_label", "step_speedup", "wins_and_losses"]
 
 FFN_KEYS = ("tokens", "d_model", "ffn", "variant", "phase", "ms", "speedup_vs_dense")
@@ -157,6 +158,47 @@ def ffn_speedup_figure(data, title: str = "One FFN, dense time / 2:4 time"):
                      categoryarray=shapes)
     fig.update_yaxes(title_text="speedup over dense", row=1, col=1)
     fig.update_layout(title=title, template="plotly_white", height=420)
+    return fig
+
+
+def paired_speedups(data, phase: str = "fwd_bwd") -> list[dict]:
+    """The paired rounds of a bench-ffn recording (dense and ours timed in turns, the speed-up taken per
+    round): per shape and 2:4 variant, ``{"shape", "variant", "median", "low", "high", "rounds"}``.
+    Empty for recordings made before the paired section existed."""
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+    out = []
+    for r in (data or {}).get("paired", []):
+        if r.get("phase") != phase or r.get("variant") == "dense" or r.get("speedup_vs_dense") is None:
+            continue
+        if r.get("variant") not in FFN_VARIANTS:
+            raise ValueError(f"paired row variant {r.get('variant')!r} is not one of {list(FFN_VARIANTS)}")
+        out.append({"shape": shape_label(r), "variant": r["variant"], "median": r["speedup_vs_dense"],
+                    "low": r["speedup_min"], "high": r["speedup_max"], "rounds": len(r["round_speedups"])})
+    return out
+
+
+def paired_figure(data, phase: str = "fwd_bwd"):
+    """Median speed-up over dense per shape, with the lowest and highest round as the error bar."""
+    go = plotly_go()
+    table = paired_speedups(data, phase)
+    if not table:
+        raise ValueError("this recording has no paired rounds (bench-ffn --rounds N records them)")
+    shapes = [s for s in _shapes([dict(zip(("tokens", "d_model", "ffn"), map(int, t["shape"].split("x"))))
+                                  for t in table])]
+    fig = go.Figure()
+    for variant in dict.fromkeys(t["variant"] for t in table):
+        part = [t for t in table if t["variant"] == variant]
+        fig.add_trace(go.Bar(x=[t["shape"] for t in part], y=[t["median"] for t in part], name=variant,
+                             marker_color=COLORS[variant],
+                             error_y={"type": "data", "symmetric": False,
+                                      "array": [t["high"] - t["median"] for t in part],
+                                      "arrayminus": [t["median"] - t["low"] for t in part]}))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="black")
+    fig.update_layout(title=f"Paired rounds, {PHASE_TITLES[phase]}: median speed-up over dense (bars: lowest "
+                            "and highest round)", template="plotly_white", barmode="group", height=420,
+                      xaxis={"title": "tokens x d_model x ffn", "type": "category", "categoryorder": "array",
+                             "categoryarray": shapes}, yaxis={"title": "speedup over dense"})
     return fig
 
 
