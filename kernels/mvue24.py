@@ -209,6 +209,17 @@ def _unit_float(bits):
 
 
 @triton.jit
+def _load_seed(seed, SEED_PTR: tl.constexpr):
+    """The Philox seed: the int argument itself, or (SEED_PTR) the int64 it points to. A seed read
+    from device memory lets a CUDA graph replay draw a new seed each step: the host writes the
+    buffer before each replay, the captured kernel reads it."""
+    if SEED_PTR:
+        return tl.load(seed)
+    else:
+        return seed
+
+
+@triton.jit
 def _uniform(seed, counter, CONSTANT_U: tl.constexpr):
     """v2's uniform per group: tl.rand (CONSTANT_U: 0.5, a timing diagnostic without the RNG)."""
     if CONSTANT_U:
@@ -237,7 +248,8 @@ def _uniforms4(seed, counter, CONSTANT_U: tl.constexpr):
 
 @triton.jit
 def _mvue24_lastdim_kernel(x_ptr, out_ptr, n_groups, seed, BLOCK: tl.constexpr, LEVEL: tl.constexpr,
-                           CONSTANT_U: tl.constexpr):
+                           CONSTANT_U: tl.constexpr, SEED_PTR: tl.constexpr = False):
+    seed = _load_seed(seed, SEED_PTR)
     pid = tl.program_id(0)
     groups = pid * BLOCK + tl.arange(0, BLOCK)
     elems = pid * BLOCK * 4 + tl.arange(0, BLOCK * 4)
@@ -272,7 +284,8 @@ def _join_pair(y00, y01, y10, y11, y20, y21, y30, y31, QUADS: tl.constexpr):
 
 @triton.jit
 def _mvue24_lastdim_quads_kernel(x_ptr, out_ptr, n_groups, seed, QUADS: tl.constexpr, LEVEL: tl.constexpr,
-                                 CONSTANT_U: tl.constexpr):
+                                 CONSTANT_U: tl.constexpr, SEED_PTR: tl.constexpr = False):
+    seed = _load_seed(seed, SEED_PTR)
     # a program: QUADS quads of 4 groups (16 elements); member j of group g of quad q at 16 q + 4 g + j.
     # Two [QUADS, 8] loads (groups 0-1 and 2-3 of each quad, 16 bytes each in bf16) keep a whole
     # quad in one thread, in the layout of the Philox outputs: no shuffle through shared memory.
@@ -297,7 +310,8 @@ def _mvue24_lastdim_quads_kernel(x_ptr, out_ptr, n_groups, seed, QUADS: tl.const
 
 @triton.jit
 def _mvue24_strided_kernel(x_ptr, out_ptr, inner, seed, BLOCK: tl.constexpr, LEVEL: tl.constexpr,
-                           CONSTANT_U: tl.constexpr):
+                           CONSTANT_U: tl.constexpr, SEED_PTR: tl.constexpr = False):
+    seed = _load_seed(seed, SEED_PTR)
     # program (g, j): group-row g (4 consecutive indices along the group dim), columns j*BLOCK..
     g = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -318,7 +332,8 @@ def _mvue24_strided_kernel(x_ptr, out_ptr, inner, seed, BLOCK: tl.constexpr, LEV
 
 @triton.jit
 def _mvue24_strided_quads_kernel(x_ptr, out_ptr, inner, seed, BLOCK: tl.constexpr, LEVEL: tl.constexpr,
-                                 CONSTANT_U: tl.constexpr):
+                                 CONSTANT_U: tl.constexpr, SEED_PTR: tl.constexpr = False):
+    seed = _load_seed(seed, SEED_PTR)
     # program (g, j): group-row g, columns j*BLOCK..; one Philox call per 4 neighbouring columns
     # (column 4 k + m takes the call's output m; quads counted over ceil(inner / 4) per group-row)
     g = tl.program_id(0)
@@ -368,7 +383,8 @@ def _store_group_row(out_ptr, base, inner, ok, y0, y1, y2, y3):
 
 @triton.jit
 def _mvue24_strided_tile16_kernel(x_ptr, out_ptr, n_group_rows, inner, seed, BLOCK: tl.constexpr,
-                                  CONSTANT_U: tl.constexpr):
+                                  CONSTANT_U: tl.constexpr, SEED_PTR: tl.constexpr = False):
+    seed = _load_seed(seed, SEED_PTR)
     # program (t, j): group-rows 4 t .. 4 t + 3 (16 rows), columns j*BLOCK..; one Philox call per
     # column gives the 4 group-rows' uniforms. All 16 rows are loaded before any store (the
     # compiler may not move a load above a store to a possibly aliasing pointer).
@@ -418,6 +434,7 @@ def _launch(x: torch.Tensor, dim: int, seed: int, block: int, num_warps: int | N
     uniform by 0.5: NOT a valid MVUE (deterministic picks), only a timing diagnostic that shows what
     the RNG costs (sparsity_lab.benchmarks.mvue_variants)."""
     out = torch.empty_like(x)
+    seed_ptr = isinstance(seed, torch.Tensor)  # the kernel reads the seed from device memory
     inner = 1
     for size in x.shape[dim + 1:]:
         inner *= size
@@ -427,11 +444,11 @@ def _launch(x: torch.Tensor, dim: int, seed: int, block: int, num_warps: int | N
         n_groups = x.numel() // 4
         if philox4:
             _mvue24_lastdim_quads_kernel[(triton.cdiv(n_groups, block),)](
-                x, out, n_groups, seed, QUADS=block // 4, LEVEL=level, CONSTANT_U=constant_u,
+                x, out, n_groups, seed, QUADS=block // 4, LEVEL=level, CONSTANT_U=constant_u, SEED_PTR=seed_ptr,
                 num_warps=num_warps or DEFAULT_QUAD_WARPS)
         else:
             _mvue24_lastdim_kernel[(triton.cdiv(n_groups, block),)](
-                x, out, n_groups, seed, BLOCK=block, LEVEL=level, CONSTANT_U=constant_u,
+                x, out, n_groups, seed, BLOCK=block, LEVEL=level, CONSTANT_U=constant_u, SEED_PTR=seed_ptr,
                 num_warps=num_warps or DEFAULT_WARPS)
         return out
     n_group_rows = x.numel() // (4 * inner)
@@ -443,16 +460,31 @@ def _launch(x: torch.Tensor, dim: int, seed: int, block: int, num_warps: int | N
                              f"{inner} <= {MAX_NUMEL} (int32 offsets)")
         grid = (triton.cdiv(n_group_rows, 4), triton.cdiv(inner, block))
         _mvue24_strided_tile16_kernel[grid](x, out, n_group_rows, inner, seed, BLOCK=block, CONSTANT_U=constant_u,
+                                            SEED_PTR=seed_ptr,
                                             num_warps=warps)
     elif philox4:
         grid = (n_group_rows, triton.cdiv(inner, block))
         _mvue24_strided_quads_kernel[grid](x, out, inner, seed, BLOCK=block, LEVEL=level, CONSTANT_U=constant_u,
+                                           SEED_PTR=seed_ptr,
                                            num_warps=warps)
     else:
         grid = (n_group_rows, triton.cdiv(inner, block))
         _mvue24_strided_kernel[grid](x, out, inner, seed, BLOCK=block, LEVEL=level, CONSTANT_U=constant_u,
+                                     SEED_PTR=seed_ptr,
                                      num_warps=warps)
     return out
+
+
+def check_seed(seed, x: torch.Tensor) -> None:
+    """seed: an int in [0, MAX_SEED], or a 0-d int64 tensor on x's device holding one (read by the
+    kernel, for CUDA-graph replays; its value is not checked here: that would sync with the GPU)."""
+    if isinstance(seed, torch.Tensor):
+        if seed.dim() != 0 or seed.dtype != torch.int64 or seed.device != x.device:
+            raise ValueError(f"a seed tensor must be a 0-d int64 tensor on {x.device}, got shape "
+                             f"{tuple(seed.shape)}, {seed.dtype} on {seed.device}")
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be an int in [0, {MAX_SEED}] (or a 0-d int64 device tensor), got {seed!r}")
 
 
 def _checked(x: torch.Tensor, dim: int, seed: int, block: int, variant: str) -> tuple[torch.Tensor, int]:
@@ -464,8 +496,7 @@ def _checked(x: torch.Tensor, dim: int, seed: int, block: int, variant: str) -> 
     if x.shape[dim] % 4:
         raise ValueError(f"x has size {x.shape[dim]} along dim {dim}, which is not divisible by 4 "
                          "(MVUE 2:4 needs groups of 4)")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise ValueError(f"seed must be an int in [0, {MAX_SEED}], got {seed!r}")
+    check_seed(seed, x)
     check_device(_mvue24_lastdim_kernel, x=x)
     _check_variant(variant, block)
     return contiguous(x), dim
@@ -476,7 +507,8 @@ def mvue24(x: torch.Tensor, dim: int = -1, seed: int = 0, block: int = DEFAULT_B
     """Unbiased 2:4 sparsification of ``x`` with groups of 4 along ``dim``.
 
     x: float16/bfloat16/float32, ``x.shape[dim] % 4 == 0`` (non-contiguous inputs are copied).
-    seed: int in [0, 2**31 - 1]; the same seed (and variant) gives the same result for any block.
+    seed: int in [0, 2**31 - 1]; the same seed (and variant) gives the same result for any block. Or a
+    0-d int64 tensor on x's device holding such an int (read on the device: CUDA-graph safe).
     block: groups per program (last dim) or columns per program (other dims), a power of two
     (>= 4 for the philox4 variants). num_warps: None picks 8 for groups along the last dim (4 for
     its philox4 variants), 4 otherwise. variant: one of ``VARIANTS`` (see the module docstring).

@@ -26,12 +26,13 @@ import triton.language as tl
 
 from ._common import check_device, check_tensor
 from .compress24 import _pick, _store_compressed
-from .mvue24 import MAX_SEED, _mvue_group_level, _unit_float
+from .mvue24 import _load_seed, _mvue_group_level, _unit_float, check_seed
 
 
 @triton.jit
 def _mvue_compress24_kernel(dz_ptr, vals_ptr, meta_ptr, n_cols, quads_per_row, half_cols, seed, col_tiles,
-                            BLOCK_G: tl.constexpr):
+                            BLOCK_G: tl.constexpr, SEED_PTR: tl.constexpr = False):
+    seed = _load_seed(seed, SEED_PTR)
     row0 = tl.program_id(0) * 64  # rows of A = columns n of dZ
     g0 = tl.program_id(1) * BLOCK_G  # groups of A = token groups of dZ
     n = row0 + tl.arange(0, 64)[:, None]
@@ -60,7 +61,8 @@ def mvue_compress24(dz: torch.Tensor, seed: int = 0, block_groups: int | None = 
                     num_warps: int = 4) -> torch.Tensor:
     """cuSPARSELt's compressed form of ``MVUE(dZ)^T`` (groups of 4 along the tokens), in one pass.
 
-    dz: (tokens, out) contiguous bfloat16 / float16; tokens and out multiples of 64. The bytes equal
+    dz: (tokens, out) contiguous bfloat16 / float16; tokens and out multiples of 64. seed: an int, or a
+    0-d int64 tensor on dz's device holding it (read on the device: CUDA-graph safe). The bytes equal
     ``compress24(mvue24(dz, dim=0, seed=seed).t())`` (``mvue24``'s default variant, level_philox4).
     Returns ``cusparselt_layout.compressed_shape(out, tokens, dz.dtype)`` of dz's dtype.
     """
@@ -75,8 +77,7 @@ def mvue_compress24(dz: torch.Tensor, seed: int = 0, block_groups: int | None = 
     if tokens % 64 or out_f % 64:
         raise ValueError(f"dz has shape {tuple(dz.shape)}; tokens and out must be multiples of 64 "
                          "(use mvue24 then _cslt_compress for other shapes)")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise ValueError(f"seed must be an int in [0, {MAX_SEED}], got {seed!r}")
+    check_seed(seed, dz)
     groups = tokens // 4
     if block_groups is None:
         block_groups = 32 if groups % 32 == 0 else 16
@@ -91,5 +92,5 @@ def mvue_compress24(dz: torch.Tensor, seed: int = 0, block_groups: int | None = 
     meta = out.view(torch.uint8).reshape(-1)[2 * n_values:]
     grid = (out_f // 64, groups // block_groups)
     _mvue_compress24_kernel[grid](dz, values, meta, out_f, out_f // 4, tokens // 2, seed, groups // 8,
-                                  BLOCK_G=block_groups, num_warps=num_warps)
+                                  BLOCK_G=block_groups, SEED_PTR=isinstance(seed, torch.Tensor), num_warps=num_warps)
     return out

@@ -129,6 +129,10 @@ class SparseLinear(nn.Linear):
         self.prepare_count = 0  # how many operands were prepared (diagnostic, not saved)
         self._decayed_at_step = -1  # SR-STE: step whose backward already carries the decay
         self._pending_sum = self._pending_last = None  # flip counts still on the device
+        # CUDA-graph step (sparsity_lab.graph_step): the MVUE seed lives in this 0-d int64 device tensor,
+        # written by the host before each replay; None in eager mode
+        self._graph_seed: torch.Tensor | None = None
+        self._graph_calls = 0  # forward calls that used _graph_seed (one per captured step is supported)
         self._last_flips = self._flips_total = 0
         for name in _COUNTERS:
             setattr(self, name, 0)
@@ -288,6 +292,14 @@ class SparseLinear(nn.Linear):
         self.mvue_calls += 1
         return gen
 
+    def _seed_for_backward(self, device: torch.device):
+        """What the backend draws MVUE from: this call's CPU generator (eager), or under a CUDA-graph
+        step the device seed tensor that the step fills before each replay (``graph_step.fill_seeds``)."""
+        if self._graph_seed is None or not self.method.mvue:
+            return self._generator(device)
+        self._graph_calls += 1
+        return self._graph_seed
+
     def _backward_decay(self) -> float:
         """SR-STE's decay, once per optimizer step: with k gradient-accumulation micro-steps (each
         loss divided by k) the term keeps the size it has without accumulation. Under a
@@ -317,7 +329,7 @@ class SparseLinear(nn.Linear):
         plan = _BackwardPlan(
             backend=self.backend, operand=self._operand(dtype, backward=grad_needed), dtype=dtype, mask=self.mask,
             decay=self._backward_decay() if grad_needed else 0.0, mvue=self.method.mvue,
-            generator=self._generator(x.device) if grad_needed else None,
+            generator=self._seed_for_backward(x.device) if grad_needed else None,
         )
         return _SparseLinearFn.apply(x, self.weight, self.bias, plan)
 

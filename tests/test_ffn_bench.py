@@ -7,7 +7,7 @@ import pytest
 
 import statistics
 
-from sparsity_lab.benchmarks.ffn_speed import (GPT_VARIANTS, PAIRED_VARIANTS, PHASES, SMOKE, THRESHOLDS, VARIANTS,
+from sparsity_lab.benchmarks.ffn_speed import (GPT_VARIANTS, GRAPH_VARIANTS, PAIRED_VARIANTS, PHASES, SMOKE, THRESHOLDS, VARIANTS,
                                                judge_targets)
 from sparsity_lab.cli import main
 
@@ -62,7 +62,9 @@ def test_smoke_json_has_the_schema_and_every_row(smoke):
 def test_smoke_graph_and_gpt_sections(smoke):
     result, _ = smoke
     modes = {(r["variant"], r["mode"]) for r in result["graph"]}
-    assert modes == {(v, m) for v in ("dense", "ours_mvue") for m in ("eager", "graph")}
+    assert modes == {(v, m) for v in GRAPH_VARIANTS for m in ("eager", "graph")}
+    assert {(r["tokens"], r["d_model"]) for r in result["graph"]} == {(t, d) for t in SMOKE["tokens"]
+                                                                      for d in SMOKE["d_model"]}
     for row in result["graph"]:
         if row["mode"] == "eager":
             assert row["ms"] > 0
@@ -117,9 +119,11 @@ def test_smoke_targets_are_the_measured_rows(smoke):
         assert targets[key]["measured"] == pytest.approx(worst) and targets[key]["complete"]
         assert all(p["source"] == "paired" for p in targets[key]["points"])
     assert targets["gpt_step"]["measured"] == result["gpt_step"]["variants"]["ours_mvue"]["speedup_vs_dense"]
+    # no CUDA graph on the CPU: that target is unmeasured, so not met
+    assert targets["auto_every_grid_point_graph"]["measured"] is None
     for name, target in targets.items():
         assert target["threshold"] == THRESHOLDS[name]
-        assert target["met"] == (target["measured"] >= target["threshold"])
+        assert target["met"] == (target["measured"] is not None and target["measured"] >= target["threshold"])
     last = stdout.strip().splitlines()[-len(targets):]
     assert all(line.startswith("target ") and "SMOKE" in line for line in last)
     assert all(("-> met" in line) == t["met"] for line, t in zip(last, targets.values()))
@@ -138,7 +142,7 @@ def test_judge_targets_follows_the_numbers():
     gpt = {"config": {"d_model": 32}, "variants": {"ours_mvue": {"speedup_vs_dense": 1.16}}}
     t = judge_targets(_rows(values), gpt, (8, 32), grid)
     # no ours_mvue_dense_products rows: the auto-vs-dense-products target is unmeasured, so not met
-    assert [t[k]["met"] for k in THRESHOLDS] == [True, False, True, False, True]
+    assert [t[k]["met"] for k in THRESHOLDS] == [True, False, True, False, False, True]
     assert t["ffn_fwd_bwd_ours_mvue"]["measured"] == 1.40 and t["auto_every_grid_point"]["measured"] == 0.98
 
     values[(8, 32, "ours_mvue", "fwd_bwd")] = 1.34
@@ -146,7 +150,7 @@ def test_judge_targets_follows_the_numbers():
     values[(8, 16, "auto", "fwd_bwd")] = 0.96
     gpt["variants"]["ours_mvue"]["speedup_vs_dense"] = 1.14
     t = judge_targets(_rows(values), gpt, (8, 32), grid)
-    assert [t[k]["met"] for k in THRESHOLDS] == [False, True, False, False, False]
+    assert [t[k]["met"] for k in THRESHOLDS] == [False, True, False, False, False, False]
 
 
 def test_auto_against_the_dense_products_of_the_same_method():
@@ -160,6 +164,17 @@ def test_auto_against_the_dense_products_of_the_same_method():
     rows[1]["ms"] = 0.9  # auto 10 % slower than the dense products at one point
     t = judge_targets(rows, None, (8, 32), grid)["auto_vs_dense_products"]
     assert t["measured"] == pytest.approx(0.9) and not t["met"]
+
+
+def test_auto_under_graph_replay_is_judged_from_the_graph_rows():
+    grid = [(8, 16), (8, 32)]
+    graph = [{"tokens": 8, "d_model": d, "variant": v, "mode": m, "ms": ms}
+             for d, v, m, ms in ((16, "dense", "graph", 1.0), (16, "auto", "graph", 1.02), (16, "auto", "eager", 9.0),
+                                 (32, "dense", "graph", 2.0), (32, "auto", "graph", 1.5))]
+    t = judge_targets([], None, (8, 32), grid, None, graph)["auto_every_grid_point_graph"]
+    assert t["measured"] == pytest.approx(1 / 1.02) and t["met"] and t["complete"]
+    t = judge_targets([], None, (8, 32), grid, None, graph[:3])["auto_every_grid_point_graph"]
+    assert not t["complete"] and not t["met"]
 
 
 def test_paired_rounds_decide_the_target_shape():

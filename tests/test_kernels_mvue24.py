@@ -204,3 +204,25 @@ def test_baseline_variants_warn_and_the_default_does_not():
         warnings.simplefilter("error")
         mod.mvue24(x)
     assert mod.DEFAULT_VARIANT == "level_philox4"
+
+
+@pytest.mark.parametrize("dim", [0, -1])
+@pytest.mark.parametrize("variant", ["level_philox4", "level", "level_philox4_tile16"])
+def test_a_seed_read_from_device_memory_draws_what_the_int_draws(dim, variant):
+    """The CUDA-graph path: the seed as a 0-d int64 tensor (read by the kernel) gives the same result."""
+    if variant == "level_philox4_tile16" and dim == -1:
+        pytest.skip("tile16 groups along dim 0 only")
+    x = torch.randn(64, 96).to(torch.bfloat16).to(DEVICE)
+    seed = 987654
+    as_int = mvue24(x, dim=dim, seed=seed, variant=variant)
+    as_tensor = mvue24(x, dim=dim, seed=torch.tensor(seed, device=DEVICE), variant=variant)
+    assert torch.equal(as_int, as_tensor)
+    assert not torch.equal(as_int, mvue24(x, dim=dim, seed=torch.tensor(seed + 1, device=DEVICE), variant=variant))
+
+
+def test_a_seed_tensor_must_be_a_0d_int64_on_the_device():
+    x = torch.randn(8, 16).to(DEVICE)
+    with pytest.raises(ValueError, match="0-d int64"):
+        mvue24(x, seed=torch.tensor([1], device=DEVICE))
+    with pytest.raises(ValueError, match="0-d int64"):
+        mvue24(x, seed=torch.tensor(1, dtype=torch.int32, device=DEVICE))

@@ -159,6 +159,10 @@ class CusparseltBackend:
         self._reference = TorchBackend()
         self._kernels = None
 
+    def __deepcopy__(self, memo):
+        # one backend per process (its algorithm cache and auto decisions): a deep-copied model shares it
+        return self
+
     # --- masks and weights: Triton kernels on CUDA tensors, the reference elsewhere -----------------
     def _k(self):
         if self._kernels is None:

@@ -42,6 +42,10 @@ class TritonBackend:
         self._k = kernels
         self._reference = TorchBackend()
 
+    def __deepcopy__(self, memo):
+        # one backend per process (backends.get_backend): a deep-copied model shares it
+        return self
+
     def mask(self, weight, n, m, transposable):
         _check_24(n, m)
         if transposable:
@@ -83,14 +87,17 @@ class TritonBackend:
         self._k.masked_decay_(grad, weight, mask, decay)
 
     @staticmethod
-    def _seed(generator: torch.Generator | None) -> int:
-        """A Philox seed drawn from ``generator`` (reproducible), or from torch's default generator.
+    def _seed(generator: torch.Generator | torch.Tensor | None) -> int | torch.Tensor:
+        """A Philox seed drawn from ``generator`` (reproducible), or from torch's default generator;
+        a 0-d int64 device tensor (the seed of a CUDA-graph step) is passed through to the kernel.
 
         SparseLinear passes a CPU generator, so this draw needs no host-device sync; a CUDA
         generator would cost one tiny device draw and a sync per weight gradient.
         """
         from ..kernels.mvue24 import MAX_SEED
 
+        if isinstance(generator, torch.Tensor):  # a device seed (CUDA-graph step): the kernel reads it
+            return generator
         if generator is None:
             return int(torch.randint(0, MAX_SEED + 1, (1,)).item())
         return int(torch.randint(0, MAX_SEED + 1, (1,), generator=generator, device=generator.device).item())

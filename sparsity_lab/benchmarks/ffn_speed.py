@@ -62,7 +62,7 @@ VARIANTS = ("dense", "ours_fixed_mask", "ours_mask_every_step", "ours_mvue", "ou
 OURS = ("ours_fixed_mask", "ours_mask_every_step", "ours_mvue", "ours_mvue_dense_products", "auto")  # SparseLinear
 PAIRED_VARIANTS = ("dense", "ours_mvue", "ours_mvue_dense_products", "auto")
 PHASES = ("fwd_bwd", "fwd")
-GRAPH_VARIANTS = ("dense", "ours_mvue")
+GRAPH_VARIANTS = ("dense", "ours_mvue", "ours_mvue_dense_products", "auto")
 # ours_mvue_dense_products: the same S-STE + MVUE training on dense products, to check ours_mvue's loss
 GPT_VARIANTS = ("dense", "ours_mvue", "ours_mvue_dense_products", "ours_mask_every_step")
 MIN_ROUND_MS = 100.0  # a paired timing spans at least this long ...
@@ -73,7 +73,7 @@ SMOKE_NAME = "cusparselt_ffn_smoke"
 
 # issue 4's targets: name -> threshold
 THRESHOLDS = {"ffn_fwd_bwd_ours_mvue": 1.35, "ffn_fwd_ours": 1.5, "auto_every_grid_point": 0.97,
-              "auto_vs_dense_products": 0.97, "gpt_step": 1.15}
+              "auto_vs_dense_products": 0.97, "auto_every_grid_point_graph": 0.97, "gpt_step": 1.15}
 
 FULL = dict(tokens=[4096, 16384], d_model=[1024, 2048, 4096, 8192], target=(16384, 4096),
             gpt=dict(n_layer=2, n_head=32, d_model=4096, context=1024, batch=16))
@@ -88,9 +88,11 @@ NOTES = {
                                "to_sparse_semi_structured, never again; fwd_bwd computes the input gradient only "
                                "(no weight gradient), so it does less work than dense",
     "ffn_fwd": "the FFN forward: both products and the GELU (ours: operand prepared once, reused)",
-    "graph": "one fwd_bwd step captured in a CUDA graph after warm-up on a side stream; for ours the mask is "
-             "recomputed eagerly before each replay (its flip count syncs with the host, which a capture cannot), "
-             "pruning, compression, products and MVUE replay inside the graph; replays reuse the captured MVUE seed",
+    "graph": "one fwd_bwd step (loss = sum(y * dy), so dy reaches y as in the eager step) through "
+             "sparsity_lab.CudaGraphStep: eager warm-up steps, one capture, then replays; the mask is refreshed "
+             "eagerly before each replay when due, the operands (soft threshold, compression), products and MVUE "
+             "replay inside the graph, each MVUE seed written to the device before the replay (the draws eager "
+             "mode would make)",
     "gpt_step": "AdamW (fused on CUDA) step included, bf16 autocast with fp32 master weights, random bytes",
     "paired": "at every grid shape the PAIRED variants are built first, then timed in rounds: each round times "
               "each variant (reps calls, the order rotated every round) and takes dense ms / variant ms within "
@@ -562,38 +564,30 @@ def measure_paired(tokens: int, d: int, s: Settings, rec: Recorder) -> list[dict
 
 # --- eager against CUDA graph --------------------------------------------------------------------------
 def graph_step_ms(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, s: Settings) -> float:
-    """Milliseconds per step with forward+backward replayed from a CUDA graph (see NOTES["graph"])."""
-    from ..training_hooks import sparse_layers
+    """Milliseconds per training step replayed by ``CudaGraphStep`` (see NOTES["graph"])."""
+    from ..graph_step import CudaGraphStep
+    from ..training_hooks import advance_step, sparse_layers
 
     if s.device.type != "cuda":
         raise RuntimeError("CUDA graphs need a CUDA GPU (this run is on the CPU)")
-    layers = [layer for _, layer in sparse_layers(model)]
-    step = train_step(model, x, dy)
-    params = [p for p in model.parameters() if p.requires_grad]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # algorithm search, Triton compiles, allocations: all before the capture
-        for _ in range(max(2, s.warmup)):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
+    sparse = bool(sparse_layers(model))
+
+    def loss_fn(model: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+        return (model(x) * dy).sum()  # d loss / d y = dy, as y.backward(dy) in the eager step
+
+    graphed = CudaGraphStep(model, loss_fn, warmup_steps=max(2, s.warmup))
+
+    def step() -> None:
+        graphed(x, dy)
+        if sparse:
+            advance_step(model)  # what attach_optimizer's post-hook does after optimizer.step()
+    for _ in range(graphed.warmup_steps + 1):  # eager warm-up steps, then the capture and a first replay
+        step()
     torch.cuda.synchronize()
-
-    def refresh_masks() -> None:  # this step's mask, eagerly; leaves the operand to be prepared in the graph
-        for layer in layers:
-            layer.refresh_mask()
-
-    refresh_masks()
-    for p in params:
-        p.grad = None
-    x.grad = None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        model(x).backward(dy)
-
-    def replay() -> None:
-        refresh_masks()
-        graph.replay()
-    return median_ms(replay, s)
+    try:
+        return median_ms(step, s)
+    finally:
+        graphed.release()
 
 
 def measure_graph(tokens: int, d: int, s: Settings, rec: Recorder) -> list[dict]:
@@ -705,7 +699,8 @@ def _target(description: str, threshold: float, measured: float | None, **extra)
 
 
 def judge_targets(rows: list[dict], gpt_step: dict | None, target: tuple[int, int],
-                  grid: list[tuple[int, int]], paired: list[dict] | None = None) -> dict[str, dict]:
+                  grid: list[tuple[int, int]], paired: list[dict] | None = None,
+                  graph: list[dict] | None = None) -> dict[str, dict]:
     """Issue 4's targets from the measured rows: measured value and met (False when not measured).
 
     At the target shape the paired rounds decide where they measured the variant (NOTES["paired"]);
@@ -769,6 +764,17 @@ def judge_targets(rows: list[dict], gpt_step: dict | None, target: tuple[int, in
         "auto_vs_dense_products", "ours_mvue_dense_products",
         "auto against the same method with every product dense (ours_mvue_dense_products), "
         "forward+backward, every grid point")
+    # under CUDA-graph replay (CudaGraphStep), dense replayed against auto replayed, per grid point
+    g_ms = {(r["tokens"], r["d_model"], r["variant"]): r.get("ms") for r in graph or [] if r.get("mode") == "graph"}
+    g_points = [{"tokens": t, "d_model": dd, "ratio": g_ms[(t, dd, "dense")] / a}
+                for (t, dd, v), a in g_ms.items() if v == "auto" and a and g_ms.get((t, dd, "dense"))]
+    g_complete = {(p["tokens"], p["d_model"]) for p in g_points} >= set(grid)
+    g_target = _target("auto forward+backward under CUDA-graph replay (CudaGraphStep), every grid point, against "
+                       "dense replayed the same way", THRESHOLDS["auto_every_grid_point_graph"],
+                       min((p["ratio"] for p in g_points), default=None), points=g_points, grid_points=len(grid),
+                       grid_points_measured=len(g_points), complete=g_complete)
+    g_target["met"] = g_target["met"] and g_complete
+    targets["auto_every_grid_point_graph"] = g_target
     gpt_value = None
     if gpt_step:
         gpt_value = gpt_step.get("variants", {}).get("ours_mvue", {}).get("speedup_vs_dense")
@@ -786,8 +792,8 @@ def shape_order(s: Settings) -> list[tuple[int, int]]:
 
 
 def graph_shapes(s: Settings) -> list[tuple[int, int]]:
-    smallest = min(s.grid, key=lambda p: (p[0] * p[1] * p[1], p))
-    return list(dict.fromkeys(p for p in (s.target, smallest) if p in s.grid))
+    """Every grid shape, the target first: auto's target is judged under graph replay too."""
+    return shape_order(s)
 
 
 def benchmark(s: Settings) -> dict:
@@ -834,7 +840,7 @@ def benchmark(s: Settings) -> dict:
         "reps": s.reps, "warmup": s.warmup, "budget_s": s.budget_s, "notes": NOTES,
         "rows": rows, "shapes": shapes, "paired": paired, "graph": graph, "gpt_step": gpt_step,
         "backend_report": reports, "rounds": s.rounds,
-        "targets": judge_targets(rows, gpt_step, s.target, s.grid, paired),
+        "targets": judge_targets(rows, gpt_step, s.target, s.grid, paired, graph),
         "skipped": rec.skipped, "errors": rec.errors, "elapsed_s": rec.elapsed(),
     }
 

@@ -1,0 +1,180 @@
+"""A training step's forward and backward captured once in a CUDA graph and replayed every step.
+
+Why: in eager mode every 2:4 layer launches its mask, flip-count, soft-threshold, MVUE and compression
+kernels from Python and each ``torch._cslt_sparse_mm`` call costs about 0.6 ms of host time
+(FACTS.md), so small and medium layers are host-bound (``results/cusparselt_NOTES.md``: the fully
+sparse FFN step at 4096 tokens x d_model 1024 runs 0.06x of dense eager, 0.65x under graph replay).
+A replay launches the whole captured step at once.
+
+What stays exact: a replay draws the MVUE numbers eager mode would draw. Each MVUE layer reads its
+seed from a 0-d int64 device tensor that the host writes before every replay with the value the
+eager step would have used (the layer's counter-based generator advances as in eager mode), so a
+run is reproducible and resumes exactly from a checkpoint, graphed or not. Masks are refreshed
+eagerly before each replay when due (the flip counts stay exact); the prepared operands (soft
+threshold, compression) are rebuilt inside the graph from the current weights.
+
+Usage::
+
+    step = CudaGraphStep(model, loss_fn)      # loss_fn(model, *inputs) -> scalar loss
+    for x, y in batches:
+        loss = step(x, y)                     # forward + backward; grads in p.grad
+        optimizer.step()                      # eager (attach_optimizer's hooks run as usual)
+
+Limits (each raises or is documented): CUDA tensors only; the inputs keep their shapes and dtypes
+(a new shape recaptures); every SparseLinear runs once per step; one micro-step per optimizer step
+(a replay overwrites the gradients, it does not add to them); MVUE needs backend "triton",
+"cusparselt" or "cusparselt_auto" (the reference backend draws on the host). Under autocast, use
+``torch.autocast(..., cache_enabled=False)`` inside ``loss_fn`` (PyTorch's rule for graphs). A change
+of phase (the dense fine-tune switch) recaptures. ``recaptures`` counts captures.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .layers import SparseLinear
+from .training_hooks import sparse_layers
+
+DEVICE_SEED_BACKENDS = ("triton", "cusparselt", "cusparselt_auto")
+
+
+def mvue_layers(model: nn.Module) -> list[SparseLinear]:
+    return [layer for _, layer in sparse_layers(model) if layer.method.mvue]
+
+
+def fill_seeds(layers: list[SparseLinear]) -> None:
+    """Write each MVUE layer's seed for this step into its device seed tensor: the value the eager
+    step would draw (the layer's generator for its next call, advancing ``mvue_calls`` as eager does)."""
+    from .backends.triton_backend import TritonBackend
+
+    for layer in layers:
+        seed = TritonBackend._seed(layer._generator(layer._graph_seed.device))
+        layer._graph_seed.fill_(seed)
+
+
+def use_device_seeds(layers: list[SparseLinear], device: torch.device) -> None:
+    """Give every MVUE layer a device seed tensor (CUDA-graph mode); refuse backends that draw on the host."""
+    for layer in layers:
+        if layer.backend.name not in DEVICE_SEED_BACKENDS:
+            raise ValueError(
+                f"a CUDA-graph step needs the MVUE layers on backend {' / '.join(DEVICE_SEED_BACKENDS)} (their "
+                f"kernels read the seed on the device); this layer runs {layer.backend.name!r}")
+        if layer._graph_seed is None or layer._graph_seed.device != device:
+            layer._graph_seed = torch.zeros((), dtype=torch.int64, device=device)
+
+
+def release_device_seeds(layers: list[SparseLinear]) -> None:
+    """Back to eager mode: the layers draw from their host generators again."""
+    for layer in layers:
+        layer._graph_seed = None
+
+
+def refresh_due_masks(model: nn.Module) -> None:
+    """Recompute the masks that are due now, eagerly (so the captured step never contains it)."""
+    with torch.no_grad():
+        for _, layer in sparse_layers(model):
+            if layer.mask_due():
+                layer.refresh_mask()
+
+
+class CudaGraphStep:
+    """``loss = step(*inputs)``: forward + backward of ``loss_fn(model, *inputs)``, replayed from a
+    CUDA graph after ``warmup_steps`` eager steps (see the module docstring).
+
+    model: on a CUDA device. loss_fn(model, *inputs) -> 0-d loss (call ``.backward()`` not inside it).
+    warmup_steps: eager steps on a side stream first (Triton compiles, cuSPARSELt algorithm searches,
+    allocations, the auto policy's measurements; PyTorch asks for warm-up before capture).
+    The returned loss is a tensor the next replay overwrites: ``.item()`` or ``.clone()`` it to keep it.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: Callable[..., torch.Tensor], warmup_steps: int = 3) -> None:
+        if not callable(loss_fn):
+            raise TypeError(f"loss_fn must be callable (loss_fn(model, *inputs) -> loss), got {type(loss_fn).__name__}")
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
+            raise ValueError(f"warmup_steps must be an int >= 1, got {warmup_steps!r}")
+        self.model, self.loss_fn, self.warmup_steps = model, loss_fn, warmup_steps
+        self.steps = 0
+        self.recaptures = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self._key = None
+        self._static_inputs: tuple[torch.Tensor, ...] = ()
+        self._static_loss: torch.Tensor | None = None
+        self._static_grads: list[tuple[nn.Parameter, torch.Tensor]] = []
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._mvue = mvue_layers(model)
+
+    # --- checks ---------------------------------------------------------------------------------------
+    def _check_inputs(self, inputs: tuple) -> torch.device:
+        if not torch.cuda.is_available():
+            raise RuntimeError("CudaGraphStep needs a CUDA GPU (torch.cuda.is_available() is False); "
+                               "train eagerly on this machine")
+        if not inputs or not all(isinstance(t, torch.Tensor) for t in inputs):
+            raise TypeError("the step's inputs must be one or more tensors")
+        devices = {t.device for t in inputs} | {p.device for p in self._params}
+        if len(devices) != 1 or next(iter(devices)).type != "cuda":
+            raise ValueError(f"the inputs and the model must be on one CUDA device, got {sorted(map(str, devices))}")
+        return next(iter(devices))
+
+    def _state_key(self, inputs: tuple) -> tuple:
+        """What the captured graph depends on: the inputs' shapes and dtypes and each layer's phase."""
+        phases = tuple(layer.dense_now for _, layer in sparse_layers(self.model))
+        return tuple((tuple(t.shape), t.dtype) for t in inputs), phases
+
+    # --- the step -------------------------------------------------------------------------------------
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        device = self._check_inputs(inputs)
+        self.steps += 1
+        if self.steps <= self.warmup_steps:
+            return self._eager(inputs)
+        key = self._state_key(inputs)
+        if self.graph is None or key != self._key:
+            self._capture(inputs, device, key)
+        for static, given in zip(self._static_inputs, inputs):
+            static.copy_(given)
+        refresh_due_masks(self.model)
+        fill_seeds(self._mvue)
+        self.graph.replay()
+        for p, grad in self._static_grads:  # a zero_grad(set_to_none=True) between steps must not lose them
+            p.grad = grad
+        return self._static_loss
+
+    def _eager(self, inputs: tuple) -> torch.Tensor:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            loss = self.loss_fn(self.model, *inputs)
+            loss.backward()
+        torch.cuda.current_stream().wait_stream(side)
+        return loss.detach()
+
+    def _capture(self, inputs: tuple, device: torch.device, key: tuple) -> None:
+        self.graph = None  # free the previous graph's memory pool first
+        torch.cuda.synchronize()
+        use_device_seeds(self._mvue, device)
+        refresh_due_masks(self.model)
+        self._static_inputs = tuple(t.detach().clone() for t in inputs)
+        for _, layer in sparse_layers(self.model):
+            layer._operand_cache = None  # the operand must be prepared inside the graph
+            layer._graph_calls = 0
+        for p in self._params:
+            p.grad = None  # the backward allocates the gradients in the graph's pool
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            loss = self.loss_fn(self.model, *self._static_inputs)
+            loss.backward()
+        twice = [layer for layer in self._mvue if layer._graph_calls != 1]
+        if twice:
+            raise RuntimeError(f"{len(twice)} MVUE layer(s) ran {twice[0]._graph_calls} times in one captured step; "
+                               "CudaGraphStep supports each SparseLinear running once per step")
+        for _, layer in sparse_layers(self.model):
+            layer._operand_cache = None  # the captured operand's cache key must not serve an eager call
+        self.graph, self._key, self._static_loss = graph, key, loss.detach()
+        self._static_grads = [(p, p.grad) for p in self._params if p.grad is not None]
+        self.recaptures += 1
+
+    def release(self) -> None:
+        """Drop the graph and go back to eager mode (the layers draw MVUE seeds on the host again)."""
+        self.graph = None
+        release_device_seeds(self._mvue)
