@@ -585,9 +585,19 @@ def graph_step_ms(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, s: Settin
         step()
     torch.cuda.synchronize()
     try:
-        return median_ms(step, s)
+        return median_ms(step, _long_enough(step, s))
     finally:
         graphed.release()
+
+
+def _long_enough(fn: Callable[[], None], s: Settings) -> Settings:
+    """Settings whose timing spans at least MIN_ROUND_MS (ten calls of a 0.4 ms step are host jitter)."""
+    import dataclasses
+
+    if s.smoke:
+        return s
+    ms = median_ms(fn, dataclasses.replace(s, warmup=0, reps=3))
+    return dataclasses.replace(s, warmup=0, reps=max(s.reps, min(MAX_ROUND_REPS, math.ceil(MIN_ROUND_MS / ms))))
 
 
 def measure_graph(tokens: int, d: int, s: Settings, rec: Recorder) -> list[dict]:
@@ -608,7 +618,8 @@ def measure_graph(tokens: int, d: int, s: Settings, rec: Recorder) -> list[dict]
             eager["error"] = graph["error"] = err_build
             continue
         try:
-            eager["ms"], e = rec.attempt(f"{label} eager", lambda: median_ms(train_step(model, *inputs), s))
+            eager["ms"], e = rec.attempt(f"{label} eager", lambda: median_ms(train_step(model, *inputs),
+                                                                         _long_enough(train_step(model, *inputs), s)))
             if e:
                 eager["error"] = e
             graph["ms"], e = rec.attempt(f"{label} capture+replay", lambda: graph_step_ms(model, *inputs, s))
