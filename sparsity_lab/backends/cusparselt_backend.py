@@ -13,9 +13,12 @@ it as a transposed row-major operand) and ask ``transpose_result=True``, so the 
 Z or dX, row-major, with no transpose after. The weight gradient passes X as it is and takes the
 result as dW (``transpose_result=False``; the other layout is measured by the probe).
 
-Per optimizer step: ``prepare`` wraps S(W) (already masked, in the compute dtype) in a
-:class:`CusparseltOperand`; the compressed S(W) and S(W)^T are built on first use and reused by
-every micro-step (the layer caches the operand per step). Both exist only because the mask is
+Per optimizer step: ``prepare_masked`` (what SparseLinear calls) makes a :class:`CusparseltOperand`
+from W, the mask and beta; on first use kernel 11 (``kernels/prepare24.py``) writes the compressed
+S(W) and S(W)^T in one pass over W, and the dense S(W) is made only if a dense product asks for it
+(``prepare`` wraps an already masked S(W) instead). The operand is reused by every micro-step (the
+layer caches it per step). The MVUE operand of the weight gradient is drawn straight into the
+compressed layout by kernel 10 (``kernels/mvue_compress24.py``). Both exist only because the mask is
 transposable: S(W)^T is 2:4 along ``out`` only then, so ``mask`` refuses ``transposable=False``.
 Masks, the soft threshold, MVUE and the masked decay use the Triton kernels on CUDA tensors (the
 reference on CPU tensors, e.g. a layer built on the CPU before ``.cuda()``).
