@@ -618,8 +618,8 @@ def measure_graph(tokens: int, d: int, s: Settings, rec: Recorder) -> list[dict]
             eager["error"] = graph["error"] = err_build
             continue
         try:
-            eager["ms"], e = rec.attempt(f"{label} eager", lambda: median_ms(train_step(model, *inputs),
-                                                                         _long_enough(train_step(model, *inputs), s)))
+            eager_step = train_step(model, *inputs)
+            eager["ms"], e = rec.attempt(f"{label} eager", lambda: median_ms(eager_step, _long_enough(eager_step, s)))
             if e:
                 eager["error"] = e
             graph["ms"], e = rec.attempt(f"{label} capture+replay", lambda: graph_step_ms(model, *inputs, s))
