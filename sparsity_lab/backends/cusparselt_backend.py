@@ -60,7 +60,7 @@ from .auto_policy import PRODUCTS, AutoPolicy, ProductShape
 from .cusparselt_algorithms import AlgorithmCache, ProductKey, synthetic_operands
 from ..methods.flip_rate import mask_flips_tensor
 from .cusparselt_layout import fast_layout_problem
-from .cusparselt_ops import (PRODUCT_DTYPES, SPARSE_MULTIPLE, TorchCusparseltOps, check_product_dtype,
+from .cusparselt_ops import (PRODUCT_DTYPES, SPARSE_MULTIPLE, check_product_dtype,
                              check_sparse_shape, padded, sparse_shape_problem, transposed_view, unavailable_reason)
 from .torch_reference import TorchBackend
 
@@ -144,7 +144,10 @@ class CusparseltBackend:
     def __init__(self, ops: Any = None, policy: AutoPolicy | None = None, sweep: bool = True,
                  grad_weight_transpose_result: bool = False, fast_compress: bool = True,
                  fused_mvue_compress: bool = True, fused_prepare: bool = True) -> None:
-        self._ops = ops if ops is not None else TorchCusparseltOps()
+        if ops is None:  # the direct binding (cached plans), PyTorch's ops if it cannot start (warned)
+            from .cusparselt_direct import make_ops
+            ops = make_ops()
+        self._ops = ops
         self.policy = policy
         self.name = "cusparselt" if policy is None else "cusparselt_auto"
         self.algorithms = AlgorithmCache(self._ops, sweep=sweep)
@@ -449,7 +452,8 @@ class CusparseltBackend:
         return plan
 
     def summary(self) -> dict:
-        return {"name": self.name, "stats": dict(self.stats),
+        return {"name": self.name, "ops": getattr(self._ops, "name", type(self._ops).__name__),
+                "ops_fallbacks": dict(getattr(self._ops, "fallbacks", {})), "stats": dict(self.stats),
                 "slow_compress_reasons": dict(self.slow_compress_reasons), "algorithms": self.algorithms.summary(),
                 "decisions": [dict(product=d.shape.product, m=d.shape.m, k=d.shape.k, n=d.shape.n,
                                    dtype=d.shape.dtype, sparse=d.sparse, dense_ms=d.dense_ms,

@@ -160,6 +160,8 @@ class TorchCusparseltOps:
     the environment (raises :class:`CusparseltUnavailable`). Tests swap in a CPU stand-in with the
     same methods (tests/test_cusparselt_backend.py) to check the backend's operand order."""
 
+    name = "torch"
+
     def __init__(self) -> None:
         require_cusparselt()
 
