@@ -48,8 +48,11 @@ def test_operand_shape_refuses_dtypes():
 
 
 def test_operand_shape_refuses_ranks():
-    with pytest.raises(ValueError, match="1-D compressed"):
-        direct.operand_shape(torch.empty(9, 16, dtype=torch.bfloat16), torch.empty(16, 16, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="compressed must be contiguous"):
+        direct.operand_shape(torch.empty(16, 9, dtype=torch.bfloat16).t(), torch.empty(16, 16, dtype=torch.bfloat16))
+    # 2-D, as PyTorch 2.11's _cslt_compress returns it: read by its element count
+    assert direct.operand_shape(torch.empty(16, 9, dtype=torch.bfloat16),
+                                torch.empty(16, 32, dtype=torch.bfloat16)) == (16, 16, 32, False)
     with pytest.raises(ValueError, match="b must be 2-D"):
         direct.operand_shape(_compressed(16, 16), torch.empty(16, dtype=torch.bfloat16))
 

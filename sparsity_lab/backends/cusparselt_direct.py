@@ -163,12 +163,15 @@ class _Plan:
 
 
 def operand_shape(compressed: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int, bool]:
-    """(m, k, n, b_transposed) of ``A @ B`` from the compressed A (1-D) and B (k, n), checked.
+    """(m, k, n, b_transposed) of ``A @ B`` from the compressed A and B (k, n), checked.
+
+    The compressed A is read by its element count (PyTorch 2.11 returns it 2-D (m, 9k/16), older
+    builds and ``kernels/compress24.py`` 1-D); it must be contiguous.
 
     B must be contiguous or the ``.t()`` of a contiguous (n, k) tensor (the two layouts the
     descriptors describe); m is inferred from A's size as PyTorch does (9/16 of m*k for 16-bit)."""
-    if compressed.dim() != 1:
-        raise ValueError(f"compressed must be the 1-D compressed operand, got shape {tuple(compressed.shape)}")
+    if not compressed.is_contiguous():
+        raise ValueError(f"compressed must be contiguous (the compressed operand), got strides {compressed.stride()}")
     if b.dim() != 2:
         raise ValueError(f"b must be 2-D (k, n), got shape {tuple(b.shape)}")
     if b.dtype not in CUDA_TYPES or compressed.dtype != b.dtype:
