@@ -453,7 +453,7 @@ class CusparseltBackend:
 
     def summary(self) -> dict:
         return {"name": self.name, "ops": getattr(self._ops, "name", type(self._ops).__name__),
-                "ops_fallbacks": dict(getattr(self._ops, "fallbacks", {})), "stats": dict(self.stats),
+                "ops_stats": dict(getattr(self._ops, "stats", {})), "stats": dict(self.stats),
                 "slow_compress_reasons": dict(self.slow_compress_reasons), "algorithms": self.algorithms.summary(),
                 "decisions": [dict(product=d.shape.product, m=d.shape.m, k=d.shape.k, n=d.shape.n,
                                    dtype=d.shape.dtype, sparse=d.sparse, dense_ms=d.dense_ms,

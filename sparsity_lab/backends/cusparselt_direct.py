@@ -194,8 +194,9 @@ def operand_shape(compressed: torch.Tensor, b: torch.Tensor) -> tuple[int, int, 
 
 class DirectCusparseltOps(TorchCusparseltOps):
     """:class:`TorchCusparseltOps` with ``mm`` through cached plans (compression, the algorithm search
-    and timing stay PyTorch's: they run once per shape). Pointers cuSPARSELt cannot take (not 16-byte
-    aligned) go through PyTorch's ``_cslt_sparse_mm``, counted in ``fallbacks`` with the reason."""
+    and timing stay PyTorch's: they run once per shape). An operand whose address is not 16-byte
+    aligned (a view into another tensor; cuSPARSELt refuses it, as PyTorch's call does) is copied
+    to a fresh, aligned tensor of the same layout first, counted in ``stats["aligned_copies"]``."""
 
     name = "direct"
 
@@ -208,9 +209,15 @@ class DirectCusparseltOps(TorchCusparseltOps):
         self.lib.check(self.lib.cusparseLtGetVersion(self.handle.ptr, ctypes.byref(version)), "cusparseLtGetVersion")
         self.version = int(version.value)
         self.plans: dict[PlanKey, _Plan] = {}
-        self.fallbacks: Counter = Counter()
+        self.stats: Counter = Counter()
         self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self._alpha_p, self._beta_p = ctypes.addressof(self._alpha), ctypes.addressof(self._beta)
+
+    def _aligned(self, t: torch.Tensor) -> torch.Tensor:
+        if t.data_ptr() % ALIGNMENT == 0:
+            return t
+        self.stats["aligned_copies"] += 1
+        return t.clone(memory_format=torch.preserve_format)  # same strides, fresh (aligned) memory
 
     def plan(self, key: PlanKey) -> _Plan:
         plan = self.plans.get(key)
@@ -223,9 +230,7 @@ class DirectCusparseltOps(TorchCusparseltOps):
         """``A @ B`` (m, n), or ``(A @ B)^T`` (n, m) contiguous with ``transpose_result`` (+ bias per
         row of A @ B, added after the product)."""
         m, k, n, b_t = operand_shape(compressed, b)
-        if compressed.data_ptr() % ALIGNMENT or b.data_ptr() % ALIGNMENT:
-            self.fallbacks["pointer not 16-byte aligned"] += 1
-            return super().mm(compressed, b, bias, transpose_result, config)
+        compressed, b = self._aligned(compressed), self._aligned(b)
         plan = self.plan(PlanKey(m, k, n, b.dtype, b_t, transpose_result, config))
         out = torch.empty((n, m) if transpose_result else (m, n), dtype=b.dtype, device=b.device)
         workspace = (torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=b.device)

@@ -123,7 +123,7 @@ def benchmark(tokens: list[int], d_models: list[int]) -> dict:
                       f"host ms torch {row['host_overhead_ms']['torch_call']:.3f} "
                       f"direct {row['host_overhead_ms']['direct_call']:.3f}", flush=True)
     return {"rows": rows, "cusparselt_version": direct_ops.version, "library": direct_ops.lib.path,
-            "direct_fallbacks": dict(direct_ops.fallbacks), "elapsed_s": time.monotonic() - start,
+            "direct_stats": dict(direct_ops.stats), "elapsed_s": time.monotonic() - start,
             "notes": {"eager_ms": "median of 3 timings, each >= 50 ms of back-to-back calls (CUDA events)",
                       "graph_ms": "10 calls captured in one CUDA graph, replayed: the kernel time alone",
                       "host_overhead_ms": "eager ms - graph ms of the direct call (what the host adds per call)",
