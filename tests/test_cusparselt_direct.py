@@ -35,9 +35,15 @@ def test_operand_shape_refuses_other_strides():
         direct.operand_shape(_compressed(32, 64), b)
 
 
-def test_operand_shape_refuses_a_size_that_is_no_compressed_matrix():
-    with pytest.raises(ValueError, match="not 9/16 of m x 64"):
-        direct.operand_shape(torch.empty(100, dtype=torch.bfloat16), torch.empty(64, 16, dtype=torch.bfloat16))
+def test_operand_shape_refuses_a_size_too_small_for_a_compressed_matrix():
+    with pytest.raises(ValueError, match=r"too few for the compressed form of a \(m, 64\)"):
+        direct.operand_shape(torch.empty(30, dtype=torch.bfloat16), torch.empty(64, 16, dtype=torch.bfloat16))
+
+
+def test_operand_shape_reads_m_as_pytorch_does_with_padded_metadata():
+    # measured on the H100: A (256, 1008) bf16 compresses to 145408 elements (metadata padded)
+    assert direct.operand_shape(torch.empty(145408, dtype=torch.bfloat16),
+                                torch.empty(1008, 512, dtype=torch.bfloat16)) == (256, 1008, 512, False)
 
 
 def test_operand_shape_refuses_dtypes():

@@ -3,6 +3,9 @@
 ``python -m sparsity_lab.benchmarks.ffn_profile --tokens 16384 --d-model 4096`` (GPU). Uses the
 FFN and the step of ``ffn_speed`` (same model, same step), profiles 3 steps after warm-up and
 prints the kernels sorted by total CUDA time, so a slow 2:4 step can be traced to its kernels.
+
+``--host``: where the *host* time goes instead (small shapes, eager: the GPU waits for Python):
+cProfile over 20 steps, the functions sorted by their own time, and the host ms per step.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ def main(argv=None) -> int:
     p.add_argument("--d-model", type=int, default=4096)
     p.add_argument("--variants", default="dense,ours_fixed_mask,ours_mvue")
     p.add_argument("--rows", type=int, default=22)
+    p.add_argument("--host", action="store_true", help="cProfile the host side instead of the kernels")
     args = p.parse_args(argv)
     s = Settings(smoke=False, device=torch.device("cuda"), dtype=torch.bfloat16, tokens=[args.tokens],
                  d_models=[args.d_model], target=(args.tokens, args.d_model), reps=1, warmup=1, budget_s=1.0,
@@ -32,6 +36,10 @@ def main(argv=None) -> int:
         for _ in range(3):
             step()
         torch.cuda.synchronize()
+        if args.host:
+            _host_profile(variant, step, args)
+            del model, x, dy, step
+            continue
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 step()
@@ -42,6 +50,30 @@ def main(argv=None) -> int:
         del model, x, dy, step
         torch.cuda.empty_cache()
     return 0
+
+
+def _host_profile(variant: str, step, args, steps: int = 20) -> None:
+    import cProfile
+    import io
+    import pstats
+    import time
+
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    host_ms = (time.perf_counter() - start) * 1e3 / steps  # launches only: no sync inside the loop
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.rows)
+    print(f"=== {variant}: {args.tokens} tokens x d_model {args.d_model}: host {host_ms:.3f} ms per step "
+          f"(no profiler); cProfile over {steps} steps, by own time:", flush=True)
+    print(out.getvalue(), flush=True)
 
 
 if __name__ == "__main__":
