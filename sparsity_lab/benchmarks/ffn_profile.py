@@ -28,7 +28,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     s = Settings(smoke=False, device=torch.device("cuda"), dtype=torch.bfloat16, tokens=[args.tokens],
                  d_models=[args.d_model], target=(args.tokens, args.d_model), reps=1, warmup=1, budget_s=1.0,
-                 graph=False, gpt=None, backends={"cusparselt": "cusparselt", "cusparselt_auto": "cusparselt_auto"})
+                 graph=False, gpt=None, backends={"cusparselt": "cusparselt", "cusparselt_auto": "cusparselt_auto",
+                                                     "dense_products": "triton"})
     for variant in args.variants.split(","):
         model = build_ffn(variant, args.d_model, s)
         x, dy = _inputs(args.tokens, args.d_model, s)
