@@ -256,3 +256,18 @@ def test_bench_cslt_calls_without_a_gpu_exits_2_with_the_reason(capsys):
     from sparsity_lab.cli import main
     assert main(["bench-cslt-calls", "--tokens", "64", "--d-model", "16"]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_raw_stream_is_the_current_stream():
+    assert direct._raw_stream(0) == torch.cuda.current_stream(0).cuda_stream
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert direct._raw_stream(0) == side.cuda_stream
+
+
+@pytest.mark.gpu
+def test_direct_product_refuses_operands_on_the_cpu():
+    ops = direct.DirectCusparseltOps()
+    with pytest.raises(ValueError, match="same CUDA device"):
+        ops.mm(_compressed(64, 64), torch.empty(64, 32, dtype=torch.bfloat16), None, False, AlgConfig(0))

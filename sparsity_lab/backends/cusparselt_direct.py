@@ -193,6 +193,13 @@ def operand_shape(compressed: torch.Tensor, b: torch.Tensor) -> tuple[int, int, 
     return m, k, n, b_transposed
 
 
+def _raw_stream(index: int) -> int:
+    """The current CUDA stream of device ``index`` as an address (PyTorch's C call where it has one:
+    ``torch.cuda.current_stream`` costs several microseconds of Python per product)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
 class DirectCusparseltOps(TorchCusparseltOps):
     """:class:`TorchCusparseltOps` with ``mm`` through cached plans (compression, the algorithm search
     and timing stay PyTorch's: they run once per shape). An operand whose address is not 16-byte
@@ -209,7 +216,7 @@ class DirectCusparseltOps(TorchCusparseltOps):
         version = ctypes.c_int(0)
         self.lib.check(self.lib.cusparseLtGetVersion(self.handle.ptr, ctypes.byref(version)), "cusparseLtGetVersion")
         self.version = int(version.value)
-        self.plans: dict[PlanKey, _Plan] = {}
+        self.plans: dict[tuple, _Plan] = {}  # keyed by PlanKey's fields as a plain tuple (a cheaper hash)
         self.stats: Counter = Counter()
         self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self._alpha_p, self._beta_p = ctypes.addressof(self._alpha), ctypes.addressof(self._beta)
@@ -220,10 +227,12 @@ class DirectCusparseltOps(TorchCusparseltOps):
         self.stats["aligned_copies"] += 1
         return t.clone(memory_format=torch.preserve_format)  # same strides, fresh (aligned) memory
 
-    def plan(self, key: PlanKey) -> _Plan:
-        plan = self.plans.get(key)
+    def plan(self, m: int, k: int, n: int, dtype: torch.dtype, b_transposed: bool, transpose_result: bool,
+             config: AlgConfig) -> _Plan:
+        fields = (m, k, n, dtype, b_transposed, transpose_result, config)
+        plan = self.plans.get(fields)
         if plan is None:
-            plan = self.plans[key] = _Plan(self.lib, self.handle, key)
+            plan = self.plans[fields] = _Plan(self.lib, self.handle, PlanKey(*fields))
         return plan
 
     def mm(self, compressed: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, transpose_result: bool,
@@ -231,12 +240,14 @@ class DirectCusparseltOps(TorchCusparseltOps):
         """``A @ B`` (m, n), or ``(A @ B)^T`` (n, m) contiguous with ``transpose_result`` (+ bias per
         row of A @ B, added after the product)."""
         m, k, n, b_t = operand_shape(compressed, b)
+        if not b.is_cuda or compressed.device != b.device:
+            raise ValueError(f"compressed ({compressed.device}) and b ({b.device}) must be on the same CUDA device")
         compressed, b = self._aligned(compressed), self._aligned(b)
-        plan = self.plan(PlanKey(m, k, n, b.dtype, b_t, transpose_result, config))
+        plan = self.plan(m, k, n, b.dtype, b_t, transpose_result, config)
         out = torch.empty((n, m) if transpose_result else (m, n), dtype=b.dtype, device=b.device)
         workspace = (torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=b.device)
                      if plan.workspace_bytes else None)
-        stream = ctypes.c_void_p(torch.cuda.current_stream(b.device).cuda_stream)
+        stream = ctypes.c_void_p(_raw_stream(b.device.index))
         status = self.lib.cusparseLtMatmul(
             self.handle.ptr, plan.plan.ptr, self._alpha_p, compressed.data_ptr(), b.data_ptr(), self._beta_p,
             out.data_ptr(), out.data_ptr(), workspace.data_ptr() if workspace is not None else None,
