@@ -19,7 +19,7 @@ from sparsity_lab.backends.cusparselt_ops import AlgConfig, CusparseltUnavailabl
 
 # --- operand checks (CPU tensors: only shapes, strides and dtypes are read) -------------------------
 def _compressed(m: int, k: int, dtype=torch.bfloat16) -> torch.Tensor:
-    return torch.empty(m * k * 9 // 16, dtype=dtype)
+    return torch.empty(m, k * 9 // 16, dtype=dtype)
 
 
 @pytest.mark.parametrize("m,k,n", [(16, 16, 16), (48, 80, 112), (4096, 1024, 32)])
@@ -36,7 +36,7 @@ def test_operand_shape_refuses_other_strides():
 
 
 def test_operand_shape_refuses_a_size_too_small_for_a_compressed_matrix():
-    with pytest.raises(ValueError, match=r"too few for the compressed form of a \(m, 64\)"):
+    with pytest.raises(ValueError, match=r"too small for the compressed form of a \(m, 64\)"):
         direct.operand_shape(torch.empty(30, dtype=torch.bfloat16), torch.empty(64, 16, dtype=torch.bfloat16))
 
 
@@ -56,9 +56,11 @@ def test_operand_shape_refuses_dtypes():
 def test_operand_shape_refuses_ranks():
     with pytest.raises(ValueError, match="compressed must be contiguous"):
         direct.operand_shape(torch.empty(16, 9, dtype=torch.bfloat16).t(), torch.empty(16, 16, dtype=torch.bfloat16))
-    # 2-D, as PyTorch 2.11's _cslt_compress returns it: read by its element count
+    # 2-D, as PyTorch 2.11's _cslt_compress returns it: m is its first dimension, whatever the padding
     assert direct.operand_shape(torch.empty(16, 9, dtype=torch.bfloat16),
                                 torch.empty(16, 32, dtype=torch.bfloat16)) == (16, 16, 32, False)
+    assert direct.operand_shape(torch.empty(48, 72, dtype=torch.bfloat16),
+                                torch.empty(80, 112, dtype=torch.bfloat16)) == (48, 80, 112, False)
     with pytest.raises(ValueError, match="b must be 2-D"):
         direct.operand_shape(_compressed(16, 16), torch.empty(16, dtype=torch.bfloat16))
 

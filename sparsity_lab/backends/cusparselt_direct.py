@@ -165,8 +165,8 @@ class _Plan:
 def operand_shape(compressed: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int, bool]:
     """(m, k, n, b_transposed) of ``A @ B`` from the compressed A and B (k, n), checked.
 
-    The compressed A is read by its element count (PyTorch 2.11 returns it 2-D (m, 9k/16), older
-    builds and ``kernels/compress24.py`` 1-D); it must be contiguous.
+    The compressed A gives m: 2-D (m, per row) as PyTorch 2.11's ``_cslt_compress`` and our kernels
+    return it, or 1-D (older builds: m from the element count, as PyTorch infers it); contiguous.
 
     B must be contiguous or the ``.t()`` of a contiguous (n, k) tensor (the two layouts the
     descriptors describe); m is inferred from A's size as PyTorch does (9/16 of m*k for 16-bit)."""
@@ -184,12 +184,14 @@ def operand_shape(compressed: torch.Tensor, b: torch.Tensor) -> tuple[int, int, 
     else:
         raise ValueError(f"b must be contiguous or the .t() of a contiguous tensor, got strides {b.stride()} "
                          f"for shape {tuple(b.shape)}")
-    # PyTorch's inference, floor divisions included: cuSPARSELt pads the metadata of a k that is not
-    # a multiple of 64 (A (256, 1008) compresses to 145408 elements, not 256 * 1008 * 9/16 = 145152)
-    m = compressed.numel() * 16 // 9 // k if k else 0
+    if compressed.dim() == 2:  # (m, per-row bytes): PyTorch 2.11's _cslt_compress and our kernels
+        m = compressed.shape[0]
+    else:  # 1-D (older PyTorch): PyTorch's inference, floor divisions included: cuSPARSELt pads the
+        # metadata of a k that is not a multiple of 64 (A (256, 1008): 145408 elements, not 145152)
+        m = compressed.numel() * 16 // 9 // k if k else 0
     if m == 0 or compressed.numel() < m * k * 9 // 16:
-        raise ValueError(f"compressed has {compressed.numel()} elements, too few for the compressed form "
-                         f"of a (m, {k}) 2:4 matrix (9/16 of m x {k} at least)")
+        raise ValueError(f"compressed has shape {tuple(compressed.shape)}, too small for the compressed form "
+                         f"of a (m, {k}) 2:4 matrix (9/16 of m x {k} elements at least)")
     return m, k, n, b_transposed
 
 
