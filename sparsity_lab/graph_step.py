@@ -81,6 +81,28 @@ def refresh_due_masks(model: nn.Module) -> None:
                 layer.refresh_mask()
 
 
+class graph_timing:
+    """``with graph_timing(model):`` the auto policy of every 2:4 layer's backend times the products it
+    has not decided yet replayed from a CUDA graph (a graphed step pays the kernels, not the host's
+    launches: eager timings undervalue the sparse path); the previous timing mode comes back on exit.
+    CudaGraphStep wraps its eager steps (where the decisions are made) in it."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.backends = {id(layer.backend): layer.backend for _, layer in sparse_layers(model)
+                         if getattr(layer.backend, "policy", None) is not None and hasattr(layer.backend, "timing")}
+        self._saved: dict[int, str] = {}
+
+    def __enter__(self):
+        for key, backend in self.backends.items():
+            self._saved[key] = backend.timing
+            backend.timing = "graph"
+        return self
+
+    def __exit__(self, *exc):
+        for key, backend in self.backends.items():
+            backend.timing = self._saved[key]
+
+
 class CudaGraphStep:
     """``loss = step(*inputs)``: forward + backward of ``loss_fn(model, *inputs)``, replayed from a
     CUDA graph after ``warmup_steps`` eager steps (see the module docstring).
@@ -106,6 +128,7 @@ class CudaGraphStep:
         self._static_grads: list[tuple[nn.Parameter, torch.Tensor]] = []
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._mvue = mvue_layers(model)
+        self._seen_key = None  # the state of the last eager step (a new state gets one before capture)
 
     # --- checks ---------------------------------------------------------------------------------------
     def _check_inputs(self, inputs: tuple) -> torch.device:
@@ -128,9 +151,12 @@ class CudaGraphStep:
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         device = self._check_inputs(inputs)
         self.steps += 1
-        if self.steps <= self.warmup_steps:
-            return self._eager(inputs)
         key = self._state_key(inputs)
+        if self.steps <= self.warmup_steps or (key != self._key and key != self._seen_key):
+            # warm-up, or a state (shapes, phase) not stepped yet: one eager step first, so the auto
+            # policy's measurements and the algorithm searches never run inside a capture
+            self._seen_key = key
+            return self._eager(inputs)
         if self.graph is None or key != self._key:
             self._capture(inputs, device, key)
         for static, given in zip(self._static_inputs, inputs):
@@ -145,7 +171,7 @@ class CudaGraphStep:
     def _eager(self, inputs: tuple) -> torch.Tensor:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), graph_timing(self.model):
             loss = self.loss_fn(self.model, *inputs)
             loss.backward()
         torch.cuda.current_stream().wait_stream(side)
@@ -163,7 +189,7 @@ class CudaGraphStep:
         for p in self._params:
             p.grad = None  # the backward allocates the gradients in the graph's pool
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph), graph_timing(self.model):
             loss = self.loss_fn(self.model, *self._static_inputs)
             loss.backward()
         twice = [layer for layer in self._mvue if layer._graph_calls != 1]

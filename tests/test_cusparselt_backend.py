@@ -710,3 +710,40 @@ def test_fused_prepare_gives_the_same_products_on_gpu(soft):
     assert torch.equal(plain.linear(x, a, None), fused.linear(x, b, None))
     assert torch.equal(plain.grad_input(dz, a), fused.grad_input(dz, b))
     assert fused.stats["fused_prepares"] == 1 and b._weight is None
+
+
+# --- the auto policy's timing mode (eager or CUDA graph), each with its own decisions ---------------------
+def test_timing_modes_keep_their_own_decisions(registry):
+    seen = []
+
+    def measure(shape):
+        seen.append(shape.product)
+        return (1.0, 2.0) if len(seen) == 1 else (2.0, 1.0)  # eager: dense wins; graph: sparse wins
+    backend, _ = fake_backend(policy=AutoPolicy(measure))
+    assert backend.timing == "eager"
+    assert backend._sparse("forward", 32, 64, 32, torch.bfloat16) is False
+    backend.timing = "graph"
+    assert backend._sparse("forward", 32, 64, 32, torch.bfloat16) is True  # measured again, in its own mode
+    assert backend.policy.min_speedup == 1.0 and "in a CUDA graph" in backend.policy.decisions[0].reason
+    backend.timing = "eager"
+    assert backend._sparse("forward", 32, 64, 32, torch.bfloat16) is False  # the eager decision, not re-measured
+    assert seen == ["forward", "forward"]
+    timings = sorted((d["timing"], d["sparse"]) for d in backend.summary()["decisions"])
+    assert timings == [("eager", False), ("graph", True)]
+    with pytest.raises(ValueError, match="timing must be 'eager' or 'graph', got 'fast'"):
+        backend.timing = "fast"
+
+
+def test_graph_timing_switches_auto_backends_and_restores_them(registry):
+    from sparsity_lab.graph_step import graph_timing
+    auto, _ = fake_backend(policy=AutoPolicy(lambda s: (1.0, 1.0)))
+    plain, _ = fake_backend()
+    base.register_backend("cusparselt_fake_auto", lambda: auto)
+    base.register_backend("cusparselt_fake", lambda: plain)
+    model = torch.nn.Sequential(
+        SparseLinear(64, 32, method=sl.STE(transposable=True, backend="cusparselt_fake_auto"), dtype=torch.bfloat16),
+        SparseLinear(32, 64, method=sl.STE(transposable=True, backend="cusparselt_fake"), dtype=torch.bfloat16))
+    with graph_timing(model):
+        assert auto.timing == "graph"
+        assert plain.timing == "eager"  # no policy: nothing to time
+    assert auto.timing == "eager"

@@ -117,3 +117,26 @@ def test_graphed_training_equals_eager_on_gpu(backend):
     assert [l.mvue_calls for _, l in sl.sparse_layers(eager)] == [l.mvue_calls for _, l in sl.sparse_layers(graphed)]
     assert [l.mask_updates for _, l in sl.sparse_layers(eager)] == [l.mask_updates for _, l in sl.sparse_layers(graphed)]
     assert [l.flips_total for _, l in sl.sparse_layers(eager)] == [l.flips_total for _, l in sl.sparse_layers(graphed)]
+
+
+@pytest.mark.gpu
+def test_auto_under_graph_step_times_in_graphs_and_steps_eagerly_on_a_new_shape():
+    model = _mlp("cusparselt_auto", "cuda", d=256).to(torch.bfloat16)
+    step = CudaGraphStep(model, _loss, warmup_steps=2)
+    gen = torch.Generator(device="cuda").manual_seed(4)
+
+    def batch(tokens):
+        return (torch.randn(tokens, 256, device="cuda", generator=gen).to(torch.bfloat16),
+                torch.randn(tokens, 256, device="cuda", generator=gen).to(torch.bfloat16))
+    losses = _train(model, [batch(512) for _ in range(4)], lambda m, x, y: step(x, y))
+    assert step.recaptures == 1
+    backend = sl.sparse_layers(model)[0][1].backend
+    assert backend.timing == "eager"  # restored after each step
+    graph_timed = [d for d in backend.summary()["decisions"] if d["timing"] == "graph" and d["n"] in (256, 512)]
+    assert graph_timed and all("in a CUDA graph" in d["reason"] for d in graph_timed)
+    x, y = batch(256)  # a new shape: one eager step (decisions, searches), then a capture
+    losses.append(float(step(x, y)))
+    assert step.recaptures == 1
+    losses.append(float(step(x, y)))
+    assert step.recaptures == 2
+    assert all(torch.isfinite(torch.tensor(losses)))

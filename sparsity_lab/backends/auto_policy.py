@@ -107,6 +107,7 @@ class AutoPolicy:
 
     measure: Callable[[ProductShape], tuple[float, float]] | None = None
     min_speedup: float = 1.0
+    label: str = ""  # how the timings were taken, for the reasons (e.g. " in a CUDA graph")
     _decisions: dict[ProductShape, Decision] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -128,7 +129,7 @@ class AutoPolicy:
             dense_ms = _check_ms(dense_ms, "dense_ms", shape)
             sparse_ms = _check_ms(sparse_ms, "sparse_ms", shape)
             sparse = dense_ms / sparse_ms >= self.min_speedup
-            reason = f"measured; sparse needs >= {self.min_speedup:g}x"
+            reason = f"measured{self.label}; sparse needs >= {self.min_speedup:g}x"
             decision = Decision(shape, sparse, dense_ms, sparse_ms, reason)
         self._decisions[shape] = decision
         return decision

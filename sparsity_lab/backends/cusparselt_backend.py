@@ -164,6 +164,32 @@ class CusparseltBackend:
         self.slow_compress_reasons: Counter = Counter()
         self._reference = TorchBackend()
         self._kernels = None
+        # how the auto policy times a product: "eager" (back-to-back calls: the host's launch cost
+        # counts) or "graph" (replayed from a CUDA graph: kernel time only), each mode with its own
+        # decisions. sparsity_lab.graph_step.graph_timing switches it around CudaGraphStep's eager steps.
+        self._timing = "eager"
+        self._by_timing: dict[str, tuple] = {}  # the other mode's (policy, decided)
+
+    @property
+    def timing(self) -> str:
+        return self._timing
+
+    @timing.setter
+    def timing(self, mode: str) -> None:
+        if mode not in ("eager", "graph"):
+            raise ValueError(f"timing must be 'eager' or 'graph', got {mode!r}")
+        if mode == self._timing:
+            return
+        self._by_timing[self._timing] = (self.policy, self._decided)
+        if mode in self._by_timing:
+            self.policy, self._decided = self._by_timing[mode]
+        else:
+            policy = None
+            if self.policy is not None:
+                policy = AutoPolicy(measure=self.policy.measure, min_speedup=self.policy.min_speedup,
+                                    label=" in a CUDA graph" if mode == "graph" else "")
+            self.policy, self._decided = policy, {}
+        self._timing = mode
 
     def __deepcopy__(self, memo):
         # one backend per process (its algorithm cache and auto decisions): a deep-copied model shares it
@@ -408,7 +434,7 @@ class CusparseltBackend:
         operand (once: one micro-step per optimizer step) and, for the weight gradient, the
         transpose copy of MVUE(dZ); the MVUE itself is common to both and not counted."""
         device, dtype = torch.device("cuda"), getattr(torch, shape.dtype)
-        t = self._ops.time_ms
+        t = graph_time_ms if self.timing == "graph" else self._ops.time_ms
         if shape.product == "grad_weight":
             key = ProductKey(shape.m, shape.k, shape.n, dtype, False, self.grad_weight_transpose_result)
             a, x, _ = synthetic_operands(key, device)  # a = MVUE(dZ^T) (out, tokens), x (tokens, in)
@@ -457,8 +483,39 @@ class CusparseltBackend:
                 "slow_compress_reasons": dict(self.slow_compress_reasons), "algorithms": self.algorithms.summary(),
                 "decisions": [dict(product=d.shape.product, m=d.shape.m, k=d.shape.k, n=d.shape.n,
                                    dtype=d.shape.dtype, sparse=d.sparse, dense_ms=d.dense_ms,
-                                   sparse_ms=d.sparse_ms, speedup=d.speedup, reason=d.reason)
-                              for d in (self.policy.decisions if self.policy else [])]}
+                                   sparse_ms=d.sparse_ms, speedup=d.speedup, reason=d.reason, timing=mode)
+                              for mode, policy in self._policies()
+                              for d in (policy.decisions if policy else [])]}
+
+    def _policies(self) -> list[tuple[str, AutoPolicy | None]]:
+        """(timing mode, policy) for the current mode and the other one, if it was used."""
+        found = [(self._timing, self.policy)]
+        return found + [(mode, pair[0]) for mode, pair in self._by_timing.items() if mode != self._timing]
+
+
+def graph_time_ms(fn, reps: int = 5, warmup: int = 1) -> float:
+    """Milliseconds per call of ``fn`` captured ``reps`` times in one CUDA graph and replayed (the
+    kernels' time alone, as a graphed training step runs them); median of 3 replays."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # PyTorch's rule: warm up on a side stream before capturing
+        for _ in range(max(warmup, 1)):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / reps)
+    del graph
+    return sorted(times)[1]
 
 
 def cusparselt_backend(auto: bool = False, min_speedup: float = 1.0):
