@@ -1,9 +1,10 @@
 """A training step's forward and backward captured once in a CUDA graph and replayed every step.
 
 Why: in eager mode every 2:4 layer launches its mask, flip-count, soft-threshold, MVUE and compression
-kernels from Python and each ``torch._cslt_sparse_mm`` call costs about 0.6 ms of host time
-(FACTS.md), so small and medium layers are host-bound (``results/cusparselt_NOTES.md``: the fully
-sparse FFN step at 4096 tokens x d_model 1024 runs 0.06x of dense eager, 0.65x under graph replay).
+kernels from Python (and each ``torch._cslt_sparse_mm`` call costs 0.2-0.7 ms of host time; the backend's
+direct binding, ``backends/cusparselt_direct.py``, brings a product to ~0.01 ms), so small and medium
+layers are host-bound (``results/cusparselt_NOTES.md``). A replay launches the whole captured step at once;
+under it the ``cusparselt_auto`` policy times its candidate products in CUDA graphs too (``graph_timing``).
 A replay launches the whole captured step at once.
 
 What stays exact: a replay draws the MVUE numbers eager mode would draw. Each MVUE layer reads its

@@ -2,7 +2,8 @@
 
 For W (out, in), X (tokens, in), dZ (tokens, out), and cuSPARSELt computing ``A @ B`` with the
 sparse, compressed operand A on the left (``cusparselt_ops`` states the contract, read in PyTorch's
-source, with file names):
+source, with file names; the products go through ``cusparselt_direct``, which calls cuSPARSELt with
+PyTorch's descriptors and one cached plan per product shape, or through ``torch._cslt_sparse_mm``):
 
     forward         Z^T  = S(W)   X^T    A = S(W)      (out, in), 2:4 along in     B = X.t()   -> Z  (tokens, out)
     input gradient  dX^T = S(W)^T dZ^T   A = S(W)^T    (in, out), 2:4 along out    B = dZ.t()  -> dX (tokens, in)
