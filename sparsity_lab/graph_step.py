@@ -5,7 +5,6 @@ kernels from Python (and each ``torch._cslt_sparse_mm`` call costs 0.2-0.7 ms of
 direct binding, ``backends/cusparselt_direct.py``, brings a product to ~0.01 ms), so small and medium
 layers are host-bound (``results/cusparselt_NOTES.md``). A replay launches the whole captured step at once;
 under it the ``cusparselt_auto`` policy times its candidate products in CUDA graphs too (``graph_timing``).
-A replay launches the whole captured step at once.
 
 What stays exact: a replay draws the MVUE numbers eager mode would draw. Each MVUE layer reads its
 seed from a 0-d int64 device tensor that the host writes before every replay with the value the
@@ -24,8 +23,8 @@ Usage::
         optimizer.step()                      # eager (attach_optimizer's hooks run as usual)
 
 Limits (each raises or is documented): CUDA tensors only; the inputs keep their shapes and dtypes
-(a new shape recaptures); every SparseLinear runs once per step; one micro-step per optimizer step
-(a replay overwrites the gradients, it does not add to them); MVUE needs backend "triton",
+(a new shape takes one eager step, where its decisions and searches run, then recaptures); every
+SparseLinear runs once per step; one micro-step per optimizer step (a replay overwrites the gradients, it does not add to them); MVUE needs backend "triton",
 "cusparselt" or "cusparselt_auto" (the reference backend draws on the host). Under autocast, use
 ``torch.autocast(..., cache_enabled=False)`` inside ``loss_fn`` (PyTorch's rule for graphs). A change
 of phase (the dense fine-tune switch) recaptures. ``recaptures`` counts captures.
