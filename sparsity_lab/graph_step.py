@@ -24,8 +24,9 @@ Usage::
 
 Limits (each raises or is documented): CUDA tensors only; the inputs keep their shapes and dtypes
 (a new shape takes one eager step, where its decisions and searches run, then recaptures); every
-SparseLinear runs once per step; one micro-step per optimizer step (a replay overwrites the gradients, it does not add to them); MVUE needs backend "triton",
-"cusparselt" or "cusparselt_auto" (the reference backend draws on the host). Under autocast, use
+SparseLinear runs once per step; one micro-step per optimizer step (a replay overwrites the
+gradients, it does not add to them); MVUE needs backend "triton", "cusparselt" or "cusparselt_auto"
+(the reference backend draws on the host). Under autocast, use
 ``torch.autocast(..., cache_enabled=False)`` inside ``loss_fn`` (PyTorch's rule for graphs). A change
 of phase (the dense fine-tune switch) recaptures. ``recaptures`` counts captures.
 """
