@@ -171,8 +171,8 @@ def plan(command: Command, tmp: Path, has_gpu: bool) -> Plan:
                          "to run them")
     program, args = found
     if program == "pip":
-        return Plan("skip", "installs packages: CI installs the same extras with the README's test command "
-                            "(.ci/run), so everything else here runs in that environment")
+        return Plan("skip", "installs packages: this test runs in the environment that the README's test "
+                            "command installed (.ci/run runs it), with the test extra, a superset of lab")
     if program == "pytest":
         files = [a for a in args if not a.startswith("-")]
         if not files:
