@@ -255,9 +255,14 @@ def runnable_inline_spans(markdown: str) -> list[str]:
     return [s for s in spans if RUNNABLE_SPAN.search(s.strip())]
 
 
-def python_blocks_failure(path: Path, blocks: list[str], tmp: Path) -> str | None:
+def python_blocks_failure(path: Path, blocks: list[str], tmp: Path, executed_copy: Path | None = None) -> str | None:
     """Execute notebook ``path`` at its CI sizes with ``blocks`` appended as cells (the state after its
-    last cell); None when everything ran, else a message naming the notebook and the failing block."""
+    last cell); None when everything ran, else a message naming the notebook and the failing block.
+
+    ``executed_copy``: where to also write the notebook's own executed copy (the appended cells taken
+    out again) after a successful run, so that one execution can serve both this check and the
+    notebook tests (``course.is_current`` accepts it as a run of ``path``).
+    """
     import nbformat
 
     from sparsity_lab.course import NotebookFailed, execute
@@ -266,12 +271,13 @@ def python_blocks_failure(path: Path, blocks: list[str], tmp: Path) -> str | Non
     original = len(nb.cells)
     for k, code in enumerate(blocks, 1):
         nb.cells.append(nbformat.v4.new_code_cell(f"# Things to try, python block {k} of {len(blocks)}\n{code}",
-                                                  metadata={"tags": ["things-to-try"]}))
+                                                  metadata={"tags": [APPENDED_TAG]}))
     source = Path(tmp) / "source" / Path(path).name
     source.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, source)
+    executed = Path(tmp) / "executed" / Path(path).name
     try:
-        execute(source, Path(tmp) / "executed" / Path(path).name, sizes="ci")
+        execute(source, executed, sizes="ci")
     except NotebookFailed as err:
         if err.cell is None or err.cell < original:
             return (f"{Path(path).name} failed before its Things-to-try blocks ran (tests/test_notebooks.py "
@@ -279,4 +285,12 @@ def python_blocks_failure(path: Path, blocks: list[str], tmp: Path) -> str | Non
         k = err.cell - original + 1
         return (f"{Path(path).name}, Things to try, python block {k} of {len(blocks)} failed:\n"
                 f"{blocks[k - 1].strip()}\n---\n{err}")
+    if executed_copy is not None:
+        run = nbformat.read(executed, as_version=4)
+        run.cells = [c for c in run.cells if APPENDED_TAG not in c.metadata.get("tags", [])]
+        Path(executed_copy).parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(run, executed_copy)
     return None
+
+
+APPENDED_TAG = "things-to-try-block"

@@ -96,8 +96,12 @@ def test_a_failing_python_block_is_named(tmp_path):
     pytest.importorskip("papermill", reason="papermill is in the test extra")
     from _notebooks import tiny_notebook
 
+    from sparsity_lab.course import is_current
+
     path = tiny_notebook(tmp_path / "nb", body="x = n * 2")
-    assert python_blocks_failure(path, ["assert x == 6", "print(x)"], tmp_path / "ok") is None
+    copy = tmp_path / "copy" / path.name
+    assert python_blocks_failure(path, ["assert x == 6", "print(x)"], tmp_path / "ok", executed_copy=copy) is None
+    assert is_current(copy, path, "ci"), "the executed copy without the blocks is a run of the notebook itself"
     message = python_blocks_failure(path, ["y = x + 1", "raise ValueError('block two breaks')"], tmp_path / "bad")
     assert message.startswith("01_tiny.ipynb, Things to try, python block 2 of 2 failed:")
     assert "block two breaks" in message
