@@ -35,7 +35,7 @@ def run_banner(parameters: Mapping | None, machine: str, sizes: str | None = Non
 
     ``parameters``: what papermill injected into the page's notebook (its CI sizes); empty or None
     for the notebook's own defaults (its full sizes). ``machine``: where it ran, e.g. ``"a CPU"``.
-    ``sizes="ci"`` without parameters: the book-wide note of the first page.
+    ``sizes`` ("ci" or "full") without parameters: the book-wide note of the first page.
     """
     recorded = ("Figures and tables of recorded full-size runs (read from `results/`) say so in their "
                 "titles.")
@@ -51,6 +51,10 @@ def run_banner(parameters: Mapping | None, machine: str, sizes: str | None = Non
                 "its sizes): runs this small check that the code works and are too small to judge a "
                 f"method. {recorded} For the full sizes run "
                 "`python -m sparsity_lab course --headless --sizes full` (best on a GPU).")
+    elif sizes == "full":
+        title = "Run at full sizes"
+        body = (f"Every page was run at its notebook's **full sizes** (the defaults in its parameters "
+                f"cell) on {machine}. {recorded}")
     else:
         title = "Run at full sizes"
         body = (f"This page was run at the notebook's **full sizes** (the defaults in its parameters "

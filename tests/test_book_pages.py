@@ -3,6 +3,7 @@ network) and checked, with a screenshot of each page.
 
 On every page:
 - each plotly figure is drawn and it, and each of its subplot panels, lies inside the text column;
+  its titles, annotations and legend entries do not overlap; a plotly table shows all its rows;
 - no text or HTML output is wider than its box unless it scrolls (a scrollbar), and nothing makes the
   page itself scroll sideways;
 - no raw Markdown shows as text (table rules ``|---|``, ``**bold**``, ``# heading`` lines, ``[a](b)``);
@@ -48,6 +49,8 @@ RAW_MARKDOWN = {
 # nearest heading above it), and the texts to scan: prose (rendered Markdown, code excluded), the text
 # outputs, and everything a reader sees.
 CHECK_JS = r"""() => {
+    // a figure's titles, axis titles, annotations and legend entries (tick labels left out)
+    const LABELS = '.infolayer .gtitle, .infolayer [class*="title"] text, .annotation-text-g text, .legendtext';
     const article = document.querySelector('article.bd-article');
     const col = article.getBoundingClientRect();
     const inside = r => r.width > 0 && r.left >= col.left - 1 && r.right <= col.right + 1;
@@ -79,6 +82,13 @@ CHECK_JS = r"""() => {
             const hidden = rows(d.headerRowBlocks) + rows(d.rowBlocks) - d.groupHeight;
             if (hidden > 2) problems.push(`${name}: ${Math.round(hidden)} px of its table rows hide behind the table's scrollbar`);
         }
+        const labels = Array.from(fig.querySelectorAll(LABELS)).filter(t => t.textContent.trim())
+            .map(t => ({text: t.textContent.trim().slice(0, 50), r: t.getBoundingClientRect()})).filter(t => t.r.width > 0);
+        labels.forEach((a, k) => labels.slice(k + 1).forEach(b => {
+            const w = Math.min(a.r.right, b.r.right) - Math.max(a.r.left, b.r.left);
+            const h = Math.min(a.r.bottom, b.r.bottom) - Math.max(a.r.top, b.r.top);
+            if (w > 2 && h > 2) problems.push(`${name}: '${a.text}' is drawn over '${b.text}'`);
+        }));
         fig.querySelectorAll('.main-svg, .draglayer .nsewdrag').forEach((panel, j) => {
             const p = panel.getBoundingClientRect();
             if (!inside(p)) problems.push(`${name}: ${panel.classList.contains('main-svg') ? 'its drawing' : 'subplot panel ' + j}`
@@ -292,7 +302,9 @@ BROKEN_PAGE = """<!DOCTYPE html><html><body style="margin:0"><main><article clas
 <div class="cell_output"><pre>| a | b |
 |---|---|</pre></div>
 <div class="js-plotly-plot" style="width:900px;height:100px"><svg class="main-svg" width="900" height="100"></svg>
-<div class="draglayer"><svg class="nsewdrag" style="position:absolute;left:700px" width="150" height="50"></svg></div></div>
+<div class="draglayer"><svg class="nsewdrag" style="position:absolute;left:700px" width="150" height="50"></svg></div>
+<svg width="300" height="60"><g class="annotation-text-g"><text x="10" y="20">first label</text></g>
+<g class="annotation-text-g"><text x="14" y="24">second label</text></g></svg></div>
 <p>Recorded in issue 5 with papermill.</p>
 </section></article></main></body></html>"""
 
@@ -302,11 +314,13 @@ def test_the_checks_catch_each_kind_of_trouble(tmp_path, browser_ready):
     (tmp_path / "book").mkdir()
     (tmp_path / "book" / "broken.html").write_text(BROKEN_PAGE.format(wide="x" * 400))
     (tmp_path / "book" / "index.html").write_text("<html></html>")
-    script = "<script>document.documentElement.dataset.slOutputsFitted = '1';</script>"
+    script = ("<script>document.documentElement.dataset.slOutputsFitted = '1';"
+              "document.documentElement.dataset.slFiguresFitted = '1';</script>")
     page = tmp_path / "book" / "broken.html"
     page.write_text(page.read_text().replace("</body>", script + "</body>"))
     found = check_book(tmp_path / "book" / "index.html", tmp_path / "shots")["broken.html"]
     report = "\n".join(found)
     for expected in ("figure 1", "subplot panel", "no scrollbar", "**bold** markers", "a table rule",
-                     "a '#' heading line", "a [text](link)", "'issue 5'", "'papermill'", "scrolls sideways"):
+                     "a '#' heading line", "a [text](link)", "'issue 5'", "'papermill'", "scrolls sideways",
+                     "'first label' is drawn over 'second label'"):
         assert expected in report, f"the checks missed {expected!r}:\n{report}"
