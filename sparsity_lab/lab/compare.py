@@ -39,6 +39,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "srste": ("srste", {}),
     "masked_decay": ("masked_decay", {}),  # + dense fine-tune for the last 1/6
     "masked_decay_noft": ("masked_decay", {"dense_finetune_at": None}),  # ablation for claim 3
+    # the same term on the weights, decoupled from AdamW (the contrast of Hu et al. 2024); same fine-tune
+    "masked_decay_weights": ("masked_decay_weights", {}),
     "sste": ("sste", {}),
     "sste_mvue": ("sste", {"mvue": True}),
     "sste_mvue_fp8sim": ("sste", {"mvue": True}),  # FP8 numerics simulated (FP8_SIM_VARIANTS)
@@ -60,7 +62,7 @@ def variant_config(base: TrainConfig, variant: str, common: dict, decay: float |
     method, opts = VARIANTS[variant]
     # the 2:4 options (transposable, refresh interval, backend) mean nothing to the structures
     opts = dict(opts) if method in STRUCTURES else {**common, **opts}
-    if method == "masked_decay" and decay is not None:
+    if method in ("masked_decay", "masked_decay_weights") and decay is not None:
         opts["decay"] = decay
     if method == "srste" and srste_decay is not None:
         opts["decay"] = srste_decay
@@ -333,7 +335,8 @@ def print_report(payload: dict) -> None:
 def add_arguments(parser) -> None:
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help=f"comma-separated, from {sorted(VARIANTS)} (default {','.join(DEFAULT_VARIANTS)})")
-    parser.add_argument("--decay", type=float, default=None, help="masked decay's lambda_W (default 6e-5)")
+    parser.add_argument("--decay", type=float, default=None, help="masked decay's lambda_W, on gradients "
+                        "(masked_decay, masked_decay_noft) and on weights (masked_decay_weights) (default 6e-5)")
     parser.add_argument("--srste-decay", type=float, default=None, help="SR-STE's lambda_W (default 2e-4)")
     parser.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
     parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
