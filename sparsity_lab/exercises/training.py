@@ -209,7 +209,7 @@ def check_adamw_on_gradients(fn, show: bool = True):
     decay * (1 - m) * W joins g before AdamW reads it (Hu et al. 2024). Three steps in a row are compared
     with ``MaskedDecay`` on a SparseLinear under ``torch.optim.AdamW``."""
     return _check_decay_step(fn, "masked_decay", "adamw_on_gradients: masked decay on gradients, one AdamW step",
-                             "g2 = g + decay * (~mask) * w, then adamw_step(w, g2, lr, state)", show)
+                             "the term joins the gradient before AdamW reads it, so it goes through both moments", show)
 
 
 def check_adamw_on_weights(fn, show: bool = True):
@@ -218,7 +218,8 @@ def check_adamw_on_weights(fn, show: bool = True):
     Compared with ``MaskedDecayOnWeights`` under ``torch.optim.AdamW``."""
     return _check_decay_step(fn, "masked_decay_weights",
                              "adamw_on_weights: masked decay on weights, one AdamW step",
-                             "w2 = adamw_step(w, g, lr, state), then w2 - lr * decay * (~mask) * w2", show)
+                             "AdamW steps with the plain gradient; then the term acts on the stepped weights, "
+                             "scaled by the learning rate", show)
 
 
 def check_dense_finetune_switch(fn, show: bool = True):
