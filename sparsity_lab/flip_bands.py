@@ -225,3 +225,21 @@ def verdict_lines(claims: list[dict]) -> str:
         tag = {True: "HOLDS", False: "FAILS", None: "NOT JUDGED"}[c["holds"]]
         lines += [f"[{tag}] {c['claim']}", f"    rule: {c['rule']}", f"    {c['evidence']}"]
     return "\n".join(lines)
+
+
+RECORDED = "flip_bands_cpu"  # results/flip_bands_cpu.json, written by `sparsity-lab demo --seeds 5 --record ...`
+
+
+def judged_or_recorded(bands: FlipBands, recorded: str = RECORDED) -> tuple[FlipBands, list[dict], str]:
+    """The run whose verdicts can be read: ``bands`` itself when it is large enough to judge, else the
+    recorded full-size run from results/ (read with its provenance). Returns (bands, verdicts, source)."""
+    claims = judge_flip_bands(bands)
+    if not any(c["evidence"].startswith("too small to judge") for c in claims):
+        return bands, claims, f"this live run ({len(bands.seeds)} seeds x {bands.steps} steps)"
+    from .provenance import read_result
+    stored = read_result(recorded)
+    shown = FlipBands.from_dict(stored["flip_bands"])
+    p = stored["provenance"]
+    command = p["command"].split("__main__.py ")[-1]
+    return shown, judge_flip_bands(shown), (f"the recorded run results/{recorded}.json ({len(shown.seeds)} seeds x "
+                                            f"{shown.steps} steps; {p['date'][:10]}, `sparsity-lab {command}`)")
