@@ -233,9 +233,8 @@ RECORDED = "flip_bands_cpu"  # results/flip_bands_cpu.json, written by `sparsity
 def judged_or_recorded(bands: FlipBands, recorded: str = RECORDED) -> tuple[FlipBands, list[dict], str]:
     """The run whose verdicts can be read: ``bands`` itself when it is large enough to judge, else the
     recorded full-size run from results/ (read with its provenance). Returns (bands, verdicts, source)."""
-    claims = judge_flip_bands(bands)
-    if not any(c["evidence"].startswith("too small to judge") for c in claims):
-        return bands, claims, f"this live run ({len(bands.seeds)} seeds x {bands.steps} steps)"
+    if len(bands.seeds) >= MIN_SEEDS and bands.steps >= MIN_STEPS:
+        return bands, judge_flip_bands(bands), f"this live run ({len(bands.seeds)} seeds x {bands.steps} steps)"
     from .provenance import read_result
     stored = read_result(recorded)
     shown = FlipBands.from_dict(stored["flip_bands"])

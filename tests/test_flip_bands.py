@@ -87,3 +87,14 @@ def test_band_figures():
     assert list(late.data[1].y) == pytest.approx([0.03, 0.031, 0.032])
     with pytest.raises(ValueError, match="labels must name"):
         flip_band_figure(b, labels=["srste"])
+
+
+def test_judged_or_recorded_falls_back_to_the_recorded_run_only_when_too_small():
+    from sparsity_lab.flip_bands import judged_or_recorded
+    small = hand_made({"dense": [0.005, 0.006], "ste": [0.03, 0.031]}, seeds=(0, 1))
+    shown, claims, source = judged_or_recorded(small)
+    assert shown is not small and "results/flip_bands_cpu.json" in source
+    assert all(c["holds"] is not None for c in claims)
+    large = hand_made({"dense": [0.005, 0.006, 0.007], "ste": [0.03, 0.031, 0.032]})
+    shown, claims, source = judged_or_recorded(large)
+    assert shown is large and source.startswith("this live run") and claims[1]["holds"] is True
