@@ -2,8 +2,13 @@
 
 Triton kernels run on CPU through the interpreter: TRITON_INTERPRET must be set before triton
 is imported, so it is set here, first, when no GPU is present.
+
+The course notebooks run once per test session at CI sizes (``executed_dir``) and the book is built
+once from those copies (``course_book``): the papermill tests, the book build test and the book's
+browser test all share them.
 """
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,3 +38,23 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device():
     return torch.device("cuda" if HAS_GPU else "cpu")
+
+
+@pytest.fixture(scope="session")
+def executed_dir(tmp_path_factory) -> Path:
+    """Executed copies of the course notebooks at CI sizes, shared by the papermill tests and the book."""
+    return tmp_path_factory.mktemp("executed-ci")
+
+
+@pytest.fixture(scope="session")
+def course_book(executed_dir, tmp_path_factory) -> Path:
+    """The course's HTML book at CI sizes, built once (notebooks not yet run are run now); its index.html."""
+    pytest.importorskip("papermill", reason="papermill is in the test extra")
+    try:
+        import jupyter_book  # noqa: F401
+    except ImportError:
+        pytest.fail("the book needs Jupyter Book 1, which the test extra installs: pip install -e '.[test]'")
+    from sparsity_lab.course import build_course
+
+    return build_course(out=tmp_path_factory.mktemp("course-book") / "book", sizes="ci",
+                        executed_dir=executed_dir, reuse=True, progress=False)

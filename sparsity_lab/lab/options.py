@@ -128,8 +128,9 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("method")
     g.add_argument("--method", default=S, help=f"one of {sorted(METHODS)}, or the structures "
                    f"{sorted(STRUCTURES)} (default ste)")
-    g.add_argument("--decay", type=float, default=S, help="lambda_W for srste (default 2e-4) and masked_decay "
-                   "(default 6e-5, the GPT-2 124M reference); see `sparsity-lab decay-search`")
+    g.add_argument("--decay", type=float, default=S, help="lambda_W for srste (default 2e-4), masked_decay "
+                   "and masked_decay_weights (default 6e-5, the GPT-2 124M reference); see "
+                   "`sparsity-lab decay-search`")
     g.add_argument("--mvue", action="store_true", default=S, help="MVUE 2:4 weight gradient (S-STE's recipe)")
     g.add_argument("--fp8-sim", action="store_true", default=S, help="simulate FP8 products (E4M3 forward, "
                    "E5M2 gradients, per-tensor scales) around --backend: numerics only, not faster")

@@ -119,7 +119,7 @@ def patterns_figure(n: int = N, m: int = M, per_row: int = 10):
                 z[r0 + i][c0 + j] = int(pat[i][j])
     fig = go.Figure(go.Heatmap(z=z, zmin=0, zmax=1, colorscale=((0, "#e8e8e8"), (1, "#1f4e79")), showscale=False,
                                hoverinfo="skip"))
-    fig.update_layout(title=f"all {pats.shape[0]} transposable {n}:{m} tile patterns", width=700,
+    fig.update_layout(title=f"all {pats.shape[0]} transposable {n}:{m} tile patterns",
                       height=int(700 * rows / per_row) + 80, xaxis={"visible": False},
                       yaxis={"visible": False, "autorange": "reversed", "scaleanchor": "x"})
     return fig
@@ -139,21 +139,24 @@ def tile_figure(tile, widget: bool = False):
 
     t = _check_tile(tile)
     sols = tile_solutions(t)
-    fig = make_subplots(rows=1, cols=len(sols), subplot_titles=[_panel_title(s) for s in sols],
-                        horizontal_spacing=0.03)
+    cols = 2  # a 2 x 2 grid: each panel stays legible in a book's text column
+    rows = -(-len(sols) // cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[_panel_title(s) for s in sols],
+                        horizontal_spacing=0.06, vertical_spacing=0.16)
     top = float(t.abs().max()) or 1.0
     text = [[f"{v:.3g}" for v in row] for row in t.tolist()]
     for k, sol in enumerate(sols, start=1):
+        at = {"row": (k - 1) // cols + 1, "col": (k - 1) % cols + 1}
         fig.add_trace(go.Heatmap(z=t.abs().tolist(), zmin=0, zmax=top, colorscale="Blues", showscale=False,
                                  text=text, texttemplate="%{text}", name="|w|",
-                                 hovertemplate="row %{y}, col %{x}: w = %{text}<extra></extra>"), row=1, col=k)
+                                 hovertemplate="row %{y}, col %{x}: w = %{text}<extra></extra>"), **at)
         pruned = [[None if keep else 1 for keep in row] for row in sol["mask"]]
         fig.add_trace(go.Heatmap(z=pruned, zmin=0, zmax=1, showscale=False, opacity=0.85, hoverinfo="skip",
                                  colorscale=((0, "rgb(225,225,225)"), (1, "rgb(225,225,225)")), name="pruned"),
-                      row=1, col=k)
-        fig.update_yaxes(autorange="reversed", showticklabels=k == 1, row=1, col=k)
-        fig.update_xaxes(scaleanchor=f"y{'' if k == 1 else k}", row=1, col=k)
-    fig.update_layout(width=1000, height=360, margin={"t": 90}, title="one 4x4 tile, four 2:4 solvers "
+                      **at)
+        fig.update_yaxes(autorange="reversed", showticklabels=at["col"] == 1, **at)
+        fig.update_xaxes(scaleanchor=f"y{'' if k == 1 else k}", **at)
+    fig.update_layout(height=300 * rows + 120, margin={"t": 90}, title="one 4x4 tile, four 2:4 solvers "
                       "(white/blue = kept, grey = pruned)")
     fig.update_annotations(font_size=11)
     return go.FigureWidget(fig) if widget else fig
@@ -263,7 +266,7 @@ def solver_bars(rows: list[dict], title: str = ""):
     fig.update_yaxes(range=[max(0.0, low - 0.1), 1.0], row=1, col=1)
     fig.update_yaxes(type="log", row=1, col=2)
     legend = "green: exact transposable, orange: approximate transposable, grey: not transposable"
-    fig.update_layout(title=f"{title}<br><sup>{legend}</sup>" if title else legend, height=480, width=1000)
+    fig.update_layout(title=f"{title}<br><sup>{legend}</sup>" if title else legend, height=480)
     return fig
 
 
