@@ -235,21 +235,21 @@ THINGS_TO_TRY = "## Things to try"
 
 
 def things_to_try(nb) -> str | None:
-    """The source of the notebook's last cell when it is the "## Things to try" markdown cell."""
-    if not nb.cells:
+    """The notebook's "## Things to try" section: its last cell from that heading on (the convention
+    has the cell start with it; prose before it in the same cell is left out), or None."""
+    if not nb.cells or nb.cells[-1].cell_type != "markdown":
         return None
-    last = nb.cells[-1]
-    if last.cell_type != "markdown" or not last.source.lstrip().startswith(THINGS_TO_TRY):
-        return None
-    return last.source
+    match = re.search(rf"^{re.escape(THINGS_TO_TRY)}[ \t]*$", nb.cells[-1].source, re.M)
+    return nb.cells[-1].source[match.start():] if match else None
 
 
-RUNNABLE_SPAN = re.compile(r"^(sparsity-lab|python |pytest|pip |[A-Z_]+=\S+ )|[A-Za-z_]\w*\(.*\)|\s=\s")
+RUNNABLE_SPAN = re.compile(r"^(sparsity-lab|python |pytest|pip |[A-Z_]+=\S+ )|[A-Za-z_]\w*\(.*\)")
 
 
 def runnable_inline_spans(markdown: str) -> list[str]:
-    """Inline code spans (outside fenced blocks) that look like something to run: a command, a call,
-    an assignment. The convention keeps those in fenced blocks, where a test runs them."""
+    """Inline code spans (outside fenced blocks) that look like something to run: a command or a
+    call. The convention keeps those in fenced blocks, where a test runs them. A parameter setting
+    (`steps = 600`, to change in the parameters cell and rerun) is not flagged."""
     prose = FENCE.sub("", markdown)
     spans = re.findall(r"(?<!`)`([^`\n]+)`(?!`)", prose)
     return [s for s in spans if RUNNABLE_SPAN.search(s.strip())]

@@ -85,10 +85,10 @@ def test_skips_collects_and_refusals():
 
 
 def test_runnable_inline_spans_are_found_and_names_pass():
-    text = ("## Things to try\n- Set `n_blocks = 8`, call `prune24(w, block=...)`, run `sparsity-lab bench-kernels` "
+    text = ("## Things to try\n- Set `n_blocks = 8` (a parameter), call `prune24(w, block=...)`, run `sparsity-lab bench-kernels` "
             "or `TRITON_INTERPRET=1 pytest -q x.py`.\n- Names: `live_shapes`, `seed=1`, `[512, 1024]`, `--method dense`."
             "\n```bash\nsparsity-lab demo\n```\n")
-    assert runnable_inline_spans(text) == ["n_blocks = 8", "prune24(w, block=...)", "sparsity-lab bench-kernels",
+    assert runnable_inline_spans(text) == ["prune24(w, block=...)", "sparsity-lab bench-kernels",
                                            "TRITON_INTERPRET=1 pytest -q x.py"]
 
 

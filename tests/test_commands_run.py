@@ -115,7 +115,7 @@ def test_things_to_try_keeps_runnable_code_in_fenced_blocks(path):
     import nbformat
 
     source = things_to_try(nbformat.read(path, as_version=4))
-    assert source is not None, f"{path.name}: the last cell must be a markdown cell starting '## Things to try'"
+    assert source is not None, f"{path.name}: the last cell must be a markdown cell with the heading '## Things to try'"
     spans = runnable_inline_spans(source)
     assert not spans, (f"{path.name}, Things to try: put these in a ```bash or ```python block (a test runs "
                        f"those), or keep only names inline: {spans}")
