@@ -74,9 +74,12 @@ def _papermill():
     return papermill
 
 
-def execute(path: Path, out: Path, sizes: str = "ci", cwd: Path = ROOT, progress_bar: bool = False,
+def execute(path: Path, out: Path, sizes: str = "ci", cwd: Path | None = None, progress_bar: bool = False,
             prepare_only: bool = False):
     """Run notebook ``path`` with papermill and write the executed copy to ``out``.
+
+    The kernel runs in ``cwd``, by default the folder of ``out``: whatever the notebook writes to a
+    relative path (notebook 09's ``runs/``) lands beside the executed copy, never in the source tree.
 
     ``sizes="ci"`` injects the notebook's CI parameters; ``"full"`` runs its own defaults (GPU sizes
     where the notebook has them). ``prepare_only=True`` writes the parametrized copy without running
@@ -90,6 +93,7 @@ def execute(path: Path, out: Path, sizes: str = "ci", cwd: Path = ROOT, progress
     papermill = _papermill()
     parameters = parameters_for(path, sizes)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
+    cwd = Path(out).parent if cwd is None else Path(cwd)
     try:
         return papermill.execute_notebook(str(path), str(out), parameters=parameters, kernel_name="python3",
                                           cwd=str(cwd), progress_bar=progress_bar, prepare_only=prepare_only,

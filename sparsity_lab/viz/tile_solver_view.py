@@ -273,19 +273,39 @@ def solver_bars(rows: list[dict], title: str = ""):
 def diversity_rows(block: tuple[int, int] = (8, 8)) -> list[dict]:
     """Mask diversity of one block at 50 %: unstructured, 4:8, 2:4, transposable 4:8, transposable 2:4.
 
-    Exact integers from masks.mask_diversity (enumeration / dynamic programming, no closed form).
+    Exact integers from masks.mask_diversity (enumeration / dynamic programming, no closed form), one
+    row ``{"mask", "count", "block"}`` per structure. A structure that the block cannot hold (4:8 needs
+    columns in groups of 8; transposable 4:8 needs whole 8x8 tiles, so a (4, 8) block has none) is left
+    out with a warning naming it; a block that holds none of them is a ValueError.
     """
+    import warnings
+
+    if (not isinstance(block, (tuple, list)) or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        raise ValueError(f"block must be (rows, cols), two positive ints, got {block!r}")
+    block = tuple(block)
     kinds = (("unstructured 50 %", "unstructured", 2, 4), ("4:8", "nm", 4, 8), ("2:4", "nm", 2, 4),
              ("transposable 4:8", "transposable", 4, 8), ("transposable 2:4", "transposable", 2, 4))
-    return [{"mask": label, "count": mask_diversity(kind, n, m, block)} for label, kind, n, m in kinds]
+    rows, left_out = [], []
+    for label, kind, n, m in kinds:
+        try:
+            rows.append({"mask": label, "count": mask_diversity(kind, n, m, block), "block": block})
+        except ValueError as err:  # the block does not hold this structure
+            left_out.append(f"{label} ({err})")
+    if not rows:
+        raise ValueError(f"block {block} holds none of the structures: " + "; ".join(left_out))
+    if left_out:
+        warnings.warn(f"diversity_rows(block={block}) leaves out " + "; ".join(left_out), stacklevel=2)
+    return rows
 
 
 def diversity_figure(rows: list[dict]):
     """Log-scale bars of the mask diversity counts (from diversity_rows)."""
     go = plotly_go()
+    rows_, cols = rows[0].get("block", (8, 8))
     fig = go.Figure(go.Bar(x=[r["mask"] for r in rows], y=[float(r["count"]) for r in rows],
                            text=[f"{float(r['count']):.3g}" for r in rows], textposition="outside"))
-    fig.update_layout(title="valid masks of one 8x8 block keeping half its entries", yaxis_type="log",
+    fig.update_layout(title=f"valid masks of one {rows_}x{cols} block keeping half its entries", yaxis_type="log",
                       yaxis_title="mask diversity (log scale)")
     return fig
 
