@@ -1,5 +1,5 @@
 """Exercises of notebook 11 (prune and regrow, Dietrich et al. 2021): the prune-fraction schedule
-pr(t), the L1 score of every b x b block, and one prune-and-regrow update with zeroed moments."""
+p(t), the L1 score of every b x b block, and one prune-and-regrow update with zeroed moments."""
 from __future__ import annotations
 
 import math
@@ -12,9 +12,9 @@ from .checking import ExerciseReport, run_check
 
 
 def check_prune_fraction(prune_fraction_fn, show: bool = True):
-    """``prune_fraction_fn(t, T)`` -> pr(t) = 0.25 (1 + cos(pi t / T)) for update t = 0..T."""
-    report = ExerciseReport("prune_fraction: the half-cosine schedule pr(t)",
-                            hint="pr(0) = 0.5 and pr(T) = 0; in between a half cosine: 0.25 * (1 + cos(pi * t / T)).",
+    """``prune_fraction_fn(t, T)`` -> p(t) = 0.25 (1 + cos(pi t / T)) for update t = 0..T."""
+    report = ExerciseReport("prune_fraction: the half-cosine schedule p(t)",
+                            hint="p(0) = 0.5 and p(T) = 0; in between a half cosine: 0.25 * (1 + cos(pi * t / T)).",
                             solution="prune_regrow")
 
     def body(r):
