@@ -125,9 +125,12 @@ def mvue24(x: torch.Tensor, dim: int = -1, generator: torch.Generator | None = N
     check=False skips the NaN/Inf scan (a gradient may legitimately overflow under a GradScaler,
     which then skips the step); groups holding NaN/Inf are then passed through unchanged, so the
     overflow still reaches dW and the scaler sees it (dropping it would hide it).
+    Range: a kept value becomes x_i / p_i, up to the sum of |x| over its group, which can overflow
+    a finite float16 x (four entries of 4e4 give 8e4 > 65504). check=True raises a clear error
+    then; check=False returns inf there, which a GradScaler sees as an overflow (step skipped).
     """
     if check:
-        check_float_tensor(x, "x")
+        check_float_tensor(x, "x", allow_meta=True)
     dim = normalize_dim(dim, x.dim())
     check_divisible(x.shape[dim], 4, "x", dim)
     if method not in ("exact", "sequential"):
@@ -145,7 +148,14 @@ def mvue24(x: torch.Tensor, dim: int = -1, generator: torch.Generator | None = N
     if not check:
         non_finite = ~torch.isfinite(groups).all(-1, keepdim=True)
         scaled = torch.where(non_finite, groups.double(), scaled)
-    return scaled.to(x.dtype).reshape(moved.shape).movedim(-1, dim)
+    out = scaled.to(x.dtype)
+    if check and not x.is_meta and not bool(torch.isfinite(out).all()):
+        # a kept x_i / p_i can exceed the dtype's range (float16: 65504) although x is finite
+        bad = int((~torch.isfinite(out)).any(-1).sum())
+        raise ValueError(f"mvue24: the rescaled kept values x / p overflow {x.dtype} (largest finite "
+                         f"{torch.finfo(x.dtype).max:.6g}) in {bad} group(s) of 4; pass x.float() (the result "
+                         "is then float32) or scale x down")
+    return out.reshape(moved.shape).movedim(-1, dim)
 
 
 def top2_24(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

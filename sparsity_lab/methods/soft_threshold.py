@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..masks.nm import nm_mask
-from ..validation import check_2d, check_divisible, check_float_tensor, check_nm
+from ..validation import check_2d, check_divisible, check_float_tensor, check_has_values, check_nm
 
 
 def soft_threshold(weight: torch.Tensor, mask: torch.Tensor | None = None, n: int = 2, m: int = 4,
@@ -28,7 +28,7 @@ def soft_threshold(weight: torch.Tensor, mask: torch.Tensor | None = None, n: in
     """
     if check:
         check_nm(n, m)
-        check_float_tensor(weight, "weight")
+        check_float_tensor(weight, "weight", allow_meta=True)
         check_2d(weight, "weight")
         check_divisible(weight.shape[1], m, "weight", 1)
     if mask is None:
@@ -50,6 +50,8 @@ def sste_beta(weight: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
 
     weight and soft: same shape (no broadcasting: a mismatch would give a silently wrong beta).
     """
+    check_has_values(weight, "weight", "sste_beta")
+    check_has_values(soft, "soft", "sste_beta")
     if soft.shape != weight.shape:
         raise ValueError(f"soft has shape {tuple(soft.shape)}, expected weight's {tuple(weight.shape)}")
     w, s = weight.detach().double(), soft.detach().double()
