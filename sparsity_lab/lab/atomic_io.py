@@ -65,6 +65,11 @@ def write_atomic(path: str | Path, writer: Callable[[BinaryIO], None], what: str
                               "the previous version, if any, is unchanged") from err
         raise
     fsync_folder(path.parent)
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a process killed mid-write
+        try:
+            stale.unlink()
+        except OSError:
+            pass
     return path
 
 

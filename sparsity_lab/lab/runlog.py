@@ -60,6 +60,16 @@ class RunLog:
         rows = [r for r in read_log(self.path, torn_tail_ok=True) if r["step"] <= step]
         write_text_atomic(self.path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows), "run log")
 
+    def _drop_torn_tail(self) -> None:
+        """Cut an unfinished last line (a run killed mid-write) so that appended rows start on a line
+        of their own instead of gluing onto it."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        with self.path.open("rb+") as fh:
+            data = fh.read()
+            if not data.endswith(b"\n"):
+                fh.truncate(data.rfind(b"\n") + 1)
+
     def _failed(self, err: OSError) -> OutputError:
         return OutputError(f"cannot write the run log {str(self.path)!r}: {err.strerror or err}")
 
@@ -69,6 +79,7 @@ class RunLog:
         line = json.dumps(clean_row(row), allow_nan=False) + "\n"
         try:
             if self._fh is None:
+                self._drop_torn_tail()
                 self._fh = self.path.open("a")
             self._fh.write(line)
         except OSError as err:

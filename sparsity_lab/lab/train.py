@@ -76,6 +76,9 @@ def run(args) -> int:
         out = ensure_folder(args.out or f"runs/{method}", "--out run")
         log = out / "log.jsonl"
         if log.exists():
+            if not args.overwrite and not (out / "checkpoint.pt").exists():
+                raise ValueError(f"{str(out)!r} holds a run that stopped before its first checkpoint; pass "
+                                 "--overwrite to start it again, or another --out")
             if not args.overwrite:
                 raise ValueError(f"{str(out)!r} already holds a run; pass --resume {out / 'checkpoint.pt'}, "
                                  "--overwrite or another --out")

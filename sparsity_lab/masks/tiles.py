@@ -94,6 +94,7 @@ def validate_transposable_mask(mask: torch.Tensor, n: int, m: int, exact: bool =
 
 
 def is_transposable(mask: torch.Tensor, n: int, m: int, exact: bool = True) -> bool:
+    check_has_values(mask, "mask", "is_transposable")  # a meta mask is neither: refuse, do not say False
     try:
         validate_transposable_mask(mask, n, m, exact)
     except ValueError:
