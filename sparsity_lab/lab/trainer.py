@@ -22,9 +22,9 @@ log's rows past the checkpoint are dropped on resume.
 
 Non-finite values: when the loss or the gradient norm of a step is NaN/Inf the step is *not*
 applied (no optimizer update, no decay, no counter advance, gradients dropped) and the run
-stops with ``TrainingDiverged`` naming the step; the model, masks, optimizer and the last
-checkpoint are those of the step before. Masks are therefore never computed from a non-finite
-weight.
+stops with ``TrainingDiverged`` naming the step; weights, optimizer, step counters and the last
+checkpoint are those of the step before (the failed step's forward may have refreshed a due
+mask, from those finite weights). Weights never become non-finite, so neither do masks or beta.
 """
 from __future__ import annotations
 
@@ -314,7 +314,7 @@ class Trainer:
         what = (f"the training loss became {loss_value}" if not math.isfinite(loss_value)
                 else f"the gradient norm became {norm_value} (a NaN/Inf gradient)")
         raise TrainingDiverged(f"{self.config.method}: {what} at step {self.step + 1}; that step was not applied "
-                               f"(model, masks, optimizer and counters are those after step {self.step}). "
+                               f"(weights, optimizer and step counters are those after step {self.step}). "
                                "Resume from the last checkpoint with a lower --lr, or check the data")
 
     def _mask_stats(self) -> dict:
