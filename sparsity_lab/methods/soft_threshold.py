@@ -13,6 +13,8 @@ conversion and frozen. Gaussian W gives beta ~ 1.48.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..masks.nm import nm_mask
@@ -55,6 +57,13 @@ def sste_beta(weight: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
     if soft.shape != weight.shape:
         raise ValueError(f"soft has shape {tuple(soft.shape)}, expected weight's {tuple(weight.shape)}")
     w, s = weight.detach().double(), soft.detach().double()
+    # beta is scale-invariant: divide both by a power of two near max |w| first, so that the dot
+    # products neither overflow (float64 weights near 1e307 gave inf / inf = NaN) nor underflow
+    # (subnormal S gave <S, S> = 0 and beta = 1)
+    top = float(w.abs().max())
+    if 0 < top < math.inf:
+        shift = math.frexp(top)[1]
+        w, s = torch.ldexp(w, torch.tensor(-shift)), torch.ldexp(s, torch.tensor(-shift))
     den = (s * s).sum()
     beta = (w * s).sum() / den if den > 0 else torch.ones((), dtype=torch.float64)
     return beta.float()
