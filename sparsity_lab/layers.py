@@ -29,7 +29,7 @@ from .backends.base import Backend
 from .methods.config import STE, SparsityMethod
 from .methods.flip_rate import mask_flips_tensor
 from .methods.soft_threshold import soft_threshold, sste_beta
-from .validation import check_divisible
+from .validation import check_divisible, check_float_tensor, check_has_values
 
 _COUNTERS = ("step", "mask_step", "mask_updates", "last_flips", "flips_total", "mvue_seed", "mvue_calls")
 
@@ -121,6 +121,9 @@ class SparseLinear(nn.Linear):
     def _setup(self, method: SparsityMethod) -> None:
         if not isinstance(method, SparsityMethod):
             raise TypeError(f"method must be a SparsityMethod (e.g. STE()), got {type(method).__name__}")
+        # the mask and S-STE's frozen beta are computed from the values: none on meta, none from NaN
+        check_has_values(self.weight, "weight", "SparseLinear (its mask and S-STE's beta come from the weights)")
+        check_float_tensor(self.weight, "weight")
         check_divisible(self.in_features, method.m, "in_features", 1)
         if method.transposable:
             check_divisible(self.out_features, method.m, "out_features (transposable mask)", 0)
