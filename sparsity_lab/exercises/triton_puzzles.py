@@ -23,8 +23,11 @@ SOLUTION = "triton_puzzles"
 def _device_for(r: ExerciseReport, kernel) -> torch.device | None:
     """CPU when the kernel is interpreted, else CUDA (a compiled kernel cannot read CPU memory); None
     (a recorded problem) when ``kernel`` is not a Triton kernel."""
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+    except ImportError as err:
+        raise ImportError("the Triton puzzles need triton, which has Linux wheels only: pip install triton") from err
 
     if not isinstance(kernel, (InterpretedFunction, JITFunction)):
         r.expect(False, f"expected a @triton.jit kernel, got {type(kernel).__name__}: decorate your function "
