@@ -77,3 +77,19 @@ def test_transposable_wrong_answers_are_named():
     _failed(ex.check_transposable_mask_search(wrong_tiles, show=False), "tile")
     _failed(ex.check_greedy_keep(solve_greedy_prune, show=False), "prune greedy")
     _failed(ex.check_greedy_keep(lambda w, n, m: torch.ones_like(w, dtype=torch.bool), show=False), "more than")
+
+
+def test_checks_leave_the_notebooks_random_stream_alone():
+    """A check draws fresh inputs from its own generator: the learner's torch.manual_seed(...) cells keep
+    giving the same numbers after a check ran (torch.seed() would have reseeded the global generator)."""
+    from sparsity_lab.exercises import mvue as ex_mvue
+    from sparsity_lab.exercises import sste as ex_sste
+    from sparsity_lab.exercises.solutions import mvue as sol_mvue
+    from sparsity_lab.exercises.solutions import sste as sol_sste
+
+    before = torch.get_rng_state()
+    for check, solution in CHECKS + [(ex_sste.check_soft_threshold, sol_sste.soft_threshold),
+                                     (ex_mvue.check_mvue_probabilities, sol_mvue.mvue_probabilities),
+                                     (ex_mvue.check_mvue_sampler, sol_mvue.mvue24)]:
+        check(solution, show=False)
+    assert torch.equal(before, torch.get_rng_state())

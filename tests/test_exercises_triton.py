@@ -4,6 +4,7 @@ conftest.py sets TRITON_INTERPRET=1 before anything imports triton when no GPU i
 import pytest
 
 pytest.importorskip("triton", reason="the Triton puzzles need triton")
+pytestmark = pytest.mark.triton
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 

@@ -84,3 +84,20 @@ def test_keep_greedy_bound_on_many_random_tiles():
     tiles = to_tiles(w, 4).reshape(-1, 16)
     keep = (tiles * to_tiles(transposable_mask(w, 2, 4, solver="greedy"), 4).reshape(-1, 16)).sum(1)
     assert float((keep / (tiles @ AT_MOST_24.T).max(1).values).min()) >= 0.5
+
+
+def test_the_lesson_does_not_credit_the_prune_variant_to_the_paper():
+    """Notebook 02 teaches the attribution: no sentence may give the prune variant Hubara et al.'s name or
+    a 2-approximation, and the keep greedy must be the one credited."""
+    import re
+    from pathlib import Path
+
+    import nbformat
+
+    nb = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / "02_transposable_masks.ipynb", as_version=4)
+    prose = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    sentences = re.split(r"(?<=[.:;])\s+|\n-\s", prose)
+    for sentence in sentences:
+        if re.search(r"greedy[ _]prune", sentence):
+            assert not re.search(r"Hubara|2-approximation|the paper's", sentence), sentence
+    assert re.search(r"\*\*greedy keep\*\* \(Hubara et al\. 2021\)", prose)

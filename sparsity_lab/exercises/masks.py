@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+import secrets
+
 import torch
 
 from ..masks import nm_mask, transposable_mask, transposable_patterns
@@ -16,6 +18,11 @@ from ..masks.tiles import to_tiles
 from .checking import CheckResult, ExerciseReport, run_check
 
 SOLUTION = "masks"
+
+
+def _fresh_generator() -> torch.Generator:
+    """Fresh random inputs for every check, without touching the notebook's global torch RNG."""
+    return torch.Generator().manual_seed(secrets.randbits(31))
 
 
 # --- references (written out here so that a check never depends on the learner's code) -------------
@@ -90,7 +97,7 @@ def check_nm_mask(nm_mask_fn, show: bool = True) -> CheckResult:
                             hint="reshape the last dimension into (K / m, m) groups, rank |w| inside each group.")
 
     def body(r: ExerciseReport) -> None:
-        gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+        gen = _fresh_generator()
         _nm_case(r, nm_mask_fn, torch.randn(8, 16, generator=gen), 2, 4, "random 8 x 16, 2:4")
         _nm_case(r, nm_mask_fn, torch.tensor([[0.9, -0.4, 0.3, -1.2, -3.0, 1.0, 2.0, -4.0]]), 2, 4,
                  "negative weights [[0.9, -0.4, 0.3, -1.2, -3, 1, 2, -4]]")
@@ -108,7 +115,8 @@ def check_kept_fraction(kept_fraction_fn, show: bool = True) -> CheckResult:
                             hint="weigh each kept entry by |w|: (|w| * mask).sum() / |w|.sum().")
 
     def body(r: ExerciseReport) -> None:
-        for w, label in ((torch.randn(8, 16), "random 8 x 16 with a 2:4 mask"),
+        gen = _fresh_generator()
+        for w, label in ((torch.randn(8, 16, generator=gen), "random 8 x 16 with a 2:4 mask"),
                          (torch.tensor([[0.9, -0.4, 0.3, -1.2]]), "[[0.9, -0.4, 0.3, -1.2]] with a 2:4 mask")):
             mask = nm_mask(w, 2, 4)
             got = r.call(kept_fraction_fn, w.clone(), mask.clone(), what=f"{label}: your kept_fraction")
@@ -139,8 +147,9 @@ def check_unstructured_mask(unstructured_fn, show: bool = True) -> CheckResult:
                             hint="flatten |w|, sort it (stable, descending) and keep the first round(density * numel).")
 
     def body(r: ExerciseReport) -> None:
-        cases = ((torch.randn(8, 16), 0.5, "random 8 x 16, density 0.5"),
-                 (torch.randn(6, 10), 0.3, "random 6 x 10, density 0.3"),
+        gen = _fresh_generator()
+        cases = ((torch.randn(8, 16, generator=gen), 0.5, "random 8 x 16, density 0.5"),
+                 (torch.randn(6, 10, generator=gen), 0.3, "random 6 x 10, density 0.3"),
                  (torch.tensor([[1.0, -1.0, 1.0, 0.0], [2.0, 0.5, -2.0, 1.0]]), 0.5, "ties, density 0.5"))
         for w, d, label in cases:
             got = _as_mask(r, r.call(unstructured_fn, w.clone(), d, what=f"{label}: your function"), w.shape, label)
@@ -248,7 +257,7 @@ def check_transposable_mask_search(search_fn, show: bool = True) -> CheckResult:
                                  "tiles (T, 16) @ patterns (16, 90), argmax, and put the tiles back.")
 
     def body(r: ExerciseReport) -> None:
-        gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+        gen = _fresh_generator()
         cases = ((torch.randn(8, 8, generator=gen), "random 8 x 8"),
                  (torch.randn(8, 16, generator=gen), "random 8 x 16 (not square)"),
                  (torch.randn(12, 4, generator=gen), "random 12 x 4"),
@@ -283,7 +292,7 @@ def check_greedy_keep(greedy_fn, show: bool = True) -> CheckResult:
                                  "row_count[p // m] < n and col_count[p % m] < n.")
 
     def body(r: ExerciseReport) -> None:
-        gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+        gen = _fresh_generator()
         cases = ((torch.randn(8, 8, generator=gen), 2, 4, "random 8 x 8, 2:4"),
                  (torch.tensor([[10., 0, 0, 0], [0, .1, 5, 5], [0, 5, .1, 5], [0, 5, 5, .1]]), 2, 4,
                   "a tile where greedy ends one short"),

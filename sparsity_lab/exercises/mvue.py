@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import math
 
+import secrets
+
 import torch
 
 from ..methods.mvue import mvue_probabilities
 from .checking import CheckResult, ExerciseReport, run_check
 
 SOLUTION = "mvue"
+
+
+def _fresh_generator() -> torch.Generator:
+    """Fresh random inputs for every check, without touching the notebook's global torch RNG."""
+    return torch.Generator().manual_seed(secrets.randbits(31))
 # |mean - x| <= Z_BOUND standard errors at every entry: for an unbiased sampler the chance that one of
 # the 16 checked entries lands further out is below 16 * 6e-7 (normal tails; K is large).
 Z_BOUND = 5.0
@@ -25,7 +32,7 @@ def _groups() -> list[tuple[torch.Tensor, str]]:
             (torch.tensor([[3.0, -1.0, 0.5, 0.25]]), "[3, -1, 0.5, 0.25] (one dominant entry)"),
             (torch.tensor([[0.0, 2.0, 0.0, -1.0]]), "[0, 2, 0, -1] (two non-zeros)"),
             (torch.tensor([[0.0, -2.0, 0.0, 0.0]]), "[0, -2, 0, 0] (one non-zero)"),
-            (torch.randn(16, 4, dtype=torch.float64), "16 random groups")]
+            (torch.randn(16, 4, dtype=torch.float64, generator=_fresh_generator()), "16 random groups")]
 
 
 def check_mvue_probabilities(prob_fn, show: bool = True) -> CheckResult:
@@ -80,7 +87,7 @@ def check_mvue_sampler(sampler_fn, draws: int = 4000, show: bool = True) -> Chec
                                  "divide each kept entry by its p.")
 
     def body(r: ExerciseReport) -> None:
-        seed = torch.seed() % 2**31
+        seed = secrets.randbits(31)
         x = torch.tensor([[3.0, -1.0, 0.5, 0.25, 1.0, 1.0, 1.0, 1.0],
                           [0.0, 2.0, 0.0, 0.0, -0.5, 0.4, -0.3, 0.2]], dtype=torch.float64)
         many = x.repeat(draws, 1)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import secrets
+
 import torch
 
 from ..masks import nm_mask
@@ -13,6 +15,11 @@ from ..methods import soft_threshold, sste_beta
 from .checking import CheckResult, ExerciseReport, run_check
 
 SOLUTION = "sste"
+
+
+def _fresh_generator() -> torch.Generator:
+    """Fresh random inputs for every check, without touching the notebook's global torch RNG."""
+    return torch.Generator().manual_seed(secrets.randbits(31))
 
 
 def _cases(gen: torch.Generator) -> list[tuple[torch.Tensor, str]]:
@@ -57,7 +64,7 @@ def check_soft_threshold(soft_fn, show: bool = True) -> CheckResult:
                                  "of 4; then where(m, sign(w) * (|w| - t).clamp_min(0), 0).")
 
     def body(r: ExerciseReport) -> None:
-        gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+        gen = _fresh_generator()
         for w, label in _cases(gen):
             got = r.call(soft_fn, w.clone(), what=f"{label}: your soft_threshold(w)")
             if got is None:
@@ -81,7 +88,7 @@ def check_sste_beta(beta_fn, show: bool = True) -> CheckResult:
                                  "every entry of the tensor.")
 
     def body(r: ExerciseReport) -> None:
-        gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+        gen = _fresh_generator()
         w = torch.randn(16, 32, generator=gen)
         cases = [(w, soft_threshold(w), "random 16 x 32"),
                  (3 * w, soft_threshold(3 * w), "the same weight times 3 (beta must not change)"),
@@ -117,7 +124,7 @@ def check_sste_weight(weight_fn, show: bool = True) -> CheckResult:
                             hint="w + (beta * S(w) - w).detach() has the value beta * S(w) and the gradient of w.")
 
     def body(r: ExerciseReport) -> None:
-        gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+        gen = _fresh_generator()
         w0 = torch.randn(8, 16, generator=gen)
         beta = sste_beta(w0, soft_threshold(w0))
         w = w0.clone().requires_grad_(True)

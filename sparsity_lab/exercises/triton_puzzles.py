@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+import secrets
+
 import torch
 
 from ..masks import nm_mask
@@ -20,11 +22,19 @@ from .checking import CheckResult, ExerciseReport, run_check
 SOLUTION = "triton_puzzles"
 
 
+def _fresh_generator() -> torch.Generator:
+    """Fresh random inputs for every check, without touching the notebook's global torch RNG."""
+    return torch.Generator().manual_seed(secrets.randbits(31))
+
+
 def _device_for(r: ExerciseReport, kernel) -> torch.device | None:
     """CPU when the kernel is interpreted, else CUDA (a compiled kernel cannot read CPU memory); None
     (a recorded problem) when ``kernel`` is not a Triton kernel."""
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+    except ImportError as err:
+        raise ImportError("the Triton puzzles need triton, which has Linux wheels only: pip install triton") from err
 
     if not isinstance(kernel, (InterpretedFunction, JITFunction)):
         r.expect(False, f"expected a @triton.jit kernel, got {type(kernel).__name__}: decorate your function "
@@ -94,7 +104,7 @@ def check_scale_kernel(kernel, show: bool = True) -> CheckResult:
         if device is None:
             return
         n, block = 19, 8
-        x = torch.randn(n + 5, device=device)         # 5 guard elements after the end must stay untouched
+        x = torch.randn(n + 5, generator=_fresh_generator()).to(device)  # 5 guard elements past the end stay untouched
         out = torch.full_like(x, -7.0)
         if not _ran(r, _launcher(kernel, (_cdiv(n, block),), x, out, n, 2.5, BLOCK=block), "your kernel"):
             return
@@ -105,7 +115,7 @@ def check_scale_kernel(kernel, show: bool = True) -> CheckResult:
 
 
 def _prune_cases(device: torch.device) -> list[tuple[torch.Tensor, str]]:
-    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    gen = _fresh_generator()
     return [(torch.tensor([[0.9, -0.4, 0.3, -1.2, 1.0, 1.0, 1.0, 1.0]]), "[[0.9, -0.4, 0.3, -1.2, 1, 1, 1, 1]]"),
             (torch.randn(4, 16, generator=gen), "random 4 x 16"),
             (torch.randint(-2, 3, (4, 8), generator=gen).float(), "many ties (integers -2..2)"),

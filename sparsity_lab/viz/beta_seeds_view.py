@@ -65,7 +65,7 @@ def beta_verdict_lines(summary: dict) -> list[str]:
     for text, agree, spread in claims:
         verdict = "HOLDS" if all(agree) else ("FAILS" if not any(agree) else "MIXED")
         extra = f"; {spread[0]} {min(spread[1]):.2f}-{max(spread[1]):.2f}" if spread else ""
-        lines.append(f"  {text}: {verdict} on {sum(agree)} of {len(agree)} seeds{extra}")
+        lines.append(f"  [{verdict}] {text}: on {sum(agree)} of {len(agree)} seeds{extra}")
     return lines
 
 
