@@ -14,6 +14,7 @@ computed, flip counts, the MVUE draw counter) are the module's extra state. Both
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,19 @@ from .methods.soft_threshold import soft_threshold, sste_beta
 from .validation import check_divisible
 
 _COUNTERS = ("step", "mask_step", "mask_updates", "last_flips", "flips_total", "mvue_seed", "mvue_calls")
+_RANK_STRIDE = 0x9E3779B97F4A7C15  # odd 64-bit constant: rank streams land far apart in seed space
+
+
+def mvue_stream_seed(seed: int, rank: int, call: int) -> int:
+    """Seed of MVUE draw ``call`` of a layer with ``seed`` on data-parallel ``rank``: a function of the
+    three alone, so draws are reproducible, and distinct ranks draw independently (their average
+    stays unbiased). Rank 0 gives the single-process seeds."""
+    return ((seed + rank * _RANK_STRIDE) * 1_000_003 + call) % (2**63 - 1)
+
+
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    dtensor_module = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before its import
+    return dtensor_module is not None and isinstance(tensor, dtensor_module.DTensor)
 
 
 @dataclass
@@ -119,6 +133,9 @@ class SparseLinear(nn.Linear):
     def _setup(self, method: SparsityMethod) -> None:
         if not isinstance(method, SparsityMethod):
             raise TypeError(f"method must be a SparsityMethod (e.g. STE()), got {type(method).__name__}")
+        if _is_dtensor(self.weight):
+            raise TypeError("this linear's weight is already sharded (a DTensor, e.g. by fully_shard): call "
+                            "sparsify(model, method) first, then sparsity_lab.distributed.fully_shard_sparse")
         check_divisible(self.in_features, method.m, "in_features", 1)
         if method.transposable:
             check_divisible(self.out_features, method.m, "out_features (transposable mask)", 0)
@@ -134,6 +151,9 @@ class SparseLinear(nn.Linear):
         self._graph_seed: torch.Tensor | None = None
         self._graph_calls = 0  # forward calls that used _graph_seed (one per captured step is supported)
         self._last_flips = self._flips_total = 0
+        # which process's MVUE stream to draw from; None: this process's torch.distributed rank (0 when
+        # not distributed), so data-parallel ranks draw independently (not saved: it belongs to the process)
+        self.mvue_rank: int | None = None
         for name in _COUNTERS:
             setattr(self, name, 0)
         self.mvue_seed = int(torch.randint(0, 2**62, (1,)).item())
@@ -193,14 +213,26 @@ class SparseLinear(nn.Linear):
         if self.mask_updates > 0:
             # counted on the device and read when someone asks (last_flips / flips_total): no host
             # sync in the training step, which would stall the queue of cuSPARSELt calls
-            count = getattr(self.backend, "mask_flips", mask_flips_tensor)  # a backend may count faster
-            flips = count(self.mask, new)
+            flips = self._count_flips(new)
             self._pending_last = flips
             self._pending_sum = flips if self._pending_sum is None else self._pending_sum + flips
-        self.mask.copy_(new)
+        self._set_mask(new)
         self.mask_step = self.step
         self.mask_updates += 1
         self._operand_cache = None
+
+    # hooks that a sharded layer (sparsity_lab.distributed) overrides: the mask buffer may hold only
+    # this process's part, while the products need the full mask
+    def _count_flips(self, new: torch.Tensor) -> torch.Tensor:
+        count = getattr(self.backend, "mask_flips", mask_flips_tensor)  # a backend may count faster
+        return count(self.mask, new)
+
+    def _set_mask(self, new: torch.Tensor) -> None:
+        self.mask.copy_(new)
+
+    def _mask_for_products(self) -> torch.Tensor:
+        """The full mask the products of this forward use."""
+        return self.mask
 
     def _settle_flips(self) -> None:
         if self._pending_sum is not None:
@@ -253,7 +285,7 @@ class SparseLinear(nn.Linear):
             return self.weight
         m = self.method
         beta = self.beta if m.soft_threshold else None
-        return self.backend.sparse_weight(self.weight.detach(), self.mask, beta, m.n, m.m)
+        return self.backend.sparse_weight(self.weight.detach(), self._mask_for_products(), beta, m.n, m.m)
 
     def _sparse_weight_as(self, dtype: torch.dtype) -> torch.Tensor:
         """``sparse_weight().to(dtype)``, in one pass where the backend offers ``sparse_weight_as``."""
@@ -262,7 +294,7 @@ class SparseLinear(nn.Linear):
             return self.sparse_weight().to(dtype)
         m = self.method
         beta = self.beta if m.soft_threshold else None
-        return as_dtype(self.weight.detach(), self.mask, beta, m.n, m.m, dtype)
+        return as_dtype(self.weight.detach(), self._mask_for_products(), beta, m.n, m.m, dtype)
 
     def _operand(self, dtype: torch.dtype, backward: bool = True) -> Any:
         # one prepared (pruned, and for hardware backends compressed) weight per optimizer step,
@@ -274,7 +306,8 @@ class SparseLinear(nn.Linear):
             prepare_masked = getattr(self.backend, "prepare_masked", None)  # straight from W and the mask
             if prepare_masked is not None:
                 m = self.method
-                operand = prepare_masked(self.weight.detach(), self.mask, self.beta if m.soft_threshold else None,
+                operand = prepare_masked(self.weight.detach(), self._mask_for_products(),
+                                         self.beta if m.soft_threshold else None,
                                          m.n, m.m, dtype, backward=backward)
             else:
                 operand = self.backend.prepare(self._sparse_weight_as(dtype))
@@ -288,9 +321,15 @@ class SparseLinear(nn.Linear):
         # A CPU generator even for GPU tensors: a backend takes its kernel seed from it (or seeds a
         # device generator, see backends.torch_reference.generator_on) without a host-device sync.
         gen = torch.Generator()
-        gen.manual_seed((self.mvue_seed * 1_000_003 + self.mvue_calls) % (2**63 - 1))
+        gen.manual_seed(mvue_stream_seed(self.mvue_seed, self._mvue_rank(), self.mvue_calls))
         self.mvue_calls += 1
         return gen
+
+    def _mvue_rank(self) -> int:
+        if self.mvue_rank is not None:
+            return self.mvue_rank
+        dist = torch.distributed
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
     def _seed_for_backward(self, device: torch.device):
         """What the backend draws MVUE from: this call's CPU generator (eager), or under a CUDA-graph
@@ -327,7 +366,8 @@ class SparseLinear(nn.Linear):
         dtype = _compute_dtype(x, self.weight)
         grad_needed = torch.is_grad_enabled() and self.weight.requires_grad
         plan = _BackwardPlan(
-            backend=self.backend, operand=self._operand(dtype, backward=grad_needed), dtype=dtype, mask=self.mask,
+            backend=self.backend, operand=self._operand(dtype, backward=grad_needed), dtype=dtype,
+            mask=self._mask_for_products(),
             decay=self._backward_decay() if grad_needed else 0.0, mvue=self.method.mvue,
             generator=self._seed_for_backward(x.device) if grad_needed else None,
         )
