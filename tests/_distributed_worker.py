@@ -12,15 +12,18 @@ per check with the measured differences; the test asserts on them.
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
 import time
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+import warnings
 
 import torch
 import torch.distributed as dist
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels on the CPU; before triton is imported
 
 from sparsity_lab import SSTE, STE, SRSTE, MaskedDecay, Dense, attach_optimizer, sparsify
 from sparsity_lab.distributed import data_parallel, fully_shard_sparse, local_batch
@@ -28,6 +31,7 @@ from sparsity_lab.lab.model import GPT, GPTConfig
 from sparsity_lab.training_hooks import sparse_layers
 
 STEPS = 20
+STEPS_TRITON_MVUE = 4  # the interpreted MVUE kernels are slow on CPU
 GLOBAL_BATCH = 4
 CONFIG = dict(vocab_size=32, context=8, n_layer=2, n_head=2, d_model=16)
 
@@ -81,67 +85,62 @@ def full_state(model: torch.nn.Module) -> dict:
     return {"tensors": state, "counters": counters}
 
 
-def train_full_batch(method, steps: int = STEPS) -> tuple[list, dict]:
-    """One process, one forward over the global batch (no MVUE: its draws cannot match)."""
+def make(method, parallel: str | None):
+    """(sparse model, what to call, optimizer) for one process (None), "ddp" or "fsdp"."""
     model = build(method)
-    opt = optimizer_for(model)
-    attach_optimizer(model, opt)
-    losses = []
-    for x, y in data(steps):
-        opt.zero_grad(set_to_none=True)
-        _, loss = model(x, y)
-        loss.backward()
-        opt.step()
-        losses.append([loss.item()])
-    return losses, full_state(model)
-
-
-def train_reference(method, world: int, steps: int = STEPS) -> tuple[list, dict]:
-    """One process, the same global batch, as ``world`` accumulated micro-batches."""
-    model = build(method)
-    opt = optimizer_for(model)
-    attach_optimizer(model, opt)
-    mvue = [layer for _, layer in sparse_layers(model) if layer.method.mvue]
-    losses = []
-    for t, (x, y) in enumerate(data(steps)):
-        opt.zero_grad(set_to_none=True)
-        step_losses = []
-        for r in range(world):
-            for layer in mvue:  # draw as rank r draws at step t
-                layer.mvue_rank, layer.mvue_calls = r, t
-            _, loss = model(local_batch(x, r, world), local_batch(y, r, world))
-            (loss / world).backward()
-            step_losses.append(loss.item())
-        for layer in mvue:
-            layer.mvue_rank, layer.mvue_calls = None, t + 1
-        opt.step()
-        losses.append(step_losses)
-    return losses, full_state(model)
-
-
-def train_parallel(method, parallel: str, steps: int = STEPS) -> tuple[list, dict]:
-    rank, world = dist.get_rank(), dist.get_world_size()
-    model = build(method)
-    if parallel == "ddp":
-        wrapped = data_parallel(model)
-    else:
-        wrapped = fully_shard_sparse(model)
+    wrapped = {None: lambda m: m, "ddp": data_parallel, "fsdp": fully_shard_sparse}[parallel](model)
     opt = optimizer_for(wrapped)
     attach_optimizer(model, opt)
+    return model, wrapped, opt
+
+
+def run_steps(model, wrapped, opt, parallel: str | None, start: int, stop: int, world: int = 2,
+              full_batch: bool = False) -> list:
+    """Steps start..stop-1 on the global batches; returns each step's per-rank (micro-batch) losses.
+
+    parallel None: one process, the global batch as ``world`` accumulated micro-batches (each loss
+    / world), MVUE micro-batch r drawn from rank r's stream; full_batch=True: one forward instead."""
     losses = []
-    for x, y in data(steps):
+    mvue = [layer for _, layer in sparse_layers(model) if layer.method.mvue]
+    for t, (x, y) in list(enumerate(data(stop)))[start:]:
         opt.zero_grad(set_to_none=True)
-        _, loss = wrapped(local_batch(x, rank, world), local_batch(y, rank, world))
-        loss.backward()
+        if parallel is not None:
+            rank, size = dist.get_rank(), dist.get_world_size()
+            _, loss = wrapped(local_batch(x, rank, size), local_batch(y, rank, size))
+            loss.backward()
+            every = [None] * size
+            dist.all_gather_object(every, loss.item())
+        elif full_batch:
+            _, loss = model(x, y)
+            loss.backward()
+            every = [loss.item()]
+        else:
+            every = []
+            for r in range(world):
+                for layer in mvue:  # draw as rank r draws at step t
+                    layer.mvue_rank, layer.mvue_calls = r, t
+                _, loss = model(local_batch(x, r, world), local_batch(y, r, world))
+                (loss / world).backward()
+                every.append(loss.item())
+            for layer in mvue:
+                layer.mvue_rank, layer.mvue_calls = None, t + 1
         opt.step()
-        every = [None] * world
-        dist.all_gather_object(every, loss.item())
         losses.append(every)
-    state = full_state(model)
-    # the fraction of the sparse layers' mask entries that this rank stores (1 / world under FSDP2)
+    return losses
+
+
+def mask_stored_fraction(model) -> float:
+    """The fraction of the sparse layers' mask entries that this rank stores (1 / world under FSDP2)."""
     layers = [layer for _, layer in sparse_layers(model)]
     local = sum((lay.mask.to_local() if hasattr(lay.mask, "to_local") else lay.mask).numel() for lay in layers)
-    state["mask_stored_fraction"] = local / sum(lay.mask.numel() for lay in layers)
+    return local / sum(lay.mask.numel() for lay in layers)
+
+
+def train(method, parallel: str | None, steps: int = STEPS, full_batch: bool = False) -> tuple[list, dict]:
+    model, wrapped, opt = make(method, parallel)
+    losses = run_steps(model, wrapped, opt, parallel, 0, steps, full_batch=full_batch)
+    state = full_state(model)
+    state["mask_stored_fraction"] = mask_stored_fraction(model)
     return losses, state
 
 
@@ -176,10 +175,11 @@ def check_training(results: dict, names: list[str]) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     for name in names:
         method = methods()[name]
-        reference = train_reference(method, world) if rank == 0 else None
+        steps = STEPS_TRITON_MVUE if method.backend == "triton" and method.mvue else STEPS
+        reference = train(method, None, steps) if rank == 0 else None
         for parallel in ("ddp", "fsdp"):
             start = time.perf_counter()
-            got = train_parallel(method, parallel)
+            got = train(method, parallel, steps)
             if rank == 0:
                 record = compare(reference, got)
                 record["seconds"] = round(time.perf_counter() - start, 2)
@@ -188,21 +188,196 @@ def check_training(results: dict, names: list[str]) -> None:
                 results[f"{parallel}/{name}"] = record
         if rank == 0 and not method.mvue:
             # the accumulated reference against one forward over the whole batch: equal up to rounding
-            record = compare(reference, train_full_batch(method))
+            record = compare(reference, train(method, None, steps, full_batch=True))
+            record["dtype"] = str(dtype_for(method))
             results[f"full_batch/{name}"] = record
 
 
-CHECKS = {"training": check_training}
+def sparse_grads(model) -> dict:
+    return {name: layer.weight.grad.detach().clone() for name, layer in sparse_layers(model)}
+
+
+def check_mvue(results: dict) -> None:
+    """MVUE across ranks: independent draws, reproducible from (seed, rank), an unbiased average."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    method = SSTE(mvue=True)
+    x, y = data(1)[0]
+    # the same data on every rank, no wrapper: only the rank's stream differs
+    model = build(method)
+    attach_optimizer(model, optimizer_for(model))
+    model(x, y)[1].backward()
+    every = [None] * world
+    dist.all_gather_object(every, sparse_grads(model))
+    if rank == 0:
+        replay = build(method)
+        attach_optimizer(replay, optimizer_for(replay))
+        for _, layer in sparse_layers(replay):
+            layer.mvue_rank = 1
+        replay(x, y)[1].backward()
+        again = sparse_grads(replay)
+        results["mvue/streams"] = {
+            "ranks_differ": all(not torch.equal(every[0][k], every[1][k]) for k in every[0]),
+            "rank1_replayed_on_rank0": all(torch.equal(every[1][k], again[k]) for k in again),
+        }
+    # unbiased: the DDP-averaged MVUE gradient, averaged over draws, against the exact gradient
+    draws = 200
+    model, wrapped, opt = make(method, "ddp")
+    exact_model, exact_wrapped, _ = make(SSTE(), "ddp")
+    xr, yr = local_batch(x, rank, world), local_batch(y, rank, world)
+    exact_wrapped(xr, yr)[1].backward()
+    exact = sparse_grads(exact_model)
+    samples = {k: [] for k in exact}
+    for _ in range(draws):
+        opt.zero_grad(set_to_none=True)
+        wrapped(xr, yr)[1].backward()
+        for k, g in sparse_grads(model).items():
+            samples[k].append(g)
+    if rank == 0:
+        z2, zmax, exact_where_no_spread = [], 0.0, True
+        for k, gs in samples.items():
+            stack = torch.stack(gs)
+            mean, std = stack.mean(0), stack.std(0)
+            spread = std > 1e-12
+            exact_where_no_spread &= bool(torch.allclose(mean[~spread], exact[k][~spread], rtol=0, atol=1e-12))
+            z = (mean[spread] - exact[k][spread]) / (std[spread] / draws ** 0.5)
+            z2.append(z.pow(2))
+            zmax = max(zmax, z.abs().max().item())
+        results["mvue/unbiased"] = {"draws": draws, "mean_z2": torch.cat(z2).mean().item(), "max_abs_z": zmax,
+                                    "entries": int(torch.cat(z2).numel()),
+                                    "exact_where_no_spread": exact_where_no_spread}
+
+
+def expect_error(results: dict, name: str, fn, error: type, words: list[str]) -> None:
+    try:
+        fn()
+    except error as err:
+        message = str(err)
+        record = {"raised": type(err).__name__, "message": message,
+                  "names_fix": all(w.lower() in message.lower() for w in words)}
+    except Exception as err:  # the wrong type is a failure the test reports
+        record = {"raised": type(err).__name__, "message": str(err), "names_fix": False}
+    else:
+        record = {"raised": None, "message": "", "names_fix": False}
+    if dist.get_rank() == 0:
+        results[f"error/{name}"] = record
+
+
+def check_errors(results: dict) -> None:
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    from sparsity_lab.graph_step import CudaGraphStep
+
+    rank = dist.get_rank()
+
+    def seeds_differ():
+        torch.manual_seed(rank)
+        data_parallel(sparsify(GPT(GPTConfig(**CONFIG)).double(), SSTE(mvue=True)))
+
+    def methods_differ():
+        data_parallel(build(STE(transposable=rank == 1)))
+
+    def shard_then_sparsify():
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(**CONFIG)).double()
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        sparsify(model, STE())
+
+    def ddp_then_sparsify():
+        torch.manual_seed(0)
+        sparsify(DistributedDataParallel(GPT(GPTConfig(**CONFIG)).double()), STE())
+
+    def placement_fn():
+        fully_shard_sparse(build(STE()), shard_placement_fn=lambda p: None)
+
+    def graph_step_under_ddp():
+        CudaGraphStep(build(STE()), lambda model, x, y: model(x, y)[1])
+
+    expect_error(results, "seeds_differ", seeds_differ, ValueError, ["manual_seed", "counters"])
+    expect_error(results, "methods_differ", methods_differ, ValueError, ["method", "rank 1"])
+    expect_error(results, "fully_shard_then_sparsify", shard_then_sparsify, TypeError,
+                 ["sparsify(model, method) first", "fully_shard_sparse"])
+    expect_error(results, "ddp_then_sparsify", ddp_then_sparsify, TypeError, ["DistributedDataParallel", "first"])
+    expect_error(results, "shard_placement_fn", placement_fn, ValueError, ["shard_placement_fn", "dim 0"])
+    expect_error(results, "graph_step_under_ddp", graph_step_under_ddp, RuntimeError, ["CudaGraphStep", "process"])
+    expect_error(results, "batch_not_divisible", lambda: local_batch(torch.zeros(3, 2), rank, 2), ValueError,
+                 ["multiple of 2"])
+
+
+def check_checkpoints(results: dict, tmp: str) -> None:
+    """Stop at step k, save (DCP), load, continue to N == the straight run; across world sizes 2 -> 1 -> 2."""
+    from sparsity_lab.distributed.checkpoint import load_distributed, save_distributed
+
+    rank = dist.get_rank()
+    stop_at = STEPS // 2
+    for name in ("masked_decay_finetune", "sste_mvue_transposable_refresh2"):
+        method = methods()[name]
+        straight = train(method, "fsdp")
+        for parallel in ("ddp", "fsdp"):
+            path = os.path.join(tmp, f"{name}-{parallel}")
+            model, wrapped, opt = make(method, parallel)
+            first = run_steps(model, wrapped, opt, parallel, 0, stop_at)
+            save_distributed(path, model, opt, meta={"step": stop_at})
+            model, wrapped, opt = make(method, parallel)
+            meta = load_distributed(path, model, opt)
+            rest = run_steps(model, wrapped, opt, parallel, meta["step"], STEPS)
+            state = full_state(model)  # collective under FSDP2: every rank
+            if rank == 0:
+                record = compare(straight, (first + rest, state))
+                results[f"dcp/{parallel}_resume/{name}"] = record
+        # saved by 2 ranks (FSDP2), loaded by 1 process, continued there
+        two_rank_path = os.path.join(tmp, f"{name}-fsdp")
+        one_rank_path = os.path.join(tmp, f"{name}-one")
+        if rank == 0:
+            model, wrapped, opt = make(method, None)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                meta = load_distributed(two_rank_path, model, opt, no_dist=True)
+            rest = run_steps(model, wrapped, opt, None, meta["step"], STEPS)
+            record = compare(straight, (straight[0][:stop_at] + rest, full_state(model)))
+            record["warned_rng"] = any("RNG" in str(w.message) for w in caught)
+            results[f"dcp/2_to_1/{name}"] = record
+            # and back: one process saves at step k, two ranks load it and continue
+            model, wrapped, opt = make(method, None)
+            run_steps(model, wrapped, opt, None, 0, stop_at)
+            save_distributed(one_rank_path, model, opt, meta={"step": stop_at}, no_dist=True)
+        dist.barrier()
+        model, wrapped, opt = make(method, "fsdp")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            meta = load_distributed(one_rank_path, model, opt)
+        rest = run_steps(model, wrapped, opt, "fsdp", meta["step"], STEPS)
+        state = full_state(model)
+        if rank == 0:
+            results[f"dcp/1_to_2/{name}"] = compare(straight, (straight[0][:stop_at] + rest, state))
+
+
+CHECKS = ("training", "mvue", "errors", "checkpoints")
 
 
 def main() -> None:
-    out = sys.argv[1]
-    names = sys.argv[2:] or list(methods())
+    """argv: OUT.json TMPDIR [check or method name ...] (default: every check, every method)."""
+    out, tmp = sys.argv[1], sys.argv[2]
+    # a collective that one rank never joins would hang CI: print every thread's stack and exit instead
+    faulthandler.dump_traceback_later(float(os.environ.get("SPARSITY_LAB_DIST_TIMEOUT", "300")), exit=True)
+    wanted = sys.argv[3:]
+    names = [w for w in wanted if w in methods()] or list(methods())
+    checks = [w for w in wanted if w in CHECKS] or list(CHECKS)
     dist.init_process_group("gloo")
-    results: dict = {"world_size": dist.get_world_size()}
-    start = time.perf_counter()
-    check_training(results, names)
-    results["seconds_total"] = round(time.perf_counter() - start, 2)
+    results: dict = {"world_size": dist.get_world_size(), "seconds": {}}
+    for check in checks:
+        start = time.perf_counter()
+        if check == "training":
+            check_training(results, names)
+        elif check == "mvue":
+            check_mvue(results)
+        elif check == "errors":
+            check_errors(results)
+        else:
+            check_checkpoints(results, tmp)
+        results["seconds"][check] = round(time.perf_counter() - start, 2)
     if dist.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(results, f, indent=1, default=str)

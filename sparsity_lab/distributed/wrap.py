@@ -9,6 +9,7 @@ compute a mask.
 from __future__ import annotations
 
 import hashlib
+import inspect
 from typing import Callable, Iterable
 
 import torch
@@ -52,7 +53,7 @@ def check_ranks_agree(model: nn.Module, group=None) -> None:
                               ("tensors", "weight, mask or beta")):
                 if sig[key] != sig0[key]:
                     raise ValueError(
-                        f"layer {name!r}: its {what} on rank {rank} differ from rank 0 "
+                        f"layer {name!r}: the {what} on rank {rank} are not those of rank 0 "
                         f"({sig[key]!r} vs {sig0[key]!r}); call torch.manual_seed(seed) with the same seed on "
                         "every rank before building and sparsifying the model, and pass every rank the same method")
 
@@ -74,8 +75,9 @@ def refuse_wrapped(model: nn.Module) -> None:
 
 def data_parallel(model: nn.Module, **ddp_kwargs) -> nn.Module:
     """``DistributedDataParallel(model)`` for a sparsified model, after checking that every rank holds
-    the same sparse state. Masks and beta are not broadcast each step (``broadcast_buffers=False``
-    unless given): every rank computes the same mask from the same W.
+    the same sparse state. Masks and beta are not broadcast before each forward (unless
+    ``broadcast_buffers`` / ``forward_sync_buffers`` is given): every rank computes the same mask from
+    the same W.
 
     MVUE draws: layer draw k on rank r uses the seed ``mvue_stream_seed(seed, r, k)``: independent
     across ranks, reproducible from (seed, rank)."""
@@ -86,7 +88,10 @@ def data_parallel(model: nn.Module, **ddp_kwargs) -> nn.Module:
     if not sparse_layers(model):
         raise ValueError("model has no SparseLinear layers: call sparsity_lab.sparsify(model, method) first")
     check_ranks_agree(model)
-    ddp_kwargs.setdefault("broadcast_buffers", False)
+    if not {"broadcast_buffers", "forward_sync_buffers"} & set(ddp_kwargs):
+        # torch >= 2.13 renames the switch; both keep the start-up broadcast from rank 0
+        newer = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        ddp_kwargs["forward_sync_buffers" if newer else "broadcast_buffers"] = False
     return DistributedDataParallel(model, **ddp_kwargs)
 
 
