@@ -17,6 +17,8 @@ One process without a process group saves and loads too (``no_dist``).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import warnings
 from pathlib import Path
 
@@ -24,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 FORMAT = "sparsity-lab-dcp/1"
@@ -48,17 +51,34 @@ def _rng_states(no_dist: bool | None) -> list[bytes]:
 
 
 def save_distributed(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                     meta: dict | None = None, no_dist: bool | None = None) -> Path:
+                     meta: dict | None = None, no_dist: bool | None = None, extra: bytes = b"") -> Path:
     """Save model, optimizer, RNG states and ``meta`` (plain data) to the directory ``path``.
     Every rank calls it (it is collective), unless ``no_dist=True``: this process alone saves its
-    model (a plain, unsharded one) while a process group runs. Returns the path."""
+    model (a plain, unsharded one) while a process group runs. ``extra``: bytes of the caller's
+    (e.g. a ``torch.save`` of a scheduler's state), read back by ``read_extra``. Returns the path."""
     path = Path(path)
     model_state, optim_state = get_state_dict(model, optimizer)
     _, world, distributed = _world(no_dist)
     state = {"model": model_state, "optimizer": optim_state,
              "info": {"format": FORMAT, "world_size": world, "rng": _rng_states(no_dist),
-                      "meta": json.dumps(meta or {})}}  # one string: DCP would flatten (and drop) an empty dict
-    dcp.save(state, checkpoint_id=str(path), no_dist=not distributed)
+                      "meta": json.dumps(meta or {}),  # one string: DCP would flatten (and drop) an empty dict
+                      "extra": bytes(extra)}}
+    # written beside, then swapped in by rank 0: a run killed while saving keeps the previous checkpoint
+    fresh = path.with_name(path.name + ".writing")
+    if rank_zero := _world(no_dist)[0] == 0:
+        shutil.rmtree(fresh, ignore_errors=True)
+    if distributed:
+        dist.barrier()
+    dcp.save(state, storage_writer=FileSystemWriter(str(fresh), overwrite=True), no_dist=not distributed)
+    if rank_zero:
+        stale = path.with_name(path.name + ".old")
+        shutil.rmtree(stale, ignore_errors=True)
+        if path.exists():
+            os.replace(path, stale)
+        os.replace(fresh, path)
+        shutil.rmtree(stale, ignore_errors=True)
+    if distributed:
+        dist.barrier()  # nobody reads the checkpoint before it is in place
     return path
 
 
@@ -72,7 +92,7 @@ def load_distributed(path: str | Path, model: nn.Module, optimizer: torch.optim.
         raise FileNotFoundError(f"{str(path)!r} is not a torch.distributed.checkpoint directory (no .metadata)")
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state,
-             "info": {"format": None, "world_size": None, "rng": None, "meta": None}}
+             "info": {"format": None, "world_size": None, "rng": None, "meta": None, "extra": None}}
     rank, world, distributed = _world(no_dist)
     dcp.load(state, checkpoint_id=str(path), no_dist=not distributed)
     info = state["info"]
@@ -85,3 +105,17 @@ def load_distributed(path: str | Path, model: nn.Module, optimizer: torch.optim.
         warnings.warn(f"checkpoint saved by {info['world_size']} process(es), loaded by {world}: model and optimizer "
                       "are re-sharded, the per-rank torch RNG states are not restored", stacklevel=2)
     return json.loads(info["meta"])
+
+
+def read_extra(path: str | Path) -> bytes:
+    """The ``extra`` bytes of a ``save_distributed`` checkpoint, without a model (each process reads alone)."""
+    path = Path(path)
+    if not (path / ".metadata").is_file():
+        raise FileNotFoundError(f"{str(path)!r} is not a torch.distributed.checkpoint directory (no .metadata)")
+    state = {"info": {"format": None, "extra": None}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP warns that it loads in a single process: that is the intent
+        dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    if state["info"]["format"] != FORMAT:
+        raise ValueError(f"{str(path)!r} is not a {FORMAT} checkpoint (found {state['info']['format']!r})")
+    return state["info"]["extra"]

@@ -90,7 +90,13 @@ class ShardedSparseLinear(SparseLinear):
             self._full_mask = self.mask.full_tensor()
         return self._full_mask
 
+    refresh_in_next_forward = False  # set by an evaluation that wants the due mask (``DistributedTrainer``)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.refresh_in_next_forward:
+            self.refresh_in_next_forward = False
+            if self.mask_due():
+                self.refresh_mask()
         try:
             return super().forward(x)
         finally:
