@@ -5,6 +5,8 @@ below read its records. Tolerances: DDP and FSDP2 are bitwise equal to one proce
 same global batch as two accumulated micro-batches (float64, reference backend; float32 on the
 Triton backend), except SR-STE, whose decay term is added on every rank and then averaged rather
 than added once: 1e-12 (float64) / 1e-5 (float32) on the weights after 20 steps.
+The same job runs the lab: ``train --parallel fsdp`` stopped half-way and resumed with
+``--parallel ddp`` (the DCP checkpoint re-shards), compared here with one process.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from sparsity_lab.cli import main
 from sparsity_lab.distributed import local_batch
 
 WORKER = Path(__file__).with_name("_distributed_worker.py")
@@ -120,3 +123,36 @@ def test_local_batch_splits_rows_and_refuses_uneven_worlds():
         local_batch(batch, 0, 4)
     with pytest.raises(ValueError, match="rank"):
         local_batch(batch, 3, 3)
+
+
+# --- the lab under torchrun ------------------------------------------------------------------------
+def rows(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def test_train_on_two_processes_resumed_on_another_sharding_equals_one_process(records, tmp_path):
+    lab = records["lab"]
+    rank0, rank1 = lab["ranks"]
+    assert rank0["codes"] == rank1["codes"] == [0, 0]
+    assert rank0["printed"].count("on 2 processes (fsdp)") == 1 and rank1["printed"] == ""  # rank 0 prints
+    out = Path(lab["out"])
+    assert (out / "checkpoint.dcp" / ".metadata").is_file()
+    assert main(["train", *lab["argv"], "--out", str(tmp_path / "one")]) == 0
+    two, one = rows(out / "log.jsonl"), rows(tmp_path / "one" / "log.jsonl")
+    assert [r["step"] for r in two] == [1, 2, 3, 4, 5, 6]  # written once, truncated and continued on resume
+    for a, b in zip(two, one):
+        # fp32 on the CPU; one process runs the global batch in one forward, two ranks in halves
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6)
+        assert (a["val_loss"] is None) == (b["val_loss"] is None)
+        if a["val_loss"] is not None:
+            assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
+        assert a["flip_rate"] == b["flip_rate"] and a["density"] == b["density"]
+        assert a["dense_phase"] == b["dense_phase"]
+    assert two[-1]["dense_phase"] and not two[3]["dense_phase"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["parallel"] == "ddp" and summary["step"] == 6
+
+
+def test_parallel_needs_torchrun(tmp_path, capsys):
+    assert main(["train", "--method", "ste", "--steps", "2", "--parallel", "ddp", "--out", str(tmp_path / "x")]) == 2
+    assert "torchrun --nproc-per-node" in capsys.readouterr().err

@@ -31,7 +31,8 @@ PARALLEL = ("ddp", "fsdp")
 
 
 def init_from_torchrun() -> tuple[int, int, int]:
-    """Join the process group torchrun set up (nccl on GPUs, gloo on CPUs); (rank, world, local rank)."""
+    """Join the process group torchrun set up (nccl on GPUs, gloo on CPUs), unless one runs already;
+    (rank, world, local rank)."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise ValueError("--parallel needs the processes that torchrun starts: run "
                          "`torchrun --nproc-per-node N -m sparsity_lab train ... --parallel ddp|fsdp`")

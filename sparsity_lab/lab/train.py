@@ -109,6 +109,8 @@ def _run_parallel(args, parallel: str) -> int:
 
     from ..distributed.lab_trainer import DistributedTrainer
 
+    started_here = not (dist.is_available() and dist.is_initialized())  # else the caller owns the group
+
     if args.resume:
         clash = given(args, *TRAJECTORY_OPTIONS)
         if clash:
@@ -149,5 +151,6 @@ def _run_parallel(args, parallel: str) -> int:
         speed = summary["median_tokens_per_s"]
         print(f"step {summary['step']}: val loss {summary['final_val_loss']}, median "
               f"{'n/a' if speed is None else f'{speed:.0f}'} tokens/s (all processes); log {out / 'log.jsonl'}")
-    dist.destroy_process_group()
+    if started_here:
+        dist.destroy_process_group()
     return 0
