@@ -125,6 +125,9 @@ def fully_shard_sparse(model: nn.Module, blocks: Iterable[nn.Module] | BlockSele
 
     _require_process_group()
     refuse_wrapped(model)
+    if mesh is not None and mesh.ndim != 1:
+        raise ValueError(f"mesh must be 1-D (plain FSDP2), got a {mesh.ndim}-D mesh: HSDP is not supported for sparse "
+                         "layers yet; pass a 1-D DeviceMesh or mesh=None (all ranks)")
     if "shard_placement_fn" in fsdp_kwargs:
         raise ValueError("shard_placement_fn is not supported: sparse layers shard their weight and mask along "
                          "dim 0 (FSDP2's default); drop the argument")
