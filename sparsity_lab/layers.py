@@ -5,7 +5,9 @@ Three products per training step, for Z = X W^T with W (out, in) and X (tokens, 
     input gradient  dX = dZ S(W)
     weight gradient dW = dZ^T X          (or MVUE(dZ^T) X, groups of 4 along the tokens)
 S(W) is m * W (STE family) or beta * soft_threshold(W) (S-STE). The gradient reaches the dense W
-unchanged (straight-through); SR-STE adds decay * (1 - m) * W to it inside the backward.
+unchanged (straight-through); SR-STE adds decay * (1 - m) * W to it inside the backward, masked
+decay adds it to the gradient before the optimizer step (``apply_masked_decay``) and the decoupled
+variant subtracts lr * decay * (1 - m) * W from W after the step (``apply_decay_on_weights``).
 
 State: the mask and beta are buffers; the integer counters (optimizer steps, when the mask was
 computed, flip counts, the MVUE draw counter) are the module's extra state. Both are in
@@ -277,6 +279,17 @@ class SparseLinear(nn.Linear):
         decay = self.method.decay_before_step
         if decay and not self.dense_now and self.weight.grad is not None:
             self.backend.masked_decay_(self.weight.grad, self.weight, self.mask, decay * grad_scale)
+
+    @torch.no_grad()
+    def apply_decay_on_weights(self, lr: float) -> None:
+        """W -= lr * decay * (1 - m) * W, for methods that decay the weights after the optimizer step
+        (decoupled: the optimizer never sees the term). lr: the weight's param-group learning rate."""
+        decay = self.method.decay_after_step
+        if decay and not self.dense_now:
+            w = self.weight.detach()
+            # in place, elementwise: w += (-lr * decay) * (1 - m) * w
+            self.backend.masked_decay_(w, w, self.mask, -float(lr) * decay)
+            self._operand_cache = None
 
     # --- products -----------------------------------------------------------------------------
     def sparse_weight(self) -> torch.Tensor:
