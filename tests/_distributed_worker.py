@@ -379,7 +379,38 @@ def check_lab(results: dict, tmp: str) -> None:
         results["lab"] = {"out": out, "ranks": every, "argv": [*LAB_METHOD, *LAB_SIZES]}
 
 
-CHECKS = ("training", "mvue", "errors", "checkpoints", "lab")
+def check_bench(results: dict, tmp: str) -> None:
+    """``bench-dist --smoke``: the GPU script's plumbing (DDP and FSDP2, dense and 2:4) on 2 CPU ranks."""
+    import contextlib
+    import io
+
+    from sparsity_lab.benchmarks.distributed_speed import main as bench
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = bench(["--smoke", "--out-dir", os.path.join(tmp, "bench")])
+    if dist.get_rank() == 0:
+        with open(os.path.join(tmp, "bench", "distributed_speed_2cpu_smoke.json")) as f:
+            results["bench"] = {"code": code, "result": json.load(f)}
+
+
+def check_no_full_size_state_after_step(results: dict) -> None:
+    """Under FSDP2 nothing full-size outlives a step: no cached operand, no full mask, sharded masks."""
+    from sparsity_lab.distributed import ShardedSparseLinear
+
+    model, wrapped, opt = make(SSTE(mvue=True, mask_refresh_interval=2), "fsdp")
+    run_steps(model, wrapped, opt, "fsdp", 0, 3)
+    layers = [layer for _, layer in sparse_layers(model)]
+    if dist.get_rank() == 0:
+        results["fsdp_state_after_step"] = {
+            "sharded_layers": all(isinstance(layer, ShardedSparseLinear) and layer.mask_is_sharded for layer in layers),
+            "no_cached_operand": all(layer._operand_cache is None for layer in layers),
+            "no_full_mask": all(layer._full_mask is None for layer in layers),
+            "local_mask_rows": [tuple(layer.mask.to_local().shape) for layer in layers],
+            "full_mask_shapes": [tuple(layer.mask.shape) for layer in layers],
+        }
+
+
+CHECKS = ("training", "mvue", "errors", "checkpoints", "lab", "bench")
 
 
 def main() -> None:
@@ -402,6 +433,9 @@ def main() -> None:
             check_errors(results)
         elif check == "checkpoints":
             check_checkpoints(results, tmp)
+            check_no_full_size_state_after_step(results)
+        elif check == "bench":
+            check_bench(results, tmp)
         else:
             check_lab(results, tmp)
         results["seconds"][check] = round(time.perf_counter() - start, 2)

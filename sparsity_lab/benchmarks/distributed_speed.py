@@ -187,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
     if args.smoke:
         args.width, args.layers, args.heads, args.context = 32, 2, 2, 16
         args.batch_per_gpu, args.steps, args.warmup, args.backend = 2, 2, 1, "torch"
+    started_here = not dist.is_initialized()  # else the caller owns the process group
     payload, rank = benchmark(args)
     if rank == 0:
         name = args.name or f"{RESULT_NAME}_{payload['world_size']}{'cpu_smoke' if args.smoke else 'gpu'}"
@@ -194,7 +195,8 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(payload))
         print(f"wrote {path}")
     dist.barrier()
-    dist.destroy_process_group()
+    if started_here:
+        dist.destroy_process_group()
     return 0
 
 
