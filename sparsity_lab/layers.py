@@ -19,7 +19,7 @@ import math
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +59,9 @@ class _BackwardPlan:
     decay: float
     mvue: bool
     generator: torch.Generator | None
+    # when set, operand and mask were dropped after the forward and are rebuilt in the backward
+    # (a sharded layer under FSDP2 with recompute_operands: nothing full-size lives in between)
+    rebuild: Callable[[], tuple[Any, torch.Tensor]] | None = None
 
 
 def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -94,13 +97,14 @@ class _SparseLinearFn(torch.autograd.Function):
         plan: _BackwardPlan = ctx.plan
         dz = grad_out.reshape(-1, grad_out.shape[-1]).to(ctx.dtype)
         grad_x = grad_w = grad_b = None
+        operand, mask = plan.rebuild() if plan.rebuild is not None else (plan.operand, plan.mask)
         with torch.autocast(dz.device.type, enabled=False):
             if ctx.needs_input_grad[0]:
-                grad_x = plan.backend.grad_input(dz, plan.operand).to(ctx.x_dtype).reshape(ctx.shape)
+                grad_x = plan.backend.grad_input(dz, operand).to(ctx.x_dtype).reshape(ctx.shape)
             if ctx.needs_input_grad[1]:
                 grad_w = plan.backend.grad_weight(dz, x2, plan.mvue, plan.generator).to(weight.dtype)
                 if plan.decay:
-                    plan.backend.masked_decay_(grad_w, weight, plan.mask, plan.decay)
+                    plan.backend.masked_decay_(grad_w, weight, mask, plan.decay)
             if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
                 # accumulate half/bf16 in fp32; float64 stays float64
                 acc = torch.float32 if dz.element_size() < 4 else dz.dtype
@@ -384,7 +388,13 @@ class SparseLinear(nn.Linear):
             decay=self._backward_decay() if grad_needed else 0.0, mvue=self.method.mvue,
             generator=self._seed_for_backward(x.device) if grad_needed else None,
         )
-        return _SparseLinearFn.apply(x, self.weight, self.bias, plan)
+        out = _SparseLinearFn.apply(x, self.weight, self.bias, plan)
+        if grad_needed:
+            self._after_forward(plan)
+        return out
+
+    def _after_forward(self, plan: _BackwardPlan) -> None:
+        """Hook for a sharded layer: may drop what the backward can rebuild (``plan.rebuild``)."""
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, method={self.method.describe()}, backend={self.backend.name}"

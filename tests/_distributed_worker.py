@@ -31,6 +31,7 @@ from sparsity_lab.lab.model import GPT, GPTConfig
 from sparsity_lab.training_hooks import sparse_layers
 
 STEPS = 20
+RECOMPUTE_CASES = ("srste", "sste_mvue_transposable_refresh2", "masked_decay_finetune")  # FSDP2, operands rebuilt
 STEPS_TRITON = 4  # the interpreted Triton kernels are slow on the CPU (the GPU suite tests the kernels)
 GLOBAL_BATCH = 4
 CONFIG = dict(vocab_size=32, context=8, n_layer=2, n_head=2, d_model=16)
@@ -85,10 +86,14 @@ def full_state(model: torch.nn.Module) -> dict:
     return {"tensors": state, "counters": counters}
 
 
-def make(method, parallel: str | None):
-    """(sparse model, what to call, optimizer) for one process (None), "ddp" or "fsdp"."""
+def make(method, parallel: str | None, **wrap_options):
+    """(sparse model, what to call, optimizer) for one process (None), "ddp", "fsdp" or "fsdp_recompute"."""
     model = build(method)
-    wrapped = {None: lambda m: m, "ddp": data_parallel, "fsdp": fully_shard_sparse}[parallel](model)
+    if parallel == "fsdp_recompute":
+        wrap_options["recompute_operands"] = True
+    wrap = {None: lambda m: m, "ddp": data_parallel, "fsdp": fully_shard_sparse,
+            "fsdp_recompute": fully_shard_sparse}[parallel]
+    wrapped = wrap(model, **wrap_options)
     opt = optimizer_for(wrapped)
     attach_optimizer(model, opt)
     return model, wrapped, opt
@@ -177,7 +182,8 @@ def check_training(results: dict, names: list[str]) -> None:
         method = methods()[name]
         steps = STEPS_TRITON if method.backend == "triton" else STEPS
         reference = train(method, None, steps) if rank == 0 else None
-        for parallel in ("ddp", "fsdp"):
+        modes = ("ddp", "fsdp", "fsdp_recompute") if name in RECOMPUTE_CASES else ("ddp", "fsdp")
+        for parallel in modes:
             start = time.perf_counter()
             got = train(method, parallel, steps)
             if rank == 0:
@@ -397,10 +403,31 @@ def check_no_full_size_state_after_step(results: dict) -> None:
     """Under FSDP2 nothing full-size outlives a step: no cached operand, no full mask, sharded masks."""
     from sparsity_lab.distributed import ShardedSparseLinear
 
+    def plans_between_forward_and_backward(parallel: str) -> list:
+        """The backward plans the autograd graph holds after one forward (walked from the loss)."""
+        model, wrapped, opt = make(SRSTE(decay=2e-2), parallel)
+        x, y = data(1)[0]
+        rank, world = dist.get_rank(), dist.get_world_size()
+        _, loss = wrapped(local_batch(x, rank, world), local_batch(y, rank, world))
+        plans, seen, todo = [], set(), [loss.grad_fn]
+        while todo:
+            node = todo.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            if hasattr(node, "plan"):
+                plans.append(node.plan)
+            todo.extend(next_node for next_node, _ in node.next_functions)
+        held = [(p.operand is not None, p.mask is not None, p.rebuild is not None) for p in plans]
+        loss.backward()  # the backward rebuilds what was dropped (the training check compares the results)
+        return held
+
+    keep, recompute = plans_between_forward_and_backward("fsdp"), plans_between_forward_and_backward("fsdp_recompute")
     model, wrapped, opt = make(SSTE(mvue=True, mask_refresh_interval=2), "fsdp")
     run_steps(model, wrapped, opt, "fsdp", 0, 3)
     layers = [layer for _, layer in sparse_layers(model)]
     if dist.get_rank() == 0:
+        results["fsdp_between_forward_and_backward"] = {"keep": keep, "recompute": recompute}
         results["fsdp_state_after_step"] = {
             "sharded_layers": all(isinstance(layer, ShardedSparseLinear) and layer.mask_is_sharded for layer in layers),
             "no_cached_operand": all(layer._operand_cache is None for layer in layers),

@@ -118,6 +118,20 @@ def test_fsdp_keeps_nothing_full_size_between_steps(records):
         assert cols == full_cols and local_rows == rows // 2  # each of the 2 ranks stores half the rows
 
 
+@pytest.mark.parametrize("name", ["srste", "sste_mvue_transposable_refresh2", "masked_decay_finetune"])
+def test_fsdp_with_operands_rebuilt_in_the_backward_equals_one_process(records, name):
+    r = records[f"fsdp_recompute/{name}"]
+    assert r["mask_entries_differing"] == 0 and r["counters_equal"] and r["same_keys"]
+    assert r["float_max_diff"] <= _tolerance(name, r["dtype"]) and r["mask_stored_fraction"] == 0.5
+
+
+def test_recompute_holds_no_operand_between_forward_and_backward(records):
+    held = records["fsdp_between_forward_and_backward"]
+    assert len(held["keep"]) == len(held["recompute"]) == 4  # the 4 sparse layers' backward plans
+    assert all(operand and mask and not rebuild for operand, mask, rebuild in held["keep"])
+    assert all(not operand and not mask and rebuild for operand, mask, rebuild in held["recompute"])
+
+
 def test_bench_dist_smoke_on_two_ranks(records):
     bench = records["bench"]
     assert bench["code"] == 0

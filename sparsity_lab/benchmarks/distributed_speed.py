@@ -9,7 +9,8 @@ For each parallel mode (``none``: no wrapper, only at world size 1; ``ddp``; ``f
 block) and each method (``dense``: the plain GPT; ``sste_mvue``: S-STE + MVUE, transposable masks,
 ``--backend`` products, cusparselt by default), it trains ``--warmup`` steps, then times ``--steps``
 steps on random tokens (``--batch-per-gpu`` sequences of ``--context`` bytes per GPU, bf16 autocast,
-AdamW). Reports tokens/s per GPU and in total, the median step time, the peak memory per rank, and,
+AdamW). Reports tokens/s per GPU and in total, the median step time, the peak memory per rank
+(compare ``--reshard-after-forward`` and ``--recompute-operands`` true/false to choose), and,
 at world size 1, how far the wrapped runs' losses are from the unwrapped run's (same seed, data
 and draws). Writes results/<--name>.json with provenance (GPU kind and count, NCCL, torch, commit).
 
@@ -52,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--reshard-after-forward", choices=("true", "false"), default="true",
                         help="FSDP2: free the unsharded weights after the forward (default true)")
+    parser.add_argument("--recompute-operands", choices=("true", "false"), default="false",
+                        help="FSDP2, 2:4: rebuild the prepared operands in the backward instead of keeping them "
+                        "from the forward (default false)")
     parser.add_argument("--name", default=None, help=f"result JSON name (default {RESULT_NAME}_<N>gpu)")
     parser.add_argument("--out-dir", default=None, help="folder for the JSON (default results/)")
     parser.add_argument("--smoke", action="store_true",
@@ -96,7 +100,8 @@ def _build(args, method: str, parallel: str, device: torch.device):
         wrapped = data_parallel(model) if sparse else DistributedDataParallel(model)
     elif parallel == "fsdp":
         if sparse:
-            wrapped = fully_shard_sparse(model, reshard_after_forward=reshard)
+            wrapped = fully_shard_sparse(model, reshard_after_forward=reshard,
+                                         recompute_operands=args.recompute_operands == "true")
         else:
             for block in model.blocks:
                 fully_shard(block, reshard_after_forward=reshard)

@@ -17,8 +17,11 @@ layer follows the same life cycle for its sparse state:
   replicated.
 
 The products' operand (m * W or beta * S(W), compressed by hardware backends) is built from the full
-W in the forward and held by the autograd graph until the backward needs it; it is not cached
-across forwards (a cache would keep every layer's full-size operand alive all step).
+W in the forward. By default the autograd graph holds it (and the full mask) until the backward needs
+it ("keep"); with ``recompute_operands = True`` both are dropped after the forward and rebuilt in the
+backward from the re-gathered W and the gathered mask parts ("recompute": no full-size sparse state
+between forward and backward, one more mask all-gather and preparation per layer and step). It is
+never cached across forwards (a cache would keep every layer's full-size operand alive all step).
 """
 from __future__ import annotations
 
@@ -91,6 +94,26 @@ class ShardedSparseLinear(SparseLinear):
         return self._full_mask
 
     refresh_in_next_forward = False  # set by an evaluation that wants the due mask (``DistributedTrainer``)
+    recompute_operands = False  # True: drop operand and full mask after the forward, rebuild them in the backward
+
+    def _after_forward(self, plan) -> None:
+        if not (self.mask_is_sharded and self.recompute_operands):
+            return
+        dtype = plan.dtype
+        plan.operand = plan.mask = None
+
+        def rebuild():
+            # in the backward FSDP2 has all-gathered W again (unchanged since the forward); the mask
+            # parts have not changed either: gather them (one byte per weight) and prepare again
+            self._full_weight_in_forward()
+            self._full_mask = self.mask.full_tensor()
+            try:
+                return self._operand(dtype, backward=True), self._full_mask
+            finally:
+                self._full_mask = None
+                self._operand_cache = None
+
+        plan.rebuild = rebuild
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.refresh_in_next_forward:

@@ -112,12 +112,15 @@ def _blocks(model: nn.Module, blocks: Iterable[nn.Module] | BlockSelector | None
 
 
 def fully_shard_sparse(model: nn.Module, blocks: Iterable[nn.Module] | BlockSelector | None = None, *,
-                       mesh=None, reshard_after_forward: bool = True, check: bool = True, **fsdp_kwargs) -> nn.Module:
+                       mesh=None, reshard_after_forward: bool = True, recompute_operands: bool = False,
+                       check: bool = True, **fsdp_kwargs) -> nn.Module:
     """FSDP2 for a sparsified model: ``fully_shard`` each block, then the root, and shard every sparse
     layer's mask like its weight (see ``sharded_layer``). Returns the model (sharded in place).
 
     blocks: modules to shard one by one (default: the members of every nn.ModuleList), or
-    ``fn(name, module) -> bool``. mesh: a 1-D DeviceMesh (default: all ranks). Other keyword
+    ``fn(name, module) -> bool``. mesh: a 1-D DeviceMesh (default: all ranks). recompute_operands:
+    drop each layer's prepared operand and full mask after the forward and rebuild them in the
+    backward (less memory between forward and backward, more work; docs/distributed.md). Other keyword
     arguments go to ``fully_shard`` (e.g. ``mp_policy``); ``shard_placement_fn`` is refused because
     masks are sharded along dim 0 like FSDP2's default.
     """
@@ -150,4 +153,5 @@ def fully_shard_sparse(model: nn.Module, blocks: Iterable[nn.Module] | BlockSele
         if not isinstance(layer, ShardedSparseLinear):
             raise TypeError(f"layer {name!r} is a {type(layer).__name__}, which cannot shard its mask")
         layer.shard_mask_like_weight()
+        layer.recompute_operands = bool(recompute_operands)
     return model
