@@ -190,3 +190,21 @@ def test_train_on_two_processes_resumed_on_another_sharding_equals_one_process(r
 def test_parallel_needs_torchrun(tmp_path, capsys):
     assert main(["train", "--method", "ste", "--steps", "2", "--parallel", "ddp", "--out", str(tmp_path / "x")]) == 2
     assert "torchrun --nproc-per-node" in capsys.readouterr().err
+
+
+# --- on the GPU machine (pytest -m gpu) ----------------------------------------------------------------
+@pytest.mark.gpu
+def test_bench_dist_world_size_one_matches_the_unwrapped_run_on_cusparselt(tmp_path):
+    """World size 1 on NCCL: DDP and FSDP2 around the lab GPT (dense and S-STE + MVUE on cuSPARSELt)
+    follow the unwrapped run (same seed, data and draws; bf16 autocast) and the JSON is complete."""
+    from sparsity_lab.benchmarks.distributed_speed import main as bench
+
+    assert bench(["--width", "256", "--layers", "2", "--heads", "4", "--context", "128", "--batch-per-gpu", "4",
+                  "--steps", "4", "--warmup", "2", "--out-dir", str(tmp_path), "--name", "dist"]) == 0
+    result = json.loads((tmp_path / "dist.json").read_text())
+    assert result["world_size"] == 1 and result["nccl"] and result["gpu"]
+    assert {(r["method"], r["parallel"]) for r in result["rows"]} == {
+        (m, p) for m in ("dense", "sste_mvue") for p in ("none", "ddp", "fsdp")}
+    for row in result["rows"]:
+        assert row["max_loss_diff_vs_none"] < 1e-2, row  # bf16 products; the wrappers reorder nothing at N = 1
+        assert row["peak_memory_gib_per_rank"][0] > 0
