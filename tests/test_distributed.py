@@ -197,10 +197,11 @@ def test_parallel_needs_torchrun(tmp_path, capsys):
 def test_bench_dist_world_size_one_matches_the_unwrapped_run_on_cusparselt(tmp_path):
     """World size 1 on NCCL: DDP and FSDP2 around the lab GPT (dense and S-STE + MVUE on cuSPARSELt)
     follow the unwrapped run (same seed, data and draws; bf16 autocast) and the JSON is complete."""
-    from sparsity_lab.benchmarks.distributed_speed import main as bench
-
-    assert bench(["--width", "256", "--layers", "2", "--heads", "4", "--context", "128", "--batch-per-gpu", "4",
-                  "--steps", "4", "--warmup", "2", "--out-dir", str(tmp_path), "--name", "dist"]) == 0
+    done = subprocess.run([sys.executable, "-m", "sparsity_lab.benchmarks.distributed_speed", "--width", "256",
+                           "--layers", "2", "--heads", "4", "--context", "128", "--batch-per-gpu", "4", "--steps", "4",
+                           "--warmup", "2", "--out-dir", str(tmp_path), "--name", "dist"],
+                          capture_output=True, text=True, timeout=600)  # its own process: it sets RANK etc.
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     result = json.loads((tmp_path / "dist.json").read_text())
     assert result["world_size"] == 1 and result["nccl"] and result["gpu"]
     assert {(r["method"], r["parallel"]) for r in result["rows"]} == {
