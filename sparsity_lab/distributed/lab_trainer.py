@@ -30,17 +30,18 @@ from .wrap import data_parallel, fully_shard_sparse
 PARALLEL = ("ddp", "fsdp")
 
 
-def init_from_torchrun() -> tuple[int, int, int]:
+def init_from_torchrun(device: str = "auto") -> tuple[int, int, int]:
     """Join the process group torchrun set up (nccl on GPUs, gloo on CPUs), unless one runs already;
     (rank, world, local rank)."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise ValueError("--parallel needs the processes that torchrun starts: run "
                          "`torchrun --nproc-per-node N -m sparsity_lab train ... --parallel ddp|fsdp`")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    on_gpus = torch.cuda.is_available() and device != "cpu"
     if not dist.is_initialized():
-        if torch.cuda.is_available():
-            torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if on_gpus:
+            torch.cuda.set_device(local_rank)  # "cuda" now means this rank's GPU
+        dist.init_process_group("nccl" if on_gpus else "gloo")
     return dist.get_rank(), dist.get_world_size(), local_rank
 
 
@@ -61,7 +62,7 @@ class DistributedTrainer(Trainer):
     def __init__(self, config: TrainConfig, parallel: str, corpus=None) -> None:
         if parallel not in PARALLEL:
             raise ValueError(f"parallel must be one of {PARALLEL}, got {parallel!r}")
-        self.rank, self.world, _ = init_from_torchrun()
+        self.rank, self.world, _ = init_from_torchrun(config.device)
         if config.batch_size % self.world:
             raise ValueError(f"--batch-size {config.batch_size} is the global batch; it must be a multiple of the "
                              f"{self.world} processes: choose --batch-size {self.world * max(1, config.batch_size // self.world)}")
