@@ -30,7 +30,7 @@ from .backends.base import Backend
 from .methods.config import STE, SparsityMethod
 from .methods.flip_rate import mask_flips_tensor
 from .methods.soft_threshold import soft_threshold, sste_beta
-from .validation import check_divisible
+from .validation import check_divisible, check_float_tensor, check_has_values
 
 _COUNTERS = ("step", "mask_step", "mask_updates", "last_flips", "flips_total", "mvue_seed", "mvue_calls")
 _RANK_STRIDE = 0x9E3779B97F4A7C15  # odd 64-bit constant: rank streams land far apart in seed space
@@ -142,6 +142,9 @@ class SparseLinear(nn.Linear):
         if _is_dtensor(self.weight):
             raise TypeError("this linear's weight is already sharded (a DTensor, e.g. by fully_shard): call "
                             "sparsify(model, method) first, then sparsity_lab.distributed.fully_shard_sparse")
+        # the mask and S-STE's frozen beta are computed from the values: none on meta, none from NaN
+        check_has_values(self.weight, "weight", "SparseLinear (its mask and S-STE's beta come from the weights)")
+        check_float_tensor(self.weight, "weight")
         check_divisible(self.in_features, method.m, "in_features", 1)
         if method.transposable:
             check_divisible(self.out_features, method.m, "out_features (transposable mask)", 0)

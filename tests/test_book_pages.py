@@ -9,8 +9,9 @@ On every page:
 - no raw Markdown shows as text (table rules ``|---|``, ``**bold**``, ``# heading`` lines, ``[a](b)``);
 - no internal word shows (nbval markers, papermill's cells, work-item or design-note names).
 
-A failure names the page, the section and the figure or output. Screenshots (full pages) go to a
-temporary folder and, when set, to $SPARSITY_LAB_SCREENSHOTS. The session's book is shared with
+A failure names the page, the section and the figure or output. Screenshots go to a temporary folder
+(the whole page where a check failed, the first screen of the others) and, when
+$SPARSITY_LAB_SCREENSHOTS is set, every whole page goes to that folder as well. The session's book is shared with
 tests/test_notebooks.py (conftest.py: ``course_book``); a tiny book built here checks the
 mechanism on synthetic trouble (a wide two-panel figure, a wide table, displayed Markdown, markers).
 """
@@ -178,7 +179,10 @@ def check_book(index: Path, shots: Path) -> dict[str, list[str]]:
                 result = page.evaluate(CHECK_JS)
                 problems = result["problems"] + text_problems(result["prose"], result["outputs"], result["seen"])
                 problems += [f"a script failed: {e[:200]}" for e in errors if e not in KNOWN_SCRIPT_ERRORS]
-                page.screenshot(path=str(shots / (name.replace("/", "__") + ".png")), full_page=True)
+                # the whole page where something is wrong or when asked for; the first screen otherwise
+                # (a full-page screenshot of a long page costs seconds of CI time)
+                page.screenshot(path=str(shots / (name.replace("/", "__") + ".png")),
+                                full_page=bool(problems or os.environ.get("SPARSITY_LAB_SCREENSHOTS")))
                 if problems:
                     found[name] = problems
         finally:
