@@ -25,7 +25,7 @@ import torch.distributed as dist
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels on the CPU; before triton is imported
 
-from sparsity_lab import SSTE, STE, SRSTE, MaskedDecay, Dense, attach_optimizer, sparsify
+from sparsity_lab import SSTE, STE, SRSTE, Dense, MaskedDecay, MaskedDecayOnWeights, attach_optimizer, sparsify
 from sparsity_lab.distributed import data_parallel, fully_shard_sparse, local_batch
 from sparsity_lab.lab.model import GPT, GPTConfig
 from sparsity_lab.training_hooks import sparse_layers
@@ -45,6 +45,7 @@ def methods() -> dict:
         "ste_refresh3": STE(mask_refresh_interval=3),
         "srste": SRSTE(decay=2e-2),
         "masked_decay_finetune": MaskedDecay(decay=2e-2, total_steps=total, dense_finetune_at=0.75),
+        "masked_decay_weights": MaskedDecayOnWeights(decay=2e-1, total_steps=total, dense_finetune_at=0.75),
         "sste": SSTE(),
         "sste_mvue": SSTE(mvue=True),
         "sste_mvue_transposable_refresh2": SSTE(mvue=True, transposable=True, mask_refresh_interval=2),

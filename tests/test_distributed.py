@@ -24,7 +24,8 @@ from sparsity_lab.cli import main
 from sparsity_lab.distributed import local_batch
 
 WORKER = Path(__file__).with_name("_distributed_worker.py")
-METHODS = ["ste", "ste_transposable", "ste_refresh3", "srste", "masked_decay_finetune", "sste", "sste_mvue",
+METHODS = ["ste", "ste_transposable", "ste_refresh3", "srste", "masked_decay_finetune", "masked_decay_weights",
+           "sste", "sste_mvue",
            "sste_mvue_transposable_refresh2", "dense_tracking_flips", "triton_sste_mvue_transposable",
            "triton_srste"]
 ERRORS = ["seeds_differ", "methods_differ", "fully_shard_then_sparsify", "ddp_then_sparsify", "shard_placement_fn",

@@ -12,7 +12,8 @@ layer follows the same life cycle for its sparse state:
 * flips are counted on the rank's part and summed over the ranks (``all_reduce``), so a flip count
   means what it means on one process;
 * masked decay runs in the optimizer's pre-step hook on the sharded gradient, with the rank's part
-  of the mask and of W (the decay is elementwise, so the parts give exactly the full update);
+  of the mask and of W (the decay is elementwise, so the parts give exactly the full update); the
+  decay on the weights (``MaskedDecayOnWeights``) likewise after the step, on the rank's rows of W;
 * S-STE's beta (one scalar, computed from the full W when ``sparsify`` ran, before sharding) is
   replicated.
 
@@ -137,6 +138,16 @@ class ShardedSparseLinear(SparseLinear):
         if decay and not self.dense_now and weight.grad is not None:
             grad = weight.grad
             self.backend.masked_decay_(grad.to_local(), weight.to_local(), self.mask.to_local(), decay * grad_scale)
+
+    @torch.no_grad()
+    def apply_decay_on_weights(self, lr: float) -> None:
+        if not self.mask_is_sharded:
+            return super().apply_decay_on_weights(lr)
+        decay = self.method.decay_after_step
+        if decay and not self.dense_now:
+            w = self.weight.to_local()  # the rank's rows, updated in place like the whole W on one process
+            self.backend.masked_decay_(w, w, self.mask.to_local(), -float(lr) * decay)
+            self._operand_cache = None
 
     def sparse_weight(self) -> torch.Tensor:
         if self.mask_is_sharded and isinstance(self.weight, DTensor):
