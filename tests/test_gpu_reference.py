@@ -75,6 +75,6 @@ def test_sste_beta_and_sparsify_on_gpu_equal_cpu(dtype):
     CUDA weights once broke S-STE's conversion on the GPU)."""
     from sparsity_lab.methods.soft_threshold import soft_threshold, sste_beta
     w = torch.randn(64, 128, dtype=dtype)
-    assert torch.equal(sste_beta(w.cuda(), soft_threshold(w.cuda(), 2, 4)).cpu(), sste_beta(w, soft_threshold(w, 2, 4)))
+    assert torch.equal(sste_beta(w.cuda(), soft_threshold(w.cuda())).cpu(), sste_beta(w, soft_threshold(w)))
     model = sl.sparsify(torch.nn.Sequential(torch.nn.Linear(128, 64)).cuda(), sl.SSTE(), select="all")
     assert next(model.buffers()).is_cuda
