@@ -146,10 +146,17 @@ class SparseLinear(nn.Linear):
             with torch.no_grad():
                 self.beta.copy_(sste_beta(w, soft_threshold(w, self.mask, method.n, method.m)))
 
-    def get_extra_state(self) -> dict:
-        return {name: int(getattr(self, name)) for name in _COUNTERS}
+    def get_extra_state(self) -> torch.Tensor:
+        """The counters as one int64 tensor in ``_COUNTERS`` order: a tensor, so that tensor-only
+        formats (safetensors, Hugging Face ``save_pretrained``) store it."""
+        return torch.tensor([int(getattr(self, name)) for name in _COUNTERS], dtype=torch.int64)
 
-    def set_extra_state(self, state: dict) -> None:
+    def set_extra_state(self, state: torch.Tensor | dict) -> None:
+        if isinstance(state, torch.Tensor):  # the current format; a dict is what older checkpoints hold
+            if state.shape != (len(_COUNTERS),):
+                raise ValueError(f"SparseLinear extra state must hold {len(_COUNTERS)} counters {_COUNTERS}, "
+                                 f"got a tensor of shape {tuple(state.shape)}")
+            state = dict(zip(_COUNTERS, state.tolist()))
         missing = [name for name in _COUNTERS if name not in state]
         if missing:
             raise ValueError(f"SparseLinear extra state lacks counters {missing}; was it saved by SparseLinear?")
