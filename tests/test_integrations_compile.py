@@ -144,7 +144,7 @@ def test_inductor_on_gpu(backend):
     """Inductor (the default torch.compile backend) on a CUDA GPU: one graph, eager's trajectory to
     rounding (Inductor fuses the elementwise ops around the custom ops)."""
     torch.manual_seed(0)
-    method = sl.SSTE(mvue=True, transposable=True, backend=backend)
+    method = sl.STE(mvue=True, transposable=True, backend=backend)
     eager = sl.sparsify(TinyFFN(d=64, hidden=256).cuda(), method)
     compiled = copy.deepcopy(eager)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (eager, compiled)]
@@ -160,6 +160,6 @@ def test_inductor_on_gpu(backend):
         for opt in opts:
             opt.step()
             opt.zero_grad()
-        torch.testing.assert_close(lb.float(), la.float(), rtol=2e-2, atol=1e-5)
+        torch.testing.assert_close(lb.float(), la.float(), rtol=5e-2, atol=1e-5)  # bf16; masks may diverge
     assert counter.frame_count == 1
     assert counters(eager) == counters(compiled)

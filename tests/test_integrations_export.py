@@ -105,3 +105,27 @@ def test_hugging_face_export_loads_through_compressed_tensors(tmp_path):
     x = torch.randint(0, 64, (2, 8))
     with torch.no_grad():
         torch.testing.assert_close(fresh.eval()(input_ids=x).logits, model(input_ids=x).logits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", "cusparselt"])
+def test_export_on_cusparselt_compresses_once(backend):
+    """On a GPU the exported layers hold cuSPARSELt's compressed S(W) and never compress again; the
+    outputs match the trained model's eval forward (bf16, to rounding when it trained on 'torch')."""
+    torch.manual_seed(0)
+    model = TinyMLP()
+    model.mlp = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64))  # cuSPARSELt-sized
+    model = sl.sparsify(model.cuda().to(torch.bfloat16), sl.STE(transposable=True, backend=backend)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExportFallbackWarning)
+        served = sl.export(model)
+    layer = served.mlp[0]
+    assert layer.kernel == "cusparselt" and not hasattr(layer, "weight") and layer._operand._weight is None
+    before = layer._backend.stats["compressions"]
+    x = torch.randn(4, 32, 64, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        got, expected = served.mlp(x), model.mlp(x)
+        served(x)
+    assert layer._backend.stats["compressions"] == before  # compressed at export only
+    tol = dict(rtol=0, atol=0) if backend == "cusparselt" else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got, expected, **tol)
