@@ -74,7 +74,8 @@ class Sparse24Linear(nn.Module):
         self.register_buffer("compressed", self._operand.compressed)
 
     def dense_weight(self) -> torch.Tensor:
-        """S(W) (out, in), decompressed from the mask where only the compressed form is kept."""
+        """S(W) (out, in) as stored by the dense kernel. A cuSPARSELt layer keeps only cuSPARSELt's
+        compressed bytes, whose metadata layout is the library's own: it raises."""
         if self.kernel == "dense":
             return self.weight
         raise NotImplementedError("a cuSPARSELt layer keeps only the compressed weight; export with kernel='dense' "
