@@ -5,7 +5,9 @@ Three products per training step, for Z = X W^T with W (out, in) and X (tokens, 
     input gradient  dX = dZ S(W)
     weight gradient dW = dZ^T X          (or MVUE(dZ^T) X, groups of 4 along the tokens)
 S(W) is m * W (STE family) or beta * soft_threshold(W) (S-STE). The gradient reaches the dense W
-unchanged (straight-through); SR-STE adds decay * (1 - m) * W to it inside the backward.
+unchanged (straight-through); SR-STE adds decay * (1 - m) * W to it inside the backward, masked
+decay adds it to the gradient before the optimizer step (``apply_masked_decay``) and the decoupled
+variant subtracts lr * decay * (1 - m) * W from W after the step (``apply_decay_on_weights``).
 
 State: the mask and beta are buffers; the integer counters (optimizer steps, when the mask was
 computed, flip counts, the MVUE draw counter) are the module's extra state. Both are in
@@ -28,7 +30,7 @@ from .custom_ops import register_layer
 from .methods.config import STE, SparsityMethod
 from .methods.flip_rate import mask_flips_tensor
 from .methods.soft_threshold import soft_threshold, sste_beta
-from .validation import check_divisible
+from .validation import check_divisible, check_float_tensor, check_has_values
 
 _COUNTERS = ("step", "mask_step", "mask_updates", "last_flips", "flips_total", "mvue_seed", "mvue_calls")
 
@@ -131,6 +133,9 @@ class SparseLinear(nn.Linear):
     def _setup(self, method: SparsityMethod) -> None:
         if not isinstance(method, SparsityMethod):
             raise TypeError(f"method must be a SparsityMethod (e.g. STE()), got {type(method).__name__}")
+        # the mask and S-STE's frozen beta are computed from the values: none on meta, none from NaN
+        check_has_values(self.weight, "weight", "SparseLinear (its mask and S-STE's beta come from the weights)")
+        check_float_tensor(self.weight, "weight")
         check_divisible(self.in_features, method.m, "in_features", 1)
         if method.transposable:
             check_divisible(self.out_features, method.m, "out_features (transposable mask)", 0)
@@ -269,6 +274,17 @@ class SparseLinear(nn.Linear):
         decay = self.method.decay_before_step
         if decay and not self.dense_now and self.weight.grad is not None:
             self.backend.masked_decay_(self.weight.grad, self.weight, self.mask, decay * grad_scale)
+
+    @torch.no_grad()
+    def apply_decay_on_weights(self, lr: float) -> None:
+        """W -= lr * decay * (1 - m) * W, for methods that decay the weights after the optimizer step
+        (decoupled: the optimizer never sees the term). lr: the weight's param-group learning rate."""
+        decay = self.method.decay_after_step
+        if decay and not self.dense_now:
+            w = self.weight.detach()
+            # in place, elementwise: w += (-lr * decay) * (1 - m) * w
+            self.backend.masked_decay_(w, w, self.mask, -float(lr) * decay)
+            self._operand_cache = None
 
     # --- products -----------------------------------------------------------------------------
     def sparse_weight(self) -> torch.Tensor:

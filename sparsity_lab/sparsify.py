@@ -62,6 +62,11 @@ def sparsify(model: nn.Module, method: SparsityMethod,
     chosen = module_selector(select, model)
     targets = [(name, mod) for name, mod in model.named_modules()  # nn.Linear, or GPT-2's Conv1D
                if is_convertible(mod) and chosen(name, mod)]
+    already = [name for name, mod in sparse_layers(model) if chosen(name, mod)]
+    if already and (not targets or isinstance(select, list)):
+        raise ValueError(f"model is already sparsified: the selected module(s) {_names(already)} are SparseLinear "
+                         f"already ({model.get_submodule(already[0]).method.describe()}); sparsify a fresh "
+                         "model, or select only plain nn.Linear modules")
     if not targets:
         what = "the FFN/MLP name pattern (default select='ffn')" if select in (None, "ffn") else f"select={select!r}"
         raise ValueError(f"no nn.Linear matched {what}; pass select='all', a list of module names or a function")
@@ -83,6 +88,11 @@ def sparsify(model: nn.Module, method: SparsityMethod,
         setattr(parent, child, layer)
     record_recipe(model, method, [name for name, _ in layers])
     return model
+
+
+def _names(names: list[str], most: int = 4) -> str:
+    shown = ", ".join(repr(n) for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def flip_report(model: nn.Module, fresh_only: bool = False) -> dict[str, float]:

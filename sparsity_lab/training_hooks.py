@@ -8,11 +8,22 @@
   is the exception: the scaler calls its step with the gradients still scaled and with inf found,
   leaving both to the fused kernel; the hooks read ``optimizer.grad_scale`` / ``found_inf`` then,
   scale the decay to match and treat an inf step as skipped.
-* a step *post*-hook: every sparse layer's step counter advances, which drives the mask refresh
-  interval and the dense fine-tune switch.
-Loops without a torch optimizer call ``apply_masked_decay(model)`` and ``advance_step(model)``.
+* a step *post*-hook: the decoupled masked decay of ``MaskedDecayOnWeights``,
+  W -= lr * decay * (1 - m) * W with lr read from the weight's param group (the optimizer never sees
+  it); then every sparse layer's step counter advances, which drives the mask refresh interval and
+  the dense fine-tune switch. A step the GradScaler skips runs neither.
+Loops without a torch optimizer call ``apply_masked_decay(model)`` before their update,
+``apply_decay_on_weights(model, lr)`` after it, and ``advance_step(model)``.
+
+Once per optimizer step, however the step is called: an optimizer class whose ``step`` calls
+``super().step()`` runs the registered hooks once per class level (PyTorch wraps each level's
+``step``). The hooks therefore open a step in the first pre-hook and close it in the first
+post-hook; the nested calls in between do nothing. The decay is further keyed on the gradient
+itself (its identity and version), so a gradient never receives it twice.
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 from torch import nn
@@ -28,6 +39,12 @@ def sparse_layers(model: nn.Module) -> list[tuple[str, SparseLinear]]:
 def apply_masked_decay(model: nn.Module) -> None:
     for _, layer in sparse_layers(model):
         layer.apply_masked_decay()
+
+
+def apply_decay_on_weights(model: nn.Module, lr: float) -> None:
+    """After the update: W -= lr * decay * (1 - m) * W on layers whose method decays the weights."""
+    for _, layer in sparse_layers(model):
+        layer.apply_decay_on_weights(lr)
 
 
 def advance_step(model: nn.Module) -> None:
@@ -66,23 +83,53 @@ class AttachedOptimizer:
             raise ValueError(f"layers {attached} already have an optimizer attached; call .remove() on "
                              "the earlier handle first")
         self.layers = [layer for _, layer in named]
+        # the param group of each layer's weight: its "lr" (changed by schedulers) scales the decay on weights
+        self._groups = [next(g for g in optimizer.param_groups if any(p is layer.weight for p in g["params"]))
+                        for layer in self.layers]
         self._skipping = False
+        self._grad_scale = 1.0
+        self._step_open = False  # between the first pre-hook and the first post-hook of a step
+        # per layer: (weakref to the gradient that received the decay, its version afterwards)
+        self._decayed: list[tuple | None] = [None] * len(self.layers)
         self._pre = optimizer.register_step_pre_hook(lambda opt, args, kwargs: self._before_step(opt))
         self._post = optimizer.register_step_post_hook(lambda opt, args, kwargs: self._after_step())
         for layer in self.layers:
             layer.attached_optimizer = True
 
+    def _open_step(self) -> None:
+        """Mark a step as under way (nested ``super().step()`` levels find it open already). A step
+        that raised never reached its post-hook: the next step finds it open and carries on with it,
+        so the counters advance once for the failed call and the next one together."""
+        self._step_open = True
+
+    def _close_step(self) -> bool:
+        """True for the first post-hook of an open step; the outer levels' post-hooks get False."""
+        if not self._step_open:
+            return False
+        self._step_open = False
+        return True
+
     def _before_step(self, optimizer: torch.optim.Optimizer) -> None:
-        grad_scale, self._skipping = _fused_scaler_state(optimizer)
+        self._open_step()
+        # every level sees the same scaler attributes (set for the duration of the outer step)
+        self._grad_scale, self._skipping = _fused_scaler_state(optimizer)
         if self._skipping:
             return
-        for layer in self.layers:
-            layer.apply_masked_decay(grad_scale)
+        for k, layer in enumerate(self.layers):
+            grad = layer.weight.grad
+            done = self._decayed[k]
+            if grad is None or (done is not None and done[0]() is grad and done[1] == grad._version):
+                continue  # no gradient, or this very gradient already carries the decay
+            layer.apply_masked_decay(self._grad_scale)
+            self._decayed[k] = (weakref.ref(grad), grad._version)
 
     def _after_step(self) -> None:
+        if not self._close_step():  # a nested level of the same optimizer step
+            return
         if self._skipping:  # the fused kernel skipped the update: the schedule does not advance
             return
-        for layer in self.layers:
+        for layer, group in zip(self.layers, self._groups):
+            layer.apply_decay_on_weights(group["lr"])
             layer.advance_step()
 
     def remove(self) -> None:
@@ -93,5 +140,6 @@ class AttachedOptimizer:
 
 
 def attach_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> AttachedOptimizer:
-    """Hook masked decay (before each step) and the step counters (after it) into ``optimizer``."""
+    """Hook masked decay (on gradients before each step, on weights after it) and the step counters
+    (after it) into ``optimizer``."""
     return AttachedOptimizer(model, optimizer)

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from ..backends.fp8_sim import fp8_sim_backend_for
+from .atomic_io import ensure_folder, write_text_atomic
 from .options import (TRAJECTORY_OPTIONS, add_common_arguments, add_method_arguments, cli_errors,
                       common_method_options, config_from_args, given)
 from .trainer import Trainer
@@ -56,6 +57,10 @@ def method_options(args) -> dict:
 
 @cli_errors("train")
 def run(args) -> int:
+    if args.stop_at is not None and args.stop_at < 1:
+        raise ValueError(f"--stop-at must be a step >= 1 (at most --steps), got {args.stop_at}")
+    if args.out:  # fail now, naming the path, not after the set-up (e.g. a regular file in the way)
+        ensure_folder(args.out, "--out run")
     if args.resume:
         clash = given(args, *TRAJECTORY_OPTIONS)
         if clash:
@@ -68,9 +73,12 @@ def run(args) -> int:
         print(f"resumed {args.resume} at step {trainer.step} of {trainer.config.steps}")
     else:
         method = getattr(args, "method", "ste")
-        out = Path(args.out or f"runs/{method}")
+        out = ensure_folder(args.out or f"runs/{method}", "--out run")
         log = out / "log.jsonl"
         if log.exists():
+            if not args.overwrite and not (out / "checkpoint.pt").exists():
+                raise ValueError(f"{str(out)!r} holds a run that stopped before its first checkpoint; pass "
+                                 "--overwrite to start it again, or another --out")
             if not args.overwrite:
                 raise ValueError(f"{str(out)!r} already holds a run; pass --resume {out / 'checkpoint.pt'}, "
                                  "--overwrite or another --out")
@@ -85,7 +93,7 @@ def run(args) -> int:
     summary = trainer.run(stop_at=args.stop_at)
     trainer.close()
     summary.update(config=trainer.config.to_dict(), corpus=trainer.corpus.describe())
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n", "run summary")
     speed = summary["median_tokens_per_s"]
     print(f"step {summary['step']}: val loss {summary['final_val_loss']}, median "
           f"{'n/a' if speed is None else f'{speed:.0f}'} tokens/s; log {out / 'log.jsonl'}")
