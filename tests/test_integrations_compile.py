@@ -56,7 +56,8 @@ def counters(model):
 
 
 METHODS = [sl.STE(), sl.SRSTE(decay=0.1), sl.MaskedDecay(decay=0.1, total_steps=4, dense_finetune_at=0.5),
-           sl.SSTE(mvue=True, transposable=True), sl.STE(mask_refresh_interval=2, mvue=True)]
+           sl.SSTE(mvue=True, transposable=True), sl.STE(mask_refresh_interval=2, mvue=True),
+           sl.MaskedDecayOnWeights(decay=0.1, total_steps=4, dense_finetune_at=0.5)]
 
 
 @pytest.mark.parametrize("method", METHODS, ids=lambda m: m.describe())
