@@ -137,6 +137,7 @@ def export(model: nn.Module, kernel: str = "auto", dtype: torch.dtype | None = N
                 fallbacks[name] = problem
             new = Sparse24Linear(weight, layer.mask, layer.bias.to(weight.dtype) if layer.bias is not None else None,
                                  chosen)
+            new.from_conv1d = type(layer).__name__ == "SparseConv1D"  # GPT-2: checkpoints keep W (in, out)
             report.append({"layer": name, "became": f"Sparse24Linear ({chosen})", "why": problem or "2:4 on cuSPARSELt"})
         parent_name, _, child = name.rpartition(".")
         parent = exported.get_submodule(parent_name) if parent_name else exported
@@ -165,6 +166,10 @@ def compressed_tensors_state(model: nn.Module) -> dict[str, torch.Tensor]:
     layers = {name: mod for name, mod in model.named_modules() if isinstance(mod, Sparse24Linear)}
     if not layers:
         raise ValueError("model has no Sparse24Linear layers: call sparsity_lab.export(model) first")
+    conv1d = [name for name, layer in layers.items() if getattr(layer, "from_conv1d", False)]
+    if conv1d:
+        raise ValueError(f"layers {conv1d} were GPT-2 Conv1D modules, whose checkpoints store W as (in, out): their "
+                         "2:4 groups run down the columns there, and sparse-24-bitmask holds groups along rows only")
     state = {}
     for key, value in model.state_dict().items():
         owner, _, leaf = key.rpartition(".")

@@ -129,3 +129,16 @@ def test_export_on_cusparselt_compresses_once(backend):
     assert layer._backend.stats["compressions"] == before  # compressed at export only
     tol = dict(rtol=0, atol=0) if backend == "cusparselt" else dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(got, expected, **tol)
+
+
+def test_gpt2_conv1d_export_runs_but_is_refused_by_the_checkpoint_format(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=16)
+    model = sl.sparsify(transformers.GPT2LMHeadModel(config), sl.STE()).eval()
+    served = sl.export(model, kernel="dense")
+    x = torch.randint(0, 64, (1, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(served(input_ids=x).logits, model(input_ids=x).logits, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"GPT-2 Conv1D modules, whose checkpoints store W as \(in, out\)"):
+        sl.save_compressed_tensors(served, tmp_path)
