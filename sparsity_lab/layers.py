@@ -27,6 +27,7 @@ from torch import nn
 
 from .backends import get_backend
 from .backends.base import Backend
+from .custom_ops import register_layer
 from .methods.config import STE, SparsityMethod
 from .methods.flip_rate import mask_flips_tensor
 from .methods.soft_threshold import soft_threshold, sste_beta
@@ -76,40 +77,52 @@ def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
+def _products_forward(x2: torch.Tensor, bias: torch.Tensor | None, plan: _BackwardPlan) -> torch.Tensor:
+    """Z = X S(W)^T + b for x2 (tokens, in) already in the products' dtype. Returns (tokens, out)."""
+    b = bias.to(plan.dtype) if bias is not None else None
+    with torch.autocast(x2.device.type, enabled=False):
+        return plan.backend.linear(x2, plan.operand, b)
+
+
+def _products_backward(plan: _BackwardPlan, grad_out: torch.Tensor, x2: torch.Tensor, x_shape: torch.Size,
+                       x_dtype: torch.dtype, weight: torch.Tensor, bias_dtype: torch.dtype | None,
+                       needs: tuple[bool, bool, bool]):
+    """(dX, dW, db) of ``_products_forward`` (None where ``needs`` is False): dX = dZ S(W) in x's dtype
+    and shape, dW = dZ^T X or MVUE(dZ^T) X (+ SR-STE's decay) in W's dtype, db = dZ summed over tokens."""
+    dz = grad_out.reshape(-1, grad_out.shape[-1]).to(plan.dtype)
+    grad_x = grad_w = grad_b = None
+    # a sharded layer may have dropped its operand and full mask after the forward: rebuild them
+    operand, mask = plan.rebuild() if plan.rebuild is not None else (plan.operand, plan.mask)
+    with torch.autocast(dz.device.type, enabled=False):
+        if needs[0]:
+            grad_x = plan.backend.grad_input(dz, operand).to(x_dtype).reshape(x_shape)
+        if needs[1]:
+            grad_w = plan.backend.grad_weight(dz, x2, plan.mvue, plan.generator).to(weight.dtype)
+            if plan.decay:
+                plan.backend.masked_decay_(grad_w, weight, mask, plan.decay)
+        if bias_dtype is not None and needs[2]:
+            # accumulate half/bf16 in fp32; float64 stays float64
+            acc = torch.float32 if dz.element_size() < 4 else dz.dtype
+            grad_b = dz.sum(0, dtype=acc).to(bias_dtype)
+    return grad_x, grad_w, grad_b
+
+
 class _SparseLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, plan: _BackwardPlan):
-        dtype = plan.dtype
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).to(dtype)
-        operand = plan.operand
-        b = bias.to(dtype) if bias is not None else None
-        with torch.autocast(x.device.type, enabled=False):
-            z = plan.backend.linear(x2, operand, b)
+        x2 = x.reshape(-1, x.shape[-1]).to(plan.dtype)
         ctx.save_for_backward(x2, weight)
-        ctx.plan, ctx.shape, ctx.dtype, ctx.x_dtype = plan, shape, dtype, x.dtype
+        ctx.plan, ctx.shape, ctx.x_dtype = plan, x.shape, x.dtype
         ctx.bias_dtype = bias.dtype if bias is not None else None
-        return z.reshape(*shape[:-1], z.shape[-1])
+        z = _products_forward(x2, bias, plan)
+        return z.reshape(*x.shape[:-1], z.shape[-1])
 
     @staticmethod
     def backward(ctx, grad_out):
         x2, weight = ctx.saved_tensors
-        plan: _BackwardPlan = ctx.plan
-        dz = grad_out.reshape(-1, grad_out.shape[-1]).to(ctx.dtype)
-        grad_x = grad_w = grad_b = None
-        operand, mask = plan.rebuild() if plan.rebuild is not None else (plan.operand, plan.mask)
-        with torch.autocast(dz.device.type, enabled=False):
-            if ctx.needs_input_grad[0]:
-                grad_x = plan.backend.grad_input(dz, operand).to(ctx.x_dtype).reshape(ctx.shape)
-            if ctx.needs_input_grad[1]:
-                grad_w = plan.backend.grad_weight(dz, x2, plan.mvue, plan.generator).to(weight.dtype)
-                if plan.decay:
-                    plan.backend.masked_decay_(grad_w, weight, mask, plan.decay)
-            if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
-                # accumulate half/bf16 in fp32; float64 stays float64
-                acc = torch.float32 if dz.element_size() < 4 else dz.dtype
-                grad_b = dz.sum(0, dtype=acc).to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None
+        grads = _products_backward(ctx.plan, grad_out, x2, ctx.shape, ctx.x_dtype, weight, ctx.bias_dtype,
+                                   ctx.needs_input_grad[:3])
+        return (*grads, None)
 
 
 class SparseLinear(nn.Linear):
@@ -150,6 +163,7 @@ class SparseLinear(nn.Linear):
             check_divisible(self.out_features, method.m, "out_features (transposable mask)", 0)
         self.method = method
         self.backend = get_backend(method.backend)
+        self._op_key = register_layer(self)  # how the torch.compile custom ops find this layer
         self.attached_optimizer = False
         self._operand_cache: tuple[tuple, Any] | None = None
         self.prepare_count = 0  # how many operands were prepared (diagnostic, not saved)
@@ -175,10 +189,25 @@ class SparseLinear(nn.Linear):
             with torch.no_grad():
                 self.beta.copy_(sste_beta(w, soft_threshold(w, self.mask, method.n, method.m)))
 
-    def get_extra_state(self) -> dict:
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._op_key = register_layer(self)  # a copy (deepcopy, pickle) is a layer of its own
+
+    def counters(self) -> dict[str, int]:
+        """The integer counters by name (what ``get_extra_state`` stores, as a dict)."""
         return {name: int(getattr(self, name)) for name in _COUNTERS}
 
-    def set_extra_state(self, state: dict) -> None:
+    def get_extra_state(self) -> torch.Tensor:
+        """The counters as one int64 tensor in ``_COUNTERS`` order: a tensor, so that tensor-only
+        formats (safetensors, Hugging Face ``save_pretrained``) store it."""
+        return torch.tensor([int(getattr(self, name)) for name in _COUNTERS], dtype=torch.int64)
+
+    def set_extra_state(self, state: torch.Tensor | dict) -> None:
+        if isinstance(state, torch.Tensor):  # the current format; a dict is what older checkpoints hold
+            if state.shape != (len(_COUNTERS),):
+                raise ValueError(f"SparseLinear extra state must hold {len(_COUNTERS)} counters {_COUNTERS}, "
+                                 f"got a tensor of shape {tuple(state.shape)}")
+            state = dict(zip(_COUNTERS, state.tolist()))
         missing = [name for name in _COUNTERS if name not in state]
         if missing:
             raise ValueError(f"SparseLinear extra state lacks counters {missing}; was it saved by SparseLinear?")
@@ -370,34 +399,48 @@ class SparseLinear(nn.Linear):
         self._decayed_at_step = self.step
         return decay
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and torch.is_grad_enabled():
+    def _call_plan(self, x: torch.Tensor, training: bool, grad_needed: bool,
+                   dtype: torch.dtype | None = None) -> _BackwardPlan | None:
+        """The per-call work before the products: mask refresh when due (training), the operand,
+        SR-STE's decay and the MVUE draw (grad_needed). None in a dense phase (plain F.linear)."""
+        if training:
             if not self.attached_optimizer:
                 warnings.warn(
                     "SparseLinear is training but no optimizer is attached, so masks are not "
                     "refreshed and schedules do not advance: call "
-                    "sparsity_lab.attach_optimizer(model, optimizer)", stacklevel=2)
+                    "sparsity_lab.attach_optimizer(model, optimizer)", stacklevel=3)
             if self.mask_due():
                 self.refresh_mask()
         if self.dense_now:
-            return F.linear(x, self.weight, self.bias)
+            return None
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must have shape (..., in_features={self.in_features}), got {tuple(x.shape)}")
-        dtype = _compute_dtype(x, self.weight)
-        grad_needed = torch.is_grad_enabled() and self.weight.requires_grad
-        plan = _BackwardPlan(
+        dtype = dtype or _compute_dtype(x, self.weight)
+        return _BackwardPlan(
             backend=self.backend, operand=self._operand(dtype, backward=grad_needed), dtype=dtype,
             mask=self._mask_for_products(),
             decay=self._backward_decay() if grad_needed else 0.0, mvue=self.method.mvue,
             generator=self._seed_for_backward(x.device) if grad_needed else None,
         )
+
+    def _after_forward(self, plan: _BackwardPlan) -> None:
+        """Hook for a sharded layer: may drop what the backward can rebuild (``plan.rebuild``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            # torch.compile: the per-call work and the products run inside one custom op, so Dynamo
+            # traces no host-side counters (no graph break, no recompilation per step)
+            from .custom_ops import compiled_sparse_linear
+            return compiled_sparse_linear(self, x)
+        grad_enabled = torch.is_grad_enabled()
+        grad_needed = grad_enabled and self.weight.requires_grad
+        plan = self._call_plan(x, self.training and grad_enabled, grad_needed)
+        if plan is None:
+            return F.linear(x, self.weight, self.bias)
         out = _SparseLinearFn.apply(x, self.weight, self.bias, plan)
         if grad_needed:
             self._after_forward(plan)
         return out
-
-    def _after_forward(self, plan: _BackwardPlan) -> None:
-        """Hook for a sharded layer: may drop what the backward can rebuild (``plan.rebuild``)."""
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, method={self.method.describe()}, backend={self.backend.name}"

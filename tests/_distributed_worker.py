@@ -82,7 +82,7 @@ def full_state(model: torch.nn.Module) -> dict:
     for key, value in model.state_dict().items():
         if isinstance(value, torch.Tensor):
             state[key] = (value.full_tensor() if hasattr(value, "full_tensor") else value).detach().clone()
-    counters = {name: {**layer.get_extra_state(), "flips_total": layer.flips_total}
+    counters = {name: {**layer.counters(), "flips_total": layer.flips_total}
                 for name, layer in sparse_layers(model)}
     return {"tensors": state, "counters": counters}
 

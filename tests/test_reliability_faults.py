@@ -38,7 +38,7 @@ def _learning_state(trainer) -> str:
     params = {n: p.detach() for n, p in trainer.model.named_parameters()}
     return state_digest({"params": params, "optimizer": trainer.optimizer.state_dict(),
                          "scheduler": trainer.scheduler.state_dict(),
-                         "counters": [layer.get_extra_state()["step"] for _, layer in trainer.layers]})
+                         "counters": [layer.counters()["step"] for _, layer in trainer.layers]})
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])

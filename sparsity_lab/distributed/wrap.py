@@ -33,7 +33,7 @@ def _layer_signature(layer: SparseLinear) -> dict:
     for tensor in (layer.weight, layer.mask, layer.beta):
         local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
         digest.update(local.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
-    return {"method": repr(layer.method), "counters": layer.get_extra_state(), "tensors": digest.hexdigest()}
+    return {"method": repr(layer.method), "counters": layer.counters(), "tensors": digest.hexdigest()}
 
 
 def check_ranks_agree(model: nn.Module, group=None) -> None:
