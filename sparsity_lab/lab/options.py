@@ -197,7 +197,7 @@ def cli_errors(command: str):
                     return 2
             try:
                 return fn(args)
-            except (ValueError, FileNotFoundError, CheckpointError, TrainingDiverged) as err:
+            except (ValueError, OSError, CheckpointError, TrainingDiverged) as err:  # OSError: names its path
                 print(f"sparsity-lab {command}: error: {err}", file=sys.stderr)
                 return 2
         return run
