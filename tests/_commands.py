@@ -10,7 +10,10 @@ Each command gets a plan:
 
 * ``run``: run it, with its size flags shrunk (table SHRINK; REPLACED flags dropped), small sizes
   added where a training command gives none (TRAINING_DEFAULTS), and output paths moved into a
-  temporary folder (OUTPUT_FLAGS); ``--help`` runs as written. ``train --backend triton`` on a CPU runs
+  temporary folder (OUTPUT_FLAGS; relative paths already land there: the commands of one file run in
+  order in one temporary folder, so a later line can resume what an earlier one wrote); a resumed
+  run (``--resume``) keeps its checkpoint's sizes; ``torchrun`` runs at most 2 processes
+  (``--standalone``); ``--help`` runs as written. ``train --backend triton`` on a CPU runs
   the kernels through the Triton interpreter (TRITON_INTERPRET=1).
 * ``parse``: a GPU command (its ``--help`` line says "(GPU)", it asks for ``--device cuda``, its line
   carries a comment that says "GPU", or it is compare/decay-search on backend triton, which the
@@ -72,6 +75,7 @@ class Plan:
     argv: list[str] = field(default_factory=list)   # what runs, after the program (sparsity-lab / pytest args)
     program: str = ""               # "sparsity-lab" or "pytest"
     env: dict[str, str] = field(default_factory=dict)
+    launcher: list[str] = field(default_factory=list)  # torchrun's own options, when it launches the command
 
 
 FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
@@ -126,6 +130,21 @@ def shell_commands(block: str, where: str, first_line: int | None = None) -> lis
     return out
 
 
+def torchrun_split(argv: list[str]) -> tuple[list[str], list[str]] | None:
+    """``torchrun OPTS -m sparsity_lab ARGS`` -> (OPTS with at most 2 processes, ["sparsity-lab", *ARGS])."""
+    if argv[0] != "torchrun" and argv[:3] != ["python", "-m", "torch.distributed.run"]:
+        return None
+    rest = argv[1:] if argv[0] == "torchrun" else argv[3:]
+    if "-m" not in rest or rest[rest.index("-m") + 1:][:1] != ["sparsity_lab"]:
+        return None
+    cut = rest.index("-m")
+    opts, args = rest[:cut], rest[cut + 2:]
+    for flag in ("--nproc-per-node", "--nproc_per_node"):
+        if flag in opts and opts[opts.index(flag) + 1].isdigit():
+            opts[opts.index(flag) + 1] = str(min(2, int(opts[opts.index(flag) + 1])))
+    return (opts if "--standalone" in opts else ["--standalone", *opts]), ["sparsity-lab", *args]
+
+
 def subcommand(argv: list[str]) -> tuple[str, list[str]] | None:
     """("sparsity-lab", args) or ("pytest", args) or ("pip", args); None for anything else."""
     if argv[0] == "sparsity-lab":
@@ -145,7 +164,7 @@ def _gpu_only(command_name: str, args: list[str], comment: str) -> str:
     from sparsity_lab.cli import COMMANDS
 
     help_text = COMMANDS.get(command_name, ("", ""))[1]
-    if help_text.rstrip().endswith("(GPU)") and "--smoke" not in args and "--allow-cpu" not in args:
+    if re.search(r"\bGPU\)\s*$", help_text) and "--smoke" not in args and "--allow-cpu" not in args:
         return f"`{command_name}` is a GPU command ({help_text})"
     if "--device" in args and args[args.index("--device") + 1:][:1] == ["cuda"]:
         return "it asks for --device cuda"
@@ -164,10 +183,12 @@ def _shrunk(flag: str, value: str) -> str:
 
 def plan(command: Command, tmp: Path, has_gpu: bool) -> Plan:
     """How the test treats ``command`` (see the module docstring)."""
-    found = subcommand(command.argv)
+    launched = torchrun_split(command.argv)
+    launcher, argv = launched if launched else ([], command.argv)
+    found = subcommand(argv)
     if found is None:
-        raise ValueError(f"{command}: the test runs `sparsity-lab ...`, `python -m sparsity_lab ...` and "
-                         f"`pytest ...` commands; write other programs as prose, or teach tests/_commands.py "
+        raise ValueError(f"{command}: the test runs `sparsity-lab ...`, `python -m sparsity_lab ...`, "
+                         f"`torchrun ... -m sparsity_lab ...` and `pytest ...` commands; write other programs as prose, or teach tests/_commands.py "
                          "to run them")
     program, args = found
     if program == "pip":
@@ -197,6 +218,8 @@ def plan(command: Command, tmp: Path, has_gpu: bool) -> Plan:
     if gpu and not has_gpu:
         return Plan("parse", f"needs a CUDA GPU: {gpu}; its options were checked by its parser", args, program,
                     command.env)
+    if "--resume" in args:  # the checkpoint fixes the sizes; a resumed run refuses new ones
+        return Plan("run", argv=args, program=program, env=command.env, launcher=launcher)
     new, i = [], 0
     while i < len(args):
         flag = args[i]
@@ -206,8 +229,8 @@ def plan(command: Command, tmp: Path, has_gpu: bool) -> Plan:
         elif flag in SHRINK and value is not None and not value.startswith("--"):
             new += [flag, _shrunk(flag, value)]
             i += 2
-        elif flag in OUTPUT_FLAGS and value is not None:
-            new += [flag, str(tmp / "out" / Path(value).name)]
+        elif flag in OUTPUT_FLAGS and value is not None and Path(value).is_absolute():
+            new += [flag, str(tmp / "out" / Path(value).name)]  # relative ones land in the test's folder
             i += 2
         else:
             new.append(flag)
@@ -226,7 +249,7 @@ def plan(command: Command, tmp: Path, has_gpu: bool) -> Plan:
     env = dict(command.env)
     if any(a in ("triton", "triton_fp8sim") for a in new) and not has_gpu:
         env.setdefault("TRITON_INTERPRET", "1")  # the Triton kernels on the CPU, through the interpreter
-    return Plan("run", argv=new, program=program, env=env)
+    return Plan("run", argv=new, program=program, env=env, launcher=launcher)
 
 
 # --- notebooks ----------------------------------------------------------------------------------

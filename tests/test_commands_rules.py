@@ -38,8 +38,10 @@ def test_training_commands_are_shrunk_and_given_small_sizes():
     assert value["--context"] == "32" and value["--batch-size"] == "2" and "--no-progress" in args
     p = plan(one("sparsity-lab compare --steps 2 --out runs/compare --tokens 20e6"), TMP, has_gpu=False)
     assert p.argv[p.argv.index("--steps") + 1] == "2", "a value already small stays"
-    assert p.argv[p.argv.index("--out") + 1] == str(TMP / "out" / "compare")
+    assert p.argv[p.argv.index("--out") + 1] == "runs/compare", "relative: lands in the test's folder"
     assert p.argv[p.argv.index("--tokens") + 1] == "4096" and p.argv.count("--steps") == 1
+    p = plan(one("sparsity-lab compare --out /home/me/runs/compare"), TMP, has_gpu=False)
+    assert p.argv[p.argv.index("--out") + 1] == str(TMP / "out" / "compare")
 
 
 @pytest.mark.parametrize("line", ["sparsity-lab train --width 384 --heads 6", "sparsity-lab train --heads 12",
@@ -107,3 +109,14 @@ def test_a_failing_python_block_is_named(tmp_path):
     assert "block two breaks" in message
     broken = tiny_notebook(tmp_path / "nb2", body="raise RuntimeError('the notebook itself')")
     assert "failed before its Things-to-try blocks" in python_blocks_failure(broken, ["print(1)"], tmp_path / "b2")
+
+
+def test_torchrun_runs_two_processes_and_a_resume_keeps_its_checkpoint_sizes():
+    p = plan(one("torchrun --nproc-per-node 8 -m sparsity_lab train --method sste --parallel fsdp --out runs/x"),
+             TMP, has_gpu=False)
+    assert p.kind == "run" and p.launcher == ["--standalone", "--nproc-per-node", "2"]
+    assert p.argv[:3] == ["train", "--method", "sste"] and "--steps" in p.argv
+    p = plan(one("torchrun --nproc-per-node 8 -m sparsity_lab train --parallel ddp --resume runs/x/checkpoint.dcp"),
+             TMP, has_gpu=False)
+    assert p.argv == ["train", "--parallel", "ddp", "--resume", "runs/x/checkpoint.dcp"]
+    assert plan(one("torchrun --nproc-per-node 8 -m sparsity_lab bench-dist"), TMP, has_gpu=False).kind == "parse"

@@ -53,8 +53,10 @@ NOTEBOOK_COMMANDS = [c for path in NOTEBOOKS for c in _notebook_blocks(path)[0]]
 NOTEBOOK_PYTHON = [(path, _notebook_blocks(path)[1]) for path in NOTEBOOKS]
 
 
-def _program(command: Command, program: str) -> list[str]:
+def _program(command: Command, program: str, launcher: list[str]) -> list[str]:
     """The interpreter running this test, or the console script installed beside it."""
+    if launcher:
+        return [sys.executable, "-m", "torch.distributed.run", *launcher, "-m", "sparsity_lab"]
     if program == "pytest":
         return [sys.executable, "-m", "pytest"]
     script = Path(sys.executable).parent / "sparsity-lab"
@@ -76,7 +78,7 @@ def check_command(command: Command, tmp_path: Path) -> None:
         except SystemExit as exit_:
             pytest.fail(f"{command}\nits options do not parse (exit status {exit_.code}); see stderr above")
         pytest.skip(f"{command}: {p.reason}")
-    cmd = _program(command, p.program) + p.argv
+    cmd = _program(command, p.program, p.launcher) + p.argv
     cwd = ROOT if p.kind == "collect" else tmp_path  # pytest file paths are relative to the repository
     env = dict(os.environ, **p.env)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
@@ -93,9 +95,23 @@ def test_the_readme_has_commands_to_check():
         "README.md's bash blocks no longer hold the train/compare commands this test is meant to run"
 
 
+@pytest.fixture(scope="module")
+def folder_per_file(tmp_path_factory):
+    """One working folder per README / notebook: its commands run there in order (a later line may use
+    what an earlier one wrote, e.g. --resume)."""
+    folders = {}
+
+    def get(command: Command) -> Path:
+        name = command.where.split()[0].rstrip(",")
+        if name not in folders:
+            folders[name] = tmp_path_factory.mktemp(_slug(name))
+        return folders[name]
+    return get
+
+
 @pytest.mark.parametrize("command", README_COMMANDS, ids=lambda c: _slug(f"L{c.where.split()[-1]}-{' '.join(c.argv)}"))
-def test_readme_command_runs(command, tmp_path):
-    check_command(command, tmp_path)
+def test_readme_command_runs(command, folder_per_file):
+    check_command(command, folder_per_file(command))
 
 
 def _or_none_found(params: list, what: str) -> list:
@@ -104,8 +120,8 @@ def _or_none_found(params: list, what: str) -> list:
 
 @pytest.mark.parametrize("command", _or_none_found(NOTEBOOK_COMMANDS, "a ```bash block"),
                          ids=lambda c: _slug(f"{c.where[:2]}-{' '.join(c.argv)}") if c else "none")
-def test_notebook_things_to_try_command_runs(command, tmp_path):
-    check_command(command, tmp_path)
+def test_notebook_things_to_try_command_runs(command, folder_per_file):
+    check_command(command, folder_per_file(command))
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
