@@ -229,7 +229,8 @@ def book_notebook(nb, machine: str = "a CPU", book_path=None):
             if WIDGET_VIEW in data and "text/html" in data:
                 del data[WIDGET_VIEW]
             if "text/markdown" in data:
-                shown = "".join(data["text/markdown"]) if isinstance(data["text/markdown"], list) else data["text/markdown"]
+                shown = data["text/markdown"]
+                shown = "".join(shown) if isinstance(shown, list) else shown
                 data["text/markdown"] = book_page.rewrite_links(book_page.demote_headings(shown), here, book_path)
     _add_banner(nb, book_page.run_banner(parameters, machine))
     widgets = nb.metadata.get("widgets", {}).get(WIDGET_STATE)
@@ -360,8 +361,9 @@ def _copy_plotly_js(static: Path) -> None:
 def build_book(executed: Sequence[Path], out: Path = BOOK_DIR, sizes: str = "ci",
                docs_dir: Path | None = None) -> Path:
     """Build the HTML book from executed notebooks (and the ``docs_dir`` pages, see
-    :func:`write_book_source`): source in ``out/_build/source``, pages in ``out/_build/html``. Runs ``jupyter-book build -W`` (any warning fails the build) and returns the
-    path of ``index.html``; raises :class:`BookBuildFailed` with the build's warnings."""
+    :func:`write_book_source`): source in ``out/_build/source``, pages in ``out/_build/html``. Runs
+    ``jupyter-book build -W`` (any warning fails the build) and returns the path of ``index.html``;
+    raises :class:`BookBuildFailed` with the build's warnings."""
     try:
         import jupyter_book  # noqa: F401
     except ImportError as err:

@@ -242,7 +242,8 @@ SLIDER_CELL = """import ipywidgets as widgets
 import plotly.graph_objects as go
 fig = go.FigureWidget(go.Scatter(y=[1, 2, 3]), layout={"width": 1300, "height": 300})
 widgets.VBox([widgets.FloatSlider(value=0.25, description="decay"), fig, widgets.HTML("<b>flip rate 0.5</b>")])"""
-DOCS = {"algorithms.md": "# Algorithms\n\nThe methods. Lessons: [the tiny one](../notebooks/01_tiny.ipynb).\n",
+DOCS = {"algorithms.md": "# Algorithms\n\nThe methods. Lessons: [the tiny one](../notebooks/01_tiny.ipynb).\n\n"
+                         "## Flip rate\n\nThe fraction of mask entries that changed.\n",
         "bibliography.md": "# Bibliography\n\n- A paper, <https://arxiv.org/abs/2102.04010>.\n"}
 
 
@@ -258,7 +259,8 @@ def tiny_book(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny-book")
     notebook = tiny_notebook(root / "notebooks", body=[WIDE_FIGURE_CELL, WIDE_OUTPUT_CELL, MARKDOWN_CELL, SLIDER_CELL])
     nb = nbformat.read(notebook, as_version=4)
-    nb.cells[0].source += "\n\nThe method is in [the algorithms page](../docs/algorithms.md); code in " \
+    nb.cells[0].source += "\n\nThe method is in [the algorithms page](../docs/algorithms.md) (its " \
+                          "[flip rate](../docs/algorithms.md#flip-rate)); code in " \
                           "[the course module](../sparsity_lab/course.py)."
     nbformat.write(nb, notebook)
     for name, text in DOCS.items():
@@ -277,7 +279,8 @@ def test_tiny_book_has_the_docs_as_chapters_and_links_resolved(tiny_book):
         assert f'href="docs/{doc}.html"' in (html / "intro.html").read_text(), f"docs/{doc} is not in the contents"
     page = (html / "01_tiny.html").read_text()
     assert 'href="docs/algorithms.html"' in page, "the notebook's ../docs/algorithms.md link does not reach the page"
-    assert "<code class=\"docutils literal notranslate\"><span class=\"pre\">sparsity_lab/course.py</span></code>" in page, \
+    assert 'href="docs/algorithms.html#flip-rate"' in page, "a link to a heading of a docs page does not reach it"
+    assert '<span class="pre">sparsity_lab/course.py</span></code> in the repository' in page, \
         "a link to a repository file outside the book shows its path"
     assert 'href="../01_tiny.html"' in (html / "docs" / "algorithms.html").read_text()
 
