@@ -53,11 +53,19 @@ def sparsify(model: nn.Module, method: SparsityMethod,
     """
     if not isinstance(method, SparsityMethod):
         raise TypeError(f"method must be a SparsityMethod (e.g. sparsity_lab.STE()), got {type(method).__name__}")
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        raise TypeError("the model is already wrapped in DistributedDataParallel: call sparsify(model, method) on the "
+                        "plain module first, then wrap it (sparsity_lab.distributed.data_parallel)")
     if select is not None and not isinstance(select, str) and not callable(select):
         select = list(select)  # a generator of names is read once, here
     chosen = module_selector(select)
     targets = [(name, mod) for name, mod in model.named_modules()
                if type(mod) is nn.Linear and chosen(name, mod)]
+    already = [name for name, mod in sparse_layers(model) if chosen(name, mod)]
+    if already and (not targets or isinstance(select, list)):
+        raise ValueError(f"model is already sparsified: the selected module(s) {_names(already)} are SparseLinear "
+                         f"already ({model.get_submodule(already[0]).method.describe()}); sparsify a fresh "
+                         "model, or select only plain nn.Linear modules")
     if not targets:
         what = "the FFN/MLP name pattern (default select='ffn')" if select in (None, "ffn") else f"select={select!r}"
         raise ValueError(f"no nn.Linear matched {what}; pass select='all', a list of module names or a function")
@@ -78,6 +86,11 @@ def sparsify(model: nn.Module, method: SparsityMethod,
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, layer)
     return model
+
+
+def _names(names: list[str], most: int = 4) -> str:
+    shown = ", ".join(repr(n) for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def flip_report(model: nn.Module, fresh_only: bool = False) -> dict[str, float]:
