@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"   {method.name:<13} loss {loss:.4f}  flip rate early {mean(early):.4f} late {mean(late):.4f}")
         print(f"   {'':<13} {sparkline(rates)}")
     print("\n   (masked decay switches to dense fine-tuning at 5/6 of the steps; its trace stops there.)")
+    print("   Every method over 5 seeds, with the spread and the verdicts: sparsity-lab demo --seeds 5 --steps 300")
     return 0
 
 

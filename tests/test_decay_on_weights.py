@@ -213,3 +213,22 @@ def test_decay_grid_and_search_take_the_method(tmp_path, text):
     assert result["method"] == "masked_decay_weights" and result["chosen"]["decay"] in (1e-2, 1.0)
     with pytest.raises(ValueError, match="method must be one of"):
         search_decay(base, grid=[1e-2], trial_steps=3, method="srste")
+
+
+def test_optimizer_subclass_calling_super_step_decays_the_weights_once():
+    """A subclass whose step() calls super().step() runs the hooks at both levels: the decay on weights
+    must still be applied once per optimizer step."""
+    class LoggingSGD(torch.optim.SGD):
+        def step(self, closure=None):
+            return super().step(closure)
+
+    lr = 0.1
+    layer, x = make(sl.MaskedDecayOnWeights(decay=DECAY, total_steps=100))
+    opt = LoggingSGD(layer.parameters(), lr=lr)
+    sl.attach_optimizer(layer, opt)
+    layer(x).sum().backward()
+    w0, g, mask = layer.weight.detach().clone(), layer.weight.grad.clone(), layer.mask.clone()
+    opt.step()
+    stepped = w0 - lr * g
+    torch.testing.assert_close(layer.weight.detach(), stepped - lr * DECAY * stepped * ~mask)
+    assert layer.step == 1
