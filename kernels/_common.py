@@ -100,6 +100,12 @@ def keep_top2(a0, a1, a2, a3):
     rank_i = #{j: a_j > a_i} + #{j < i: a_j == a_i}; keep_i = rank_i < 2. Six comparisons:
     ``gt_ij = a_i > a_j`` for i < j, and "j beats i" is ``a_j > a_i`` (j > i) or ``a_j >= a_i`` (j < i).
     """
+    # NaN compares false with everything: the ranks would collide (3 kept, or 1). As in the
+    # reference (masks.tiles.finite_magnitudes) a NaN ranks as the largest magnitude.
+    a0 = tl.where(a0 == a0, a0, float("inf"))
+    a1 = tl.where(a1 == a1, a1, float("inf"))
+    a2 = tl.where(a2 == a2, a2, float("inf"))
+    a3 = tl.where(a3 == a3, a3, float("inf"))
     # b_ji: does a_j beat a_i?  For j < i that is not (a_i > a_j).
     b10 = a1 > a0
     b20 = a2 > a0

@@ -14,11 +14,13 @@ from .sparsify import flip_report, sparsify, sparsity_summary
 from .training_hooks import (advance_step, apply_decay_on_weights, apply_masked_decay, attach_optimizer,
                              sparse_layers)
 from .graph_step import CudaGraphStep
+from .export import Sparse24Linear, export, save_compressed_tensors
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CudaGraphStep", "SRSTE", "SSTE", "STE", "Dense", "MaskedDecay", "MaskedDecayOnWeights", "SparseLinear", "SparsityMethod", "advance_step",
+    "CudaGraphStep", "Sparse24Linear", "export", "save_compressed_tensors", "SRSTE", "SSTE", "STE", "Dense",
+    "MaskedDecay", "MaskedDecayOnWeights", "SparseLinear", "SparsityMethod", "advance_step",
     "apply_decay_on_weights", "apply_masked_decay", "attach_optimizer", "flip_rate", "flip_report", "is_nm", "is_transposable",
     "kept_fraction", "mask_diversity", "method_from_name", "mvue24", "nm_mask", "soft_threshold",
     "sparse_layers", "sparsify", "sparsity_summary", "sste_beta", "transposable_mask",

@@ -285,7 +285,7 @@ def write_book_source(executed: Sequence[Path], source_dir: Path, sizes: str = "
     ``_static/`` (the page style) from ``book/``, the executed notebooks as :func:`book_notebook`
     shows them, the Markdown pages of ``docs_dir`` (default: the repository's ``docs/``, when present)
     in ``docs/``, a ``_toc.yml`` listing the notebooks in order and then the docs pages, and plotly.js
-    in ``_static/`` so the figures draw without a network."""
+    in ``_static/`` and MathJax in ``_mathjax/`` so the figures and the maths draw without a network."""
     import nbformat
 
     from . import book_page
@@ -300,6 +300,7 @@ def write_book_source(executed: Sequence[Path], source_dir: Path, sizes: str = "
     shutil.copytree(BOOK_DIR / "_static", source_dir / "_static")
     shutil.copy(BOOK_DIR / "_config.yml", source_dir / "_config.yml")
     _copy_plotly_js(source_dir / "_static")
+    _copy_mathjax(source_dir / "_mathjax")
 
     pages = {f"notebooks/{Path(p).name}": Path(p).name for p in executed}
     pages.update({f"docs/{d.name}": f"docs/{d.name}" for d in docs})
@@ -332,6 +333,20 @@ def _machine() -> str:
     import torch
 
     return f"a GPU ({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else "a CPU"
+
+
+def _copy_mathjax(folder: Path) -> None:
+    """MathJax 2 (from the jupyter-server-mathjax package) into ``folder/mathjax``: the book's maths
+    renders without a network (``book/_config.yml`` publishes ``folder`` beside the pages and points
+    ``mathjax_path`` at it)."""
+    try:
+        import jupyter_server_mathjax
+    except ImportError as err:
+        raise ImportError("the book's maths needs jupyter-server-mathjax: pip install -e '.[lab]'") from err
+    source = Path(jupyter_server_mathjax.__file__).parent / "static"
+    # the English messages only: the other languages are three quarters of the files
+    skip = shutil.ignore_patterns(*[p.name for p in (source / "localization").iterdir() if p.name != "en"])
+    shutil.copytree(source, folder / "mathjax", ignore=skip)
 
 
 def _copy_plotly_js(static: Path) -> None:

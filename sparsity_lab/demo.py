@@ -78,6 +78,10 @@ def sparkline(values: list[float]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.record and args.seeds < 2:
+        raise SystemExit("sparsity-lab demo: error: --record needs --seeds N with N >= 2")
+    if args.record and not args.record.endswith(".json"):
+        raise SystemExit(f"sparsity-lab demo: error: --record must name a .json file, got {args.record!r}")
     torch.manual_seed(args.seed)
     w = torch.randn(4, 8)
     print("1. A 2:4 mask keeps the 2 largest |w| of every 4 consecutive weights in a row:\n")
@@ -94,8 +98,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.seeds > 1:
         return _bands(args)
-    if args.record:
-        raise SystemExit("sparsity-lab demo: error: --record needs --seeds N with N >= 2")
     print(f"\n3. Flip rate (fraction of mask entries that changed per step), {args.steps} steps:\n")
     methods = [Dense(), STE(), MaskedDecay(decay=2e-2, total_steps=args.steps)]
     for method in methods:
@@ -127,8 +129,6 @@ def _bands(args: argparse.Namespace) -> int:
         from .lab.runlog import finite_json
         from .provenance import write_result
         path = Path(args.record)
-        if path.suffix != ".json":
-            raise SystemExit(f"sparsity-lab demo: error: --record must name a .json file, got {args.record!r}")
         write_result(path.stem, finite_json({"flip_bands": bands.to_dict(), "claims": judge_flip_bands(bands)}),
                      directory=path.parent)
         print(f"\n   recorded to {path}")

@@ -99,16 +99,13 @@ class FlipBands:
         deviation (NaN where a step has no flip rate)."""
         if label not in self.rates:
             raise ValueError(f"no method {label!r} in this run; it has {list(self.rates)}")
-        mean, lo, hi = [], [], []
+        mean, spread = [], []
         for column in zip(*self.rates[label]):
             vals = [v for v in column if math.isfinite(v)]
-            if not vals:
-                mean.append(math.nan), lo.append(math.nan), hi.append(math.nan)
-                continue
-            m = statistics.fmean(vals)
-            s = statistics.stdev(vals) if len(vals) > 1 else 0.0
-            mean.append(m), lo.append(m - s), hi.append(m + s)
-        return {"step": list(range(1, self.steps + 1)), "mean": mean, "lo": lo, "hi": hi}
+            mean.append(statistics.fmean(vals) if vals else math.nan)
+            spread.append(statistics.stdev(vals) if len(vals) > 1 else 0.0)
+        return {"step": list(range(1, self.steps + 1)), "mean": mean,
+                "lo": [m - s for m, s in zip(mean, spread)], "hi": [m + s for m, s in zip(mean, spread)]}
 
     def early(self, label: str) -> list[float]:
         """Per seed: the mean flip rate over the first 20 % of the steps."""

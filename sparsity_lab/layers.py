@@ -16,9 +16,10 @@ computed, flip counts, the MVUE draw counter) are the module's extra state. Both
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -26,12 +27,26 @@ from torch import nn
 
 from .backends import get_backend
 from .backends.base import Backend
+from .custom_ops import register_layer
 from .methods.config import STE, SparsityMethod
 from .methods.flip_rate import mask_flips_tensor
 from .methods.soft_threshold import soft_threshold, sste_beta
-from .validation import check_divisible
+from .validation import check_divisible, check_float_tensor, check_has_values
 
 _COUNTERS = ("step", "mask_step", "mask_updates", "last_flips", "flips_total", "mvue_seed", "mvue_calls")
+_RANK_STRIDE = 0x9E3779B97F4A7C15  # odd 64-bit constant: rank streams land far apart in seed space
+
+
+def mvue_stream_seed(seed: int, rank: int, call: int) -> int:
+    """Seed of MVUE draw ``call`` of a layer with ``seed`` on data-parallel ``rank``: a function of the
+    three alone, so draws are reproducible, and distinct ranks draw independently (their average
+    stays unbiased). Rank 0 gives the single-process seeds."""
+    return ((seed + rank * _RANK_STRIDE) * 1_000_003 + call) % (2**63 - 1)
+
+
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    dtensor_module = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before its import
+    return dtensor_module is not None and isinstance(tensor, dtensor_module.DTensor)
 
 
 @dataclass
@@ -45,6 +60,9 @@ class _BackwardPlan:
     decay: float
     mvue: bool
     generator: torch.Generator | None
+    # when set, operand and mask were dropped after the forward and are rebuilt in the backward
+    # (a sharded layer under FSDP2 with recompute_operands: nothing full-size lives in between)
+    rebuild: Callable[[], tuple[Any, torch.Tensor]] | None = None
 
 
 def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -59,39 +77,52 @@ def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
+def _products_forward(x2: torch.Tensor, bias: torch.Tensor | None, plan: _BackwardPlan) -> torch.Tensor:
+    """Z = X S(W)^T + b for x2 (tokens, in) already in the products' dtype. Returns (tokens, out)."""
+    b = bias.to(plan.dtype) if bias is not None else None
+    with torch.autocast(x2.device.type, enabled=False):
+        return plan.backend.linear(x2, plan.operand, b)
+
+
+def _products_backward(plan: _BackwardPlan, grad_out: torch.Tensor, x2: torch.Tensor, x_shape: torch.Size,
+                       x_dtype: torch.dtype, weight: torch.Tensor, bias_dtype: torch.dtype | None,
+                       needs: tuple[bool, bool, bool]):
+    """(dX, dW, db) of ``_products_forward`` (None where ``needs`` is False): dX = dZ S(W) in x's dtype
+    and shape, dW = dZ^T X or MVUE(dZ^T) X (+ SR-STE's decay) in W's dtype, db = dZ summed over tokens."""
+    dz = grad_out.reshape(-1, grad_out.shape[-1]).to(plan.dtype)
+    grad_x = grad_w = grad_b = None
+    # a sharded layer may have dropped its operand and full mask after the forward: rebuild them
+    operand, mask = plan.rebuild() if plan.rebuild is not None else (plan.operand, plan.mask)
+    with torch.autocast(dz.device.type, enabled=False):
+        if needs[0]:
+            grad_x = plan.backend.grad_input(dz, operand).to(x_dtype).reshape(x_shape)
+        if needs[1]:
+            grad_w = plan.backend.grad_weight(dz, x2, plan.mvue, plan.generator).to(weight.dtype)
+            if plan.decay:
+                plan.backend.masked_decay_(grad_w, weight, mask, plan.decay)
+        if bias_dtype is not None and needs[2]:
+            # accumulate half/bf16 in fp32; float64 stays float64
+            acc = torch.float32 if dz.element_size() < 4 else dz.dtype
+            grad_b = dz.sum(0, dtype=acc).to(bias_dtype)
+    return grad_x, grad_w, grad_b
+
+
 class _SparseLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, plan: _BackwardPlan):
-        dtype = plan.dtype
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).to(dtype)
-        operand = plan.operand
-        b = bias.to(dtype) if bias is not None else None
-        with torch.autocast(x.device.type, enabled=False):
-            z = plan.backend.linear(x2, operand, b)
+        x2 = x.reshape(-1, x.shape[-1]).to(plan.dtype)
         ctx.save_for_backward(x2, weight)
-        ctx.plan, ctx.shape, ctx.dtype, ctx.x_dtype = plan, shape, dtype, x.dtype
+        ctx.plan, ctx.shape, ctx.x_dtype = plan, x.shape, x.dtype
         ctx.bias_dtype = bias.dtype if bias is not None else None
-        return z.reshape(*shape[:-1], z.shape[-1])
+        z = _products_forward(x2, bias, plan)
+        return z.reshape(*x.shape[:-1], z.shape[-1])
 
     @staticmethod
     def backward(ctx, grad_out):
         x2, weight = ctx.saved_tensors
-        plan: _BackwardPlan = ctx.plan
-        dz = grad_out.reshape(-1, grad_out.shape[-1]).to(ctx.dtype)
-        grad_x = grad_w = grad_b = None
-        with torch.autocast(dz.device.type, enabled=False):
-            if ctx.needs_input_grad[0]:
-                grad_x = plan.backend.grad_input(dz, plan.operand).to(ctx.x_dtype).reshape(ctx.shape)
-            if ctx.needs_input_grad[1]:
-                grad_w = plan.backend.grad_weight(dz, x2, plan.mvue, plan.generator).to(weight.dtype)
-                if plan.decay:
-                    plan.backend.masked_decay_(grad_w, weight, plan.mask, plan.decay)
-            if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
-                # accumulate half/bf16 in fp32; float64 stays float64
-                acc = torch.float32 if dz.element_size() < 4 else dz.dtype
-                grad_b = dz.sum(0, dtype=acc).to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None
+        grads = _products_backward(ctx.plan, grad_out, x2, ctx.shape, ctx.x_dtype, weight, ctx.bias_dtype,
+                                   ctx.needs_input_grad[:3])
+        return (*grads, None)
 
 
 class SparseLinear(nn.Linear):
@@ -121,11 +152,18 @@ class SparseLinear(nn.Linear):
     def _setup(self, method: SparsityMethod) -> None:
         if not isinstance(method, SparsityMethod):
             raise TypeError(f"method must be a SparsityMethod (e.g. STE()), got {type(method).__name__}")
+        if _is_dtensor(self.weight):
+            raise TypeError("this linear's weight is already sharded (a DTensor, e.g. by fully_shard): call "
+                            "sparsify(model, method) first, then sparsity_lab.distributed.fully_shard_sparse")
+        # the mask and S-STE's frozen beta are computed from the values: none on meta, none from NaN
+        check_has_values(self.weight, "weight", "SparseLinear (its mask and S-STE's beta come from the weights)")
+        check_float_tensor(self.weight, "weight")
         check_divisible(self.in_features, method.m, "in_features", 1)
         if method.transposable:
             check_divisible(self.out_features, method.m, "out_features (transposable mask)", 0)
         self.method = method
         self.backend = get_backend(method.backend)
+        self._op_key = register_layer(self)  # how the torch.compile custom ops find this layer
         self.attached_optimizer = False
         self._operand_cache: tuple[tuple, Any] | None = None
         self.prepare_count = 0  # how many operands were prepared (diagnostic, not saved)
@@ -136,6 +174,9 @@ class SparseLinear(nn.Linear):
         self._graph_seed: torch.Tensor | None = None
         self._graph_calls = 0  # forward calls that used _graph_seed (one per captured step is supported)
         self._last_flips = self._flips_total = 0
+        # which process's MVUE stream to draw from; None: this process's torch.distributed rank (0 when
+        # not distributed), so data-parallel ranks draw independently (not saved: it belongs to the process)
+        self.mvue_rank: int | None = None
         for name in _COUNTERS:
             setattr(self, name, 0)
         self.mvue_seed = int(torch.randint(0, 2**62, (1,)).item())
@@ -148,10 +189,25 @@ class SparseLinear(nn.Linear):
             with torch.no_grad():
                 self.beta.copy_(sste_beta(w, soft_threshold(w, self.mask, method.n, method.m)))
 
-    def get_extra_state(self) -> dict:
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._op_key = register_layer(self)  # a copy (deepcopy, pickle) is a layer of its own
+
+    def counters(self) -> dict[str, int]:
+        """The integer counters by name (what ``get_extra_state`` stores, as a dict)."""
         return {name: int(getattr(self, name)) for name in _COUNTERS}
 
-    def set_extra_state(self, state: dict) -> None:
+    def get_extra_state(self) -> torch.Tensor:
+        """The counters as one int64 tensor in ``_COUNTERS`` order: a tensor, so that tensor-only
+        formats (safetensors, Hugging Face ``save_pretrained``) store it."""
+        return torch.tensor([int(getattr(self, name)) for name in _COUNTERS], dtype=torch.int64)
+
+    def set_extra_state(self, state: torch.Tensor | dict) -> None:
+        if isinstance(state, torch.Tensor):  # the current format; a dict is what older checkpoints hold
+            if state.shape != (len(_COUNTERS),):
+                raise ValueError(f"SparseLinear extra state must hold {len(_COUNTERS)} counters {_COUNTERS}, "
+                                 f"got a tensor of shape {tuple(state.shape)}")
+            state = dict(zip(_COUNTERS, state.tolist()))
         missing = [name for name in _COUNTERS if name not in state]
         if missing:
             raise ValueError(f"SparseLinear extra state lacks counters {missing}; was it saved by SparseLinear?")
@@ -195,14 +251,26 @@ class SparseLinear(nn.Linear):
         if self.mask_updates > 0:
             # counted on the device and read when someone asks (last_flips / flips_total): no host
             # sync in the training step, which would stall the queue of cuSPARSELt calls
-            count = getattr(self.backend, "mask_flips", mask_flips_tensor)  # a backend may count faster
-            flips = count(self.mask, new)
+            flips = self._count_flips(new)
             self._pending_last = flips
             self._pending_sum = flips if self._pending_sum is None else self._pending_sum + flips
-        self.mask.copy_(new)
+        self._set_mask(new)
         self.mask_step = self.step
         self.mask_updates += 1
         self._operand_cache = None
+
+    # hooks that a sharded layer (sparsity_lab.distributed) overrides: the mask buffer may hold only
+    # this process's part, while the products need the full mask
+    def _count_flips(self, new: torch.Tensor) -> torch.Tensor:
+        count = getattr(self.backend, "mask_flips", mask_flips_tensor)  # a backend may count faster
+        return count(self.mask, new)
+
+    def _set_mask(self, new: torch.Tensor) -> None:
+        self.mask.copy_(new)
+
+    def _mask_for_products(self) -> torch.Tensor:
+        """The full mask the products of this forward use."""
+        return self.mask
 
     def _settle_flips(self) -> None:
         if self._pending_sum is not None:
@@ -266,7 +334,7 @@ class SparseLinear(nn.Linear):
             return self.weight
         m = self.method
         beta = self.beta if m.soft_threshold else None
-        return self.backend.sparse_weight(self.weight.detach(), self.mask, beta, m.n, m.m)
+        return self.backend.sparse_weight(self.weight.detach(), self._mask_for_products(), beta, m.n, m.m)
 
     def _sparse_weight_as(self, dtype: torch.dtype) -> torch.Tensor:
         """``sparse_weight().to(dtype)``, in one pass where the backend offers ``sparse_weight_as``."""
@@ -275,7 +343,7 @@ class SparseLinear(nn.Linear):
             return self.sparse_weight().to(dtype)
         m = self.method
         beta = self.beta if m.soft_threshold else None
-        return as_dtype(self.weight.detach(), self.mask, beta, m.n, m.m, dtype)
+        return as_dtype(self.weight.detach(), self._mask_for_products(), beta, m.n, m.m, dtype)
 
     def _operand(self, dtype: torch.dtype, backward: bool = True) -> Any:
         # one prepared (pruned, and for hardware backends compressed) weight per optimizer step,
@@ -287,7 +355,8 @@ class SparseLinear(nn.Linear):
             prepare_masked = getattr(self.backend, "prepare_masked", None)  # straight from W and the mask
             if prepare_masked is not None:
                 m = self.method
-                operand = prepare_masked(self.weight.detach(), self.mask, self.beta if m.soft_threshold else None,
+                operand = prepare_masked(self.weight.detach(), self._mask_for_products(),
+                                         self.beta if m.soft_threshold else None,
                                          m.n, m.m, dtype, backward=backward)
             else:
                 operand = self.backend.prepare(self._sparse_weight_as(dtype))
@@ -301,9 +370,15 @@ class SparseLinear(nn.Linear):
         # A CPU generator even for GPU tensors: a backend takes its kernel seed from it (or seeds a
         # device generator, see backends.torch_reference.generator_on) without a host-device sync.
         gen = torch.Generator()
-        gen.manual_seed((self.mvue_seed * 1_000_003 + self.mvue_calls) % (2**63 - 1))
+        gen.manual_seed(mvue_stream_seed(self.mvue_seed, self._mvue_rank(), self.mvue_calls))
         self.mvue_calls += 1
         return gen
+
+    def _mvue_rank(self) -> int:
+        if self.mvue_rank is not None:
+            return self.mvue_rank
+        dist = torch.distributed
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
     def _seed_for_backward(self, device: torch.device):
         """What the backend draws MVUE from: this call's CPU generator (eager), or under a CUDA-graph
@@ -324,27 +399,48 @@ class SparseLinear(nn.Linear):
         self._decayed_at_step = self.step
         return decay
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and torch.is_grad_enabled():
+    def _call_plan(self, x: torch.Tensor, training: bool, grad_needed: bool,
+                   dtype: torch.dtype | None = None) -> _BackwardPlan | None:
+        """The per-call work before the products: mask refresh when due (training), the operand,
+        SR-STE's decay and the MVUE draw (grad_needed). None in a dense phase (plain F.linear)."""
+        if training:
             if not self.attached_optimizer:
                 warnings.warn(
                     "SparseLinear is training but no optimizer is attached, so masks are not "
                     "refreshed and schedules do not advance: call "
-                    "sparsity_lab.attach_optimizer(model, optimizer)", stacklevel=2)
+                    "sparsity_lab.attach_optimizer(model, optimizer)", stacklevel=3)
             if self.mask_due():
                 self.refresh_mask()
         if self.dense_now:
-            return F.linear(x, self.weight, self.bias)
+            return None
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must have shape (..., in_features={self.in_features}), got {tuple(x.shape)}")
-        dtype = _compute_dtype(x, self.weight)
-        grad_needed = torch.is_grad_enabled() and self.weight.requires_grad
-        plan = _BackwardPlan(
-            backend=self.backend, operand=self._operand(dtype, backward=grad_needed), dtype=dtype, mask=self.mask,
+        dtype = dtype or _compute_dtype(x, self.weight)
+        return _BackwardPlan(
+            backend=self.backend, operand=self._operand(dtype, backward=grad_needed), dtype=dtype,
+            mask=self._mask_for_products(),
             decay=self._backward_decay() if grad_needed else 0.0, mvue=self.method.mvue,
             generator=self._seed_for_backward(x.device) if grad_needed else None,
         )
-        return _SparseLinearFn.apply(x, self.weight, self.bias, plan)
+
+    def _after_forward(self, plan: _BackwardPlan) -> None:
+        """Hook for a sharded layer: may drop what the backward can rebuild (``plan.rebuild``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            # torch.compile: the per-call work and the products run inside one custom op, so Dynamo
+            # traces no host-side counters (no graph break, no recompilation per step)
+            from .custom_ops import compiled_sparse_linear
+            return compiled_sparse_linear(self, x)
+        grad_enabled = torch.is_grad_enabled()
+        grad_needed = grad_enabled and self.weight.requires_grad
+        plan = self._call_plan(x, self.training and grad_enabled, grad_needed)
+        if plan is None:
+            return F.linear(x, self.weight, self.bias)
+        out = _SparseLinearFn.apply(x, self.weight, self.bias, plan)
+        if grad_needed:
+            self._after_forward(plan)
+        return out
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, method={self.method.describe()}, backend={self.backend.name}"

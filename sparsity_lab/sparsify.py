@@ -11,7 +11,8 @@ from typing import Callable, Iterable
 
 from torch import nn
 
-from .layers import SparseLinear
+from .integrations.architectures import (architecture_selector, is_convertible, record_recipe, shape_of,
+                                          to_sparse_layer)
 from .methods.config import SparsityMethod
 from .methods.flip_rate import overall_flip_rate
 from .training_hooks import sparse_layers
@@ -28,9 +29,10 @@ def is_ffn_linear(name: str, module: nn.Linear) -> bool:
     return bool(FFN_NAME_PATTERN.search(name))
 
 
-def module_selector(select: Selector | str | Iterable[str] | None) -> Selector:
+def module_selector(select: Selector | str | Iterable[str] | None, model: nn.Module | None = None) -> Selector:
     if select is None or select == "ffn":
-        return is_ffn_linear
+        # a known architecture (Hugging Face config.model_type) names its MLP linears exactly
+        return (architecture_selector(model) if model is not None else None) or is_ffn_linear
     if select == "all":
         return lambda name, module: True
     if callable(select):
@@ -46,18 +48,28 @@ def sparsify(model: nn.Module, method: SparsityMethod,
     """Replace the selected ``nn.Linear`` modules of ``model`` by ``SparseLinear`` (in place).
 
     method: a config object (``STE()``, ``SRSTE()``, ``MaskedDecay(total_steps=...)``, ``SSTE()``,
-    ``Dense()`` for the dense reference with flip tracking). select: "ffn" (default), "all", a
-    list of qualified module names, or ``fn(name, module) -> bool``.
+    ``Dense()`` for the dense reference with flip tracking). select: "ffn" (default: the MLP linears
+    of a Hugging Face architecture listed in ``integrations/architectures.py``, else the FFN name
+    pattern), "all", a list of qualified module names, or ``fn(name, module) -> bool``. GPT-2's
+    ``Conv1D`` is converted too (to ``SparseConv1D``, with a new weight Parameter).
     Returns the model. Raises ValueError when nothing matches or a shape cannot take N:M.
     Create the optimizer afterwards and call ``attach_optimizer(model, optimizer)``.
     """
     if not isinstance(method, SparsityMethod):
         raise TypeError(f"method must be a SparsityMethod (e.g. sparsity_lab.STE()), got {type(method).__name__}")
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        raise TypeError("the model is already wrapped in DistributedDataParallel: call sparsify(model, method) on the "
+                        "plain module first, then wrap it (sparsity_lab.distributed.data_parallel)")
     if select is not None and not isinstance(select, str) and not callable(select):
         select = list(select)  # a generator of names is read once, here
-    chosen = module_selector(select)
-    targets = [(name, mod) for name, mod in model.named_modules()
-               if type(mod) is nn.Linear and chosen(name, mod)]
+    chosen = module_selector(select, model)
+    targets = [(name, mod) for name, mod in model.named_modules()  # nn.Linear, or GPT-2's Conv1D
+               if is_convertible(mod) and chosen(name, mod)]
+    already = [name for name, mod in sparse_layers(model) if chosen(name, mod)]
+    if already and (not targets or isinstance(select, list)):
+        raise ValueError(f"model is already sparsified: the selected module(s) {_names(already)} are SparseLinear "
+                         f"already ({model.get_submodule(already[0]).method.describe()}); sparsify a fresh "
+                         "model, or select only plain nn.Linear modules")
     if not targets:
         what = "the FFN/MLP name pattern (default select='ffn')" if select in (None, "ffn") else f"select={select!r}"
         raise ValueError(f"no nn.Linear matched {what}; pass select='all', a list of module names or a function")
@@ -69,15 +81,21 @@ def sparsify(model: nn.Module, method: SparsityMethod,
     layers = []
     for name, linear in targets:
         try:
-            layers.append((name, SparseLinear.from_linear(linear, method)))
+            layers.append((name, to_sparse_layer(linear, method)))
         except ValueError as err:
-            raise ValueError(f"cannot make {name!r} ({linear.out_features}x{linear.in_features}) "
+            raise ValueError(f"cannot make {name!r} ({'x'.join(map(str, shape_of(linear)))}) "
                              f"{method.n}:{method.m}: {err}") from err
     for name, layer in layers:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, layer)
+    record_recipe(model, method, [name for name, _ in layers])
     return model
+
+
+def _names(names: list[str], most: int = 4) -> str:
+    shown = ", ".join(repr(n) for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def flip_report(model: nn.Module, fresh_only: bool = False) -> dict[str, float]:

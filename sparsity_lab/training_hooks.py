@@ -14,8 +14,16 @@
   the dense fine-tune switch. A step the GradScaler skips runs neither.
 Loops without a torch optimizer call ``apply_masked_decay(model)`` before their update,
 ``apply_decay_on_weights(model, lr)`` after it, and ``advance_step(model)``.
+
+Once per optimizer step, however the step is called: an optimizer class whose ``step`` calls
+``super().step()`` runs the registered hooks once per class level (PyTorch wraps each level's
+``step``). The hooks therefore open a step in the first pre-hook and close it in the first
+post-hook; the nested calls in between do nothing. The decay is further keyed on the gradient
+itself (its identity and version), so a gradient never receives it twice.
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 from torch import nn
@@ -79,19 +87,45 @@ class AttachedOptimizer:
         self._groups = [next(g for g in optimizer.param_groups if any(p is layer.weight for p in g["params"]))
                         for layer in self.layers]
         self._skipping = False
+        self._grad_scale = 1.0
+        self._step_open = False  # between the first pre-hook and the first post-hook of a step
+        # per layer: (weakref to the gradient that received the decay, its version afterwards)
+        self._decayed: list[tuple | None] = [None] * len(self.layers)
         self._pre = optimizer.register_step_pre_hook(lambda opt, args, kwargs: self._before_step(opt))
         self._post = optimizer.register_step_post_hook(lambda opt, args, kwargs: self._after_step())
         for layer in self.layers:
             layer.attached_optimizer = True
 
+    def _open_step(self) -> None:
+        """Mark a step as under way (nested ``super().step()`` levels find it open already). A step
+        that raised never reached its post-hook: the next step finds it open and carries on with it,
+        so the counters advance once for the failed call and the next one together."""
+        self._step_open = True
+
+    def _close_step(self) -> bool:
+        """True for the first post-hook of an open step; the outer levels' post-hooks get False."""
+        if not self._step_open:
+            return False
+        self._step_open = False
+        return True
+
     def _before_step(self, optimizer: torch.optim.Optimizer) -> None:
-        grad_scale, self._skipping = _fused_scaler_state(optimizer)
+        self._open_step()
+        # every level sees the same scaler attributes (set for the duration of the outer step)
+        self._grad_scale, self._skipping = _fused_scaler_state(optimizer)
         if self._skipping:
             return
-        for layer in self.layers:
-            layer.apply_masked_decay(grad_scale)
+        for k, layer in enumerate(self.layers):
+            grad = layer.weight.grad
+            done = self._decayed[k]
+            if grad is None or (done is not None and done[0]() is grad and done[1] == grad._version):
+                continue  # no gradient, or this very gradient already carries the decay
+            layer.apply_masked_decay(self._grad_scale)
+            self._decayed[k] = (weakref.ref(grad), grad._version)
 
     def _after_step(self) -> None:
+        if not self._close_step():  # a nested level of the same optimizer step
+            return
         if self._skipping:  # the fused kernel skipped the update: the schedule does not advance
             return
         for layer, group in zip(self.layers, self._groups):

@@ -21,8 +21,12 @@ def check_nm(n: int, m: int) -> None:
         raise ValueError(f"n must satisfy 1 <= n <= m, got n={n}, m={m}")
 
 
-def check_float_tensor(x: torch.Tensor, name: str, *, finite: bool = True) -> None:
-    """A non-empty floating-point tensor without NaN/Inf."""
+def check_float_tensor(x: torch.Tensor, name: str, *, finite: bool = True, allow_meta: bool = False) -> None:
+    """A non-empty floating-point tensor without NaN/Inf.
+
+    A meta tensor (shape only, no values) is refused with a clear error unless ``allow_meta``:
+    functions whose answer is shape-only for a meta input (a meta mask) allow it.
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
@@ -32,9 +36,18 @@ def check_float_tensor(x: torch.Tensor, name: str, *, finite: bool = True) -> No
         )
     if x.numel() == 0:
         raise ValueError(f"{name} is empty (shape {tuple(x.shape)}); expected at least one element")
-    if finite and not bool(torch.isfinite(x).all()):
+    if x.is_meta and not allow_meta:
+        check_has_values(x, name, "this computation")
+    if finite and not x.is_meta and not bool(torch.isfinite(x).all()):
         bad = int((~torch.isfinite(x)).sum())
         raise ValueError(f"{name} contains {bad} NaN/Inf value(s); expected finite values")
+
+
+def check_has_values(x: torch.Tensor, name: str, what: str) -> None:
+    """Refuse a meta tensor (shape only) where ``what`` needs the values."""
+    if isinstance(x, torch.Tensor) and x.is_meta:
+        raise ValueError(f"{name} is on the meta device (shape only, no values), but {what} needs its "
+                         "values; materialize it first (e.g. module.to_empty(device='cpu') and initialize)")
 
 
 def check_divisible(size: int, m: int, name: str, dim: int) -> None:

@@ -156,6 +156,11 @@ def test_layer_bad_input():
 def test_layer_extra_state_missing_counters():
     layer = sl.SparseLinear(8, 4, method=sl.STE())
     state = layer.state_dict()
-    del state["_extra_state"]["mvue_calls"]
+    state["_extra_state"] = state["_extra_state"][:-1]
+    with pytest.raises(ValueError, match=r"extra state must hold 7 counters .* got a tensor of shape \(6,\)"):
+        sl.SparseLinear(8, 4, method=sl.STE()).load_state_dict(state)
+    # the dict of older checkpoints is still read, and a missing counter named
+    old = dict(zip(("step", "mask_step", "mask_updates", "last_flips", "flips_total", "mvue_seed"), range(6)))
+    state["_extra_state"] = old
     with pytest.raises(ValueError, match=r"extra state lacks counters \['mvue_calls'\]"):
         sl.SparseLinear(8, 4, method=sl.STE()).load_state_dict(state)

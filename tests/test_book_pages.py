@@ -6,11 +6,13 @@ On every page:
   its titles, annotations and legend entries do not overlap; a plotly table shows all its rows;
 - no text or HTML output is wider than its box unless it scrolls (a scrollbar), and nothing makes the
   page itself scroll sideways;
-- no raw Markdown shows as text (table rules ``|---|``, ``**bold**``, ``# heading`` lines, ``[a](b)``);
+- no raw Markdown shows as text (table rules ``|---|``, ``**bold**``, ``# heading`` lines, ``[a](b)``)
+  and the maths is typeset (MathJax is served with the book);
 - no internal word shows (nbval markers, papermill's cells, work-item or design-note names).
 
-A failure names the page, the section and the figure or output. Screenshots (full pages) go to a
-temporary folder and, when set, to $SPARSITY_LAB_SCREENSHOTS. The session's book is shared with
+A failure names the page, the section and the figure or output. Screenshots go to a temporary folder
+(the whole page where a check failed, the first screen of the others) and, when
+$SPARSITY_LAB_SCREENSHOTS is set, every whole page goes to that folder as well. The session's book is shared with
 tests/test_notebooks.py (conftest.py: ``course_book``); a tiny book built here checks the
 mechanism on synthetic trouble (a wide two-panel figure, a wide table, displayed Markdown, markers).
 """
@@ -43,6 +45,7 @@ RAW_MARKDOWN = {
     "**bold** markers": re.compile(r"\*\*[^\s*][^*\n]*?\*\*"),
     "a '#' heading line": re.compile(r"^#{1,6} \S", re.MULTILINE),
     "a [text](link)": re.compile(r"\[[^\]\n]+\]\((https?://|\.{0,2}/)?[^)\s]+\)"),
+    "maths not typeset": re.compile(r"\\\(|\\\[|\$\$|\\(frac|mathbb|lVert|odot|top)\b"),
 }
 
 # Runs in the page. Returns the figures and outputs that do not fit, each with where it is (the
@@ -108,7 +111,8 @@ CHECK_JS = r"""() => {
         problems.push(`the page scrolls sideways (${document.documentElement.scrollWidth} px in a ${window.innerWidth} px window)`);
 
     const prose = [];
-    const skip = 'pre, code, .cell_input, script, style, .highlight, .math, mjx-container, .js-plotly-plot';
+    // (typeset maths is kept: its text is glyphs; maths left as TeX shows its backslashes)
+    const skip = 'pre, code, .cell_input, script, style, .highlight, .MathJax_Preview, .js-plotly-plot';
     article.querySelectorAll('p, li, td, th, h1, h2, h3, h4, h5, h6, dt, dd, .admonition-title, .sl-text').forEach(el => {
         if (el.closest(skip)) return;
         const clone = el.cloneNode(true);
@@ -122,6 +126,7 @@ CHECK_JS = r"""() => {
 
 WAIT_JS = """() => document.documentElement.dataset.slOutputsFitted === '1'
     && document.documentElement.dataset.slFiguresFitted === '1'
+    && ['1', 'none'].includes(document.documentElement.dataset.slMathTypeset)
     && Array.from(document.querySelectorAll('.js-plotly-plot, .plotly-graph-div'))
         .every(f => f.querySelector('.main-svg'))"""
 
@@ -140,8 +145,8 @@ def text_problems(prose: list[dict], outputs: list[dict], seen: str) -> list[str
     for where_from, blocks in (("text", prose), ("output", outputs)):
         for block in blocks:
             for what, pattern in RAW_MARKDOWN.items():
-                if where_from == "output" and what == "a [text](link)":
-                    continue  # printed Python lists ([1, 2](...)) are not links
+                if where_from == "output" and what in ("a [text](link)", "maths not typeset"):
+                    continue  # printed text is not Markdown: lists, backslashes, dollars stay as printed
                 m = pattern.search(block["text"])
                 if m:
                     found.append(f"raw Markdown ({what}) in the {where_from} {block['where']}: "
@@ -178,7 +183,10 @@ def check_book(index: Path, shots: Path) -> dict[str, list[str]]:
                 result = page.evaluate(CHECK_JS)
                 problems = result["problems"] + text_problems(result["prose"], result["outputs"], result["seen"])
                 problems += [f"a script failed: {e[:200]}" for e in errors if e not in KNOWN_SCRIPT_ERRORS]
-                page.screenshot(path=str(shots / (name.replace("/", "__") + ".png")), full_page=True)
+                # the whole page where something is wrong or when asked for; the first screen otherwise
+                # (a full-page screenshot of a long page costs seconds of CI time)
+                page.screenshot(path=str(shots / (name.replace("/", "__") + ".png")),
+                                full_page=bool(problems or os.environ.get("SPARSITY_LAB_SCREENSHOTS")))
                 if problems:
                     found[name] = problems
         finally:
@@ -305,7 +313,7 @@ BROKEN_PAGE = """<!DOCTYPE html><html><body style="margin:0"><main><article clas
 <div class="draglayer"><svg class="nsewdrag" style="position:absolute;left:700px" width="150" height="50"></svg></div>
 <svg width="300" height="60"><g class="annotation-text-g"><text x="10" y="20">first label</text></g>
 <g class="annotation-text-g"><text x="14" y="24">second label</text></g></svg></div>
-<p>Recorded in issue 5 with papermill.</p>
+<p>Recorded in issue 5 with papermill; raw maths \\(x^2\\).</p>
 </section></article></main></body></html>"""
 
 
@@ -315,12 +323,13 @@ def test_the_checks_catch_each_kind_of_trouble(tmp_path, browser_ready):
     (tmp_path / "book" / "broken.html").write_text(BROKEN_PAGE.format(wide="x" * 400))
     (tmp_path / "book" / "index.html").write_text("<html></html>")
     script = ("<script>document.documentElement.dataset.slOutputsFitted = '1';"
-              "document.documentElement.dataset.slFiguresFitted = '1';</script>")
+              "document.documentElement.dataset.slFiguresFitted = '1';"
+              "document.documentElement.dataset.slMathTypeset = '1';</script>")
     page = tmp_path / "book" / "broken.html"
     page.write_text(page.read_text().replace("</body>", script + "</body>"))
     found = check_book(tmp_path / "book" / "index.html", tmp_path / "shots")["broken.html"]
     report = "\n".join(found)
     for expected in ("figure 1", "subplot panel", "no scrollbar", "**bold** markers", "a table rule",
                      "a '#' heading line", "a [text](link)", "'issue 5'", "'papermill'", "scrolls sideways",
-                     "'first label' is drawn over 'second label'"):
+                     "'first label' is drawn over 'second label'", "maths not typeset"):
         assert expected in report, f"the checks missed {expected!r}:\n{report}"

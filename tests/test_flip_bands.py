@@ -98,3 +98,15 @@ def test_judged_or_recorded_falls_back_to_the_recorded_run_only_when_too_small()
     large = hand_made({"dense": [0.005, 0.006, 0.007], "ste": [0.03, 0.031, 0.032]})
     shown, claims, source = judged_or_recorded(large)
     assert shown is large and source.startswith("this live run") and claims[1]["holds"] is True
+
+
+def test_demo_seeds_prints_the_spread_and_records(tmp_path, capsys):
+    from sparsity_lab.cli import main
+    out = tmp_path / "bands.json"
+    assert main(["demo", "--seeds", "2", "--steps", "4", "--size", "8", "--record", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "over 2 seeds" in text and "[NOT JUDGED]" in text and "too small to judge" in text
+    stored = json.loads(out.read_text())
+    assert stored["provenance"]["command"] and FlipBands.from_dict(stored["flip_bands"]).seeds == [0, 1]
+    with pytest.raises(SystemExit, match="--record needs --seeds"):
+        main(["demo", "--steps", "4", "--size", "8", "--record", str(out)])

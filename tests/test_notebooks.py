@@ -47,7 +47,7 @@ def test_runs_with_papermill_at_ci_sizes(path, executed_dir):
 
 
 # Notebooks that print claim verdicts from training runs (extend as others do).
-VERDICT_NOTEBOOKS = ("03_ste_flip_rate.ipynb", "04_masked_decay.ipynb", "09_pretraining_comparison.ipynb")
+VERDICT_NOTEBOOKS = ("03_ste_flip_rate.ipynb", "04_masked_decay.ipynb", "05_sste.ipynb", "09_pretraining_comparison.ipynb")
 
 
 @pytest.mark.parametrize("name", VERDICT_NOTEBOOKS)

@@ -61,6 +61,17 @@ def test_the_lab_train_command_runs(tmp_path):
     assert (tmp_path / "run" / "summary.json").exists()
 
 
+def test_train_backend_triton_is_one_clear_line(tmp_path):
+    out = run_without_triton(f"""
+        from sparsity_lab.cli import main
+        rc = main(["train", "--backend", "triton", "--steps", "1", "--no-progress", "--out", {str(tmp_path / "r")!r}])
+        assert rc == 2, rc
+    """)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stderr.startswith("sparsity-lab train: error: --backend triton: backend 'triton' needs the triton "
+                                 "package, which is not installed") and "Traceback" not in out.stderr
+
+
 def test_backend_triton_says_it_is_missing_and_how_to_fix_it():
     out = run_without_triton("""
         import torch

@@ -66,6 +66,9 @@
     else fitAll();
     window.addEventListener("load", () => {
         fitTables().finally(() => { document.documentElement.dataset.slFiguresFitted = "1"; });
+        const hub = window.MathJax && window.MathJax.Hub;  // MathJax 2, served with the book
+        if (hub) hub.Queue(() => { document.documentElement.dataset.slMathTypeset = "1"; });
+        else document.documentElement.dataset.slMathTypeset = "none";
     });
     let pending = null;
     window.addEventListener("resize", () => {  // responsive figures change width: refit after plotly

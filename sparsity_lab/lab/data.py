@@ -67,7 +67,10 @@ def read_capped(files: list[Path], max_bytes: int) -> tuple[bytes, int]:
     for f in files:
         if total >= max_bytes:
             break
-        data = f.read_bytes()[: max_bytes - total]
+        try:
+            data = f.read_bytes()[: max_bytes - total]
+        except OSError as err:  # unreadable (permissions, I/O error, a broken link): name the file
+            raise OSError(err.errno, f"cannot read the data file {str(f)!r}: {err.strerror or err}") from err
         if data:
             chunks.append(data + b"\n")
             total += len(data) + 1

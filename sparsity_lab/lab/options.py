@@ -12,7 +12,7 @@ import math
 import sys
 from dataclasses import MISSING, fields
 
-from ..backends import available_backends
+from ..backends import available_backends, get_backend
 from ..methods.config import METHODS
 from .checkpoint import CheckpointError
 from .model import FFN_KINDS, GPTConfig
@@ -180,13 +180,24 @@ def config_from_args(args: argparse.Namespace, **overrides) -> TrainConfig:
 
 
 def cli_errors(command: str):
-    """Turn user errors into one clear line on stderr and exit status 2 (no traceback)."""
+    """Turn user errors into one clear line on stderr and exit status 2 (no traceback).
+
+    A --backend that cannot be created here (triton not installed, no GPU and no interpreter) is
+    such an error too: it is created first, before any data is read or model built.
+    """
     def wrap(fn):
         @functools.wraps(fn)
         def run(args):
+            backend = vars(args).get("backend")
+            if isinstance(backend, str) and backend in available_backends():
+                try:
+                    get_backend(backend)
+                except RuntimeError as err:
+                    print(f"sparsity-lab {command}: error: --backend {backend}: {err}", file=sys.stderr)
+                    return 2
             try:
                 return fn(args)
-            except (ValueError, FileNotFoundError, CheckpointError, TrainingDiverged) as err:
+            except (ValueError, OSError, CheckpointError, TrainingDiverged) as err:  # OSError: names its path
                 print(f"sparsity-lab {command}: error: {err}", file=sys.stderr)
                 return 2
         return run

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
+
+from .atomic_io import OutputError, ensure_folder, write_text_atomic
 
 
 def _clean(value: Any) -> Any:
@@ -36,31 +39,60 @@ def clean_row(row: dict) -> dict:
 
 
 class RunLog:
-    """Append-only JSONL writer. ``truncate_after(step)`` drops rows past a checkpoint on resume."""
+    """Append-only JSONL writer. ``truncate_after(step)`` drops rows past a checkpoint on resume.
+
+    Crash consistency: ``flush()`` (called before every checkpoint) fsyncs the rows written so
+    far, so a checkpoint at step s always has the rows 1..s on disk; a run killed later leaves
+    rows past s, possibly a torn last line, which ``truncate_after(s)`` removes on resume (it
+    rewrites the log atomically). Write failures raise OutputError naming the log's path.
+    """
 
     def __init__(self, path: str | Path | None) -> None:
         self.path = Path(path) if path is not None else None
         self._fh = None
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            ensure_folder(self.path.parent, "run log")
 
     def truncate_after(self, step: int) -> None:
         """Keep only rows with row["step"] <= step (a resumed run rewrites what follows)."""
         if self.path is None or not self.path.exists():
             return
-        rows = [r for r in read_log(self.path) if r["step"] <= step]
-        self.path.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
+        rows = [r for r in read_log(self.path, torn_tail_ok=True) if r["step"] <= step]
+        write_text_atomic(self.path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows), "run log")
+
+    def _drop_torn_tail(self) -> None:
+        """Cut an unfinished last line (a run killed mid-write) so that appended rows start on a line
+        of their own instead of gluing onto it."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        with self.path.open("rb+") as fh:
+            data = fh.read()
+            if not data.endswith(b"\n"):
+                fh.truncate(data.rfind(b"\n") + 1)
+
+    def _failed(self, err: OSError) -> OutputError:
+        return OutputError(f"cannot write the run log {str(self.path)!r}: {err.strerror or err}")
 
     def write(self, row: dict) -> None:
         if self.path is None:
             return
-        if self._fh is None:
-            self._fh = self.path.open("a")
-        self._fh.write(json.dumps(clean_row(row), allow_nan=False) + "\n")
+        line = json.dumps(clean_row(row), allow_nan=False) + "\n"
+        try:
+            if self._fh is None:
+                self._drop_torn_tail()
+                self._fh = self.path.open("a")
+            self._fh.write(line)
+        except OSError as err:
+            raise self._failed(err) from err
 
     def flush(self) -> None:
+        """Flush and fsync the rows written so far (before each checkpoint and at the end)."""
         if self._fh is not None:
-            self._fh.flush()
+            try:
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+            except OSError as err:
+                raise self._failed(err) from err
 
     def close(self) -> None:
         if self._fh is not None:
@@ -68,8 +100,25 @@ class RunLog:
             self._fh = None
 
 
-def read_log(path: str | Path) -> list[dict]:
+def read_log(path: str | Path, torn_tail_ok: bool = False) -> list[dict]:
+    """The rows of a JSONL log. A line that is not a JSON object raises ValueError naming the file
+    and line, except (torn_tail_ok) an unfinished last line: the trace of a run killed mid-write."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"log {str(path)!r} does not exist")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text(errors="replace")
+    lines = text.split("\n")
+    rows = []
+    for k, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or "step" not in row:
+                raise ValueError("not a row object with a 'step'")
+        except ValueError as err:
+            if torn_tail_ok and k == len(lines) - 1:  # no newline after it: the write never finished
+                break
+            raise ValueError(f"log {str(path)!r} line {k + 1} is not a log row ({err}); the file is corrupt") from err
+        rows.append(row)
+    return rows

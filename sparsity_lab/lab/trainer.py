@@ -14,7 +14,17 @@ computes the would-be 2:4 mask, so the dense run gives the reference flip-rate c
 
 Resume is exact: the checkpoint holds model (masks, beta and counters included), optimizer,
 scheduler, the data sampler's generator and the torch RNG states, and a resumed run follows the
-same loss sequence bit for bit (on the CPU; GPU kernels may not be bitwise deterministic).
+same loss sequence bit for bit (on the CPU; GPU kernels may not be bitwise deterministic). A run
+killed at any moment (SIGKILL included, also while saving) resumes from its last complete
+checkpoint to the same weights, masks, optimizer, RNG and log rows as an uninterrupted run
+(``tests/test_fault_injection.py``): checkpoints are written atomically with a digest, and the
+log's rows past the checkpoint are dropped on resume.
+
+Non-finite values: when the loss or the gradient norm of a step is NaN/Inf the step is *not*
+applied (no optimizer update, no decay, no counter advance, gradients dropped) and the run
+stops with ``TrainingDiverged`` naming the step; weights, optimizer, step counters and the last
+checkpoint are those of the step before (the failed step's forward may have refreshed a due
+mask, from those finite weights). Weights never become non-finite, so neither do masks or beta.
 """
 from __future__ import annotations
 
@@ -41,7 +51,7 @@ RUN_ONLY_FIELDS = ("log_path", "checkpoint_path", "checkpoint_interval", "progre
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite."""
+    """The loss or the gradient became NaN or infinite; the step was not applied."""
 
 
 @dataclass
@@ -220,8 +230,10 @@ class Trainer:
 
     def load_state_dict(self, state: dict) -> None:
         if state["corpus"]["sha256"] != self.corpus.fingerprint:
-            raise CheckpointError(f"the data differ from the checkpoint's ({state['corpus']['source']}, "
-                                  f"sha256 {state['corpus']['sha256'][:12]}... vs {self.corpus.fingerprint[:12]}...)")
+            raise CheckpointError(f"the data differ from the checkpoint's: {self.corpus.source!r} has sha256 "
+                                  f"{self.corpus.fingerprint[:12]}..., the run was trained on {state['corpus']['source']!r} "
+                                  f"with sha256 {state['corpus']['sha256'][:12]}... (a changed, truncated or corrupted "
+                                  "data file); restore the data or start a new run")
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -279,19 +291,31 @@ class Trainer:
         masks = self._mask_stats()  # the masks and phase this step's products used
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        self._stop_if_not_finite(loss_sum / cfg.grad_accum, grad_norm)  # before anything is updated
         self.optimizer.step()  # masked decay (pre-hook), then the update, then counters (post-hook)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         loss_value = (loss_sum / cfg.grad_accum).item()  # also waits for the GPU: the timing is real
         seconds = time.perf_counter() - start
-        if not math.isfinite(loss_value):
-            raise TrainingDiverged(f"{cfg.method}: the training loss became {loss_value} at step {self.step}")
         row = {"step": self.step, "tokens": self.step * cfg.tokens_per_step, "loss": loss_value,
                "val_loss": None, "lr": lr, "grad_norm": float(grad_norm)}
         row.update(masks)
         row["tokens_per_s"] = cfg.tokens_per_step / seconds
         return clean_row(row)
+
+    def _stop_if_not_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """Raise TrainingDiverged, with the step not applied, when the loss or a gradient is NaN/Inf.
+        (clip_grad_norm_'s total norm is non-finite exactly when some gradient entry is.)"""
+        loss_value, norm_value = torch.stack([loss.detach().float(), grad_norm.detach().float()]).tolist()
+        if math.isfinite(loss_value) and math.isfinite(norm_value):
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        what = (f"the training loss became {loss_value}" if not math.isfinite(loss_value)
+                else f"the gradient norm became {norm_value} (a NaN/Inf gradient)")
+        raise TrainingDiverged(f"{self.config.method}: {what} at step {self.step + 1}; that step was not applied "
+                               f"(weights, optimizer and step counters are those after step {self.step}). "
+                               "Resume from the last checkpoint with a lower --lr, or check the data")
 
     def _mask_stats(self) -> dict:
         """Called between backward and optimizer step: flip rates of the masks computed for this
@@ -333,7 +357,13 @@ class Trainer:
     def run(self, stop_at: int | None = None) -> dict:
         """Train from the current step to ``stop_at`` (default: the planned steps). Returns summary()."""
         cfg = self.config
-        end = cfg.steps if stop_at is None else min(int(stop_at), cfg.steps)
+        if stop_at is not None and self.step >= cfg.steps:
+            raise ValueError(f"stop_at={stop_at!r}: the run is already at its last planned step ({cfg.steps})")
+        if stop_at is not None and (isinstance(stop_at, bool) or not isinstance(stop_at, int)
+                                    or not self.step < stop_at <= cfg.steps):
+            raise ValueError(f"stop_at must be a step after the current one and at most the planned steps, i.e. "
+                             f"an int in [{self.step + 1}, {cfg.steps}], got {stop_at!r}")
+        end = cfg.steps if stop_at is None else stop_at
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not cfg.progress, desc=cfg.method,
                    dynamic_ncols=True, leave=False)
         try:

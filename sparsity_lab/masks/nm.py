@@ -2,12 +2,17 @@
 
 An N:M mask keeps the N largest ``|w|`` of every M consecutive elements along ``dim``.
 Ties go to the lowest index, so the mask is a deterministic function of the weights.
+
+Non-finite weights (reachable only with ``check=False``, the hot path of training): NaN ranks
+as the largest magnitude, like +-Inf (ties to the lowest index), so the mask has exactly N
+kept per group whatever the input; the Triton kernels follow the same rule. A meta tensor gives
+a meta mask (shape only).
 """
 from __future__ import annotations
 
 import torch
 
-from ..validation import check_divisible, check_float_tensor, check_nm, normalize_dim
+from ..validation import check_divisible, check_float_tensor, check_has_values, check_nm, normalize_dim
 
 # Up to this group size the rank is computed by pairwise comparison (an (.., M, M) tensor);
 # beyond it a stable sort is cheaper in memory.
@@ -45,10 +50,15 @@ def nm_mask(weight: torch.Tensor, n: int = 2, m: int = 4, dim: int = -1, check: 
     """
     if check:
         check_nm(n, m)
-        check_float_tensor(weight, "weight")
+        check_float_tensor(weight, "weight", allow_meta=True)
     dim = normalize_dim(dim, weight.dim())
     check_divisible(weight.shape[dim], m, "weight", dim)
-    moved = weight.detach().abs().movedim(dim, -1)
+    if weight.is_meta:
+        return torch.empty(weight.shape, dtype=torch.bool, device="meta")
+    a = weight.detach().abs()
+    # NaN compares false with everything and would break the ranks (3 kept, or 1): rank it as +Inf
+    a = torch.where(torch.isnan(a), torch.full_like(a, float("inf")), a)
+    moved = a.movedim(dim, -1)
     groups = moved.reshape(*moved.shape[:-1], moved.shape[-1] // m, m)
     keep = group_keep_rank(groups) < n
     return keep.reshape(moved.shape).movedim(-1, dim)
@@ -57,6 +67,7 @@ def nm_mask(weight: torch.Tensor, n: int = 2, m: int = 4, dim: int = -1, check: 
 def is_nm(mask: torch.Tensor, n: int = 2, m: int = 4, dim: int = -1, exact: bool = True) -> bool:
     """True when every group of ``m`` along ``dim`` holds exactly (or, exact=False, at most) ``n`` ones."""
     check_nm(n, m)
+    check_has_values(mask, "mask", "is_nm")
     dim = normalize_dim(dim, mask.dim())
     if mask.shape[dim] % m != 0:
         return False

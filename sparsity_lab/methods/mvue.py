@@ -21,6 +21,17 @@ import torch
 
 from ..validation import check_divisible, check_float_tensor, normalize_dim
 
+_HUGE = 2.0 ** 1020  # a float64 group whose max exceeds this may have a sum of |x| beyond float64
+
+
+def _scaled_magnitudes(groups: torch.Tensor) -> torch.Tensor:
+    """float64 |x| per group, groups with a max above 2^1020 divided by 16: the inclusion
+    probabilities are scale-invariant, and the sum of four such values would overflow (every p
+    became 0 and the group was silently dropped). Scaling every group to its max instead would
+    flush subnormal neighbours to zero; only the groups that need it are scaled."""
+    a = groups.abs().double()
+    return torch.where(a.amax(-1, keepdim=True) > _HUGE, a / 16, a)
+
 
 def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     """num / den where den > 0, else 0. Exact zero tests, no epsilon: gradients of 1e-35 are real
@@ -50,7 +61,7 @@ def mvue_probabilities(groups: torch.Tensor) -> torch.Tensor:
     Returns float64 (float32/16 inputs never underflow there; a float64 entry below ~1e-300 of its
     group's sum would get p = 0).
     """
-    a = groups.abs().double()
+    a = _scaled_magnitudes(groups)
     srt, order = torch.sort(a, dim=-1, descending=True, stable=True)
     total = srt.sum(-1, keepdim=True)
     rest = srt[..., 1:].sum(-1, keepdim=True)
@@ -73,7 +84,7 @@ def sequential_probabilities(groups: torch.Tensor) -> torch.Tensor:
     one entry dominates). Groups with fewer than 2 non-zeros: see the sampler (sum p = 2).
     Returns float64.
     """
-    a = groups.abs().double()
+    a = _scaled_magnitudes(groups)
     total = a.sum(-1, keepdim=True)
     q = _safe_div(a, total)
     eye = torch.eye(4, dtype=torch.bool, device=groups.device)
@@ -101,7 +112,7 @@ def _systematic_pick(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def _sequential_pick(groups: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
     """Bool keep mask: one index drawn by |x|, a second by |x| among the other three (uniform
     over the zeros when no non-zero is left)."""
-    a = groups.abs().double()
+    a = _scaled_magnitudes(groups)
     # non-finite groups are passed through by the caller; keep multinomial's weights finite
     flat = torch.where(torch.isfinite(a), a, torch.ones_like(a)).reshape(-1, 4)
     zero = flat.sum(-1) <= 0
@@ -125,9 +136,12 @@ def mvue24(x: torch.Tensor, dim: int = -1, generator: torch.Generator | None = N
     check=False skips the NaN/Inf scan (a gradient may legitimately overflow under a GradScaler,
     which then skips the step); groups holding NaN/Inf are then passed through unchanged, so the
     overflow still reaches dW and the scaler sees it (dropping it would hide it).
+    Range: a kept value becomes x_i / p_i, up to the sum of |x| over its group, which can overflow
+    a finite float16 x (four entries of 4e4 give 8e4 > 65504). check=True raises a clear error
+    then; check=False returns inf there, which a GradScaler sees as an overflow (step skipped).
     """
     if check:
-        check_float_tensor(x, "x")
+        check_float_tensor(x, "x", allow_meta=True)
     dim = normalize_dim(dim, x.dim())
     check_divisible(x.shape[dim], 4, "x", dim)
     if method not in ("exact", "sequential"):
@@ -145,7 +159,14 @@ def mvue24(x: torch.Tensor, dim: int = -1, generator: torch.Generator | None = N
     if not check:
         non_finite = ~torch.isfinite(groups).all(-1, keepdim=True)
         scaled = torch.where(non_finite, groups.double(), scaled)
-    return scaled.to(x.dtype).reshape(moved.shape).movedim(-1, dim)
+    out = scaled.to(x.dtype)
+    if check and not x.is_meta and not bool(torch.isfinite(out).all()):
+        # a kept x_i / p_i can exceed the dtype's range (float16: 65504) although x is finite
+        bad = int((~torch.isfinite(out)).any(-1).sum())
+        raise ValueError(f"mvue24: the rescaled kept values x / p overflow {x.dtype} (largest finite "
+                         f"{torch.finfo(x.dtype).max:.6g}) in {bad} group(s) of 4; pass x.float() (the result "
+                         "is then float32) or scale x down")
+    return out.reshape(moved.shape).movedim(-1, dim)
 
 
 def top2_24(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

@@ -13,10 +13,12 @@ conversion and frozen. Gaussian W gives beta ~ 1.48.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..masks.nm import nm_mask
-from ..validation import check_2d, check_divisible, check_float_tensor, check_nm
+from ..validation import check_2d, check_divisible, check_float_tensor, check_has_values, check_nm
 
 
 def soft_threshold(weight: torch.Tensor, mask: torch.Tensor | None = None, n: int = 2, m: int = 4,
@@ -28,7 +30,7 @@ def soft_threshold(weight: torch.Tensor, mask: torch.Tensor | None = None, n: in
     """
     if check:
         check_nm(n, m)
-        check_float_tensor(weight, "weight")
+        check_float_tensor(weight, "weight", allow_meta=True)
         check_2d(weight, "weight")
         check_divisible(weight.shape[1], m, "weight", 1)
     if mask is None:
@@ -50,9 +52,19 @@ def sste_beta(weight: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
 
     weight and soft: same shape (no broadcasting: a mismatch would give a silently wrong beta).
     """
+    check_has_values(weight, "weight", "sste_beta")
+    check_has_values(soft, "soft", "sste_beta")
     if soft.shape != weight.shape:
         raise ValueError(f"soft has shape {tuple(soft.shape)}, expected weight's {tuple(weight.shape)}")
     w, s = weight.detach().double(), soft.detach().double()
+    # beta is scale-invariant: divide both by a power of two near max |w| first, so that the dot
+    # products neither overflow (float64 weights near 1e307 gave inf / inf = NaN) nor underflow
+    # (subnormal S gave <S, S> = 0 and beta = 1)
+    top = float(w.abs().max())
+    if 0 < top < math.inf:
+        shift = math.frexp(top)[1]
+        exponent = torch.tensor(-shift, device=w.device)  # on the weight's device (CUDA weights too)
+        w, s = torch.ldexp(w, exponent), torch.ldexp(s, exponent)
     den = (s * s).sum()
-    beta = (w * s).sum() / den if den > 0 else torch.ones((), dtype=torch.float64)
+    beta = (w * s).sum() / den if den > 0 else torch.ones((), dtype=torch.float64, device=w.device)
     return beta.float()

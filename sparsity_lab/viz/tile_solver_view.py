@@ -4,8 +4,8 @@ mask diversity counts and the recorded CPU benchmark.
 A transposable 2:4 mask keeps exactly 2 per row and per column of every 4x4 tile (Hubara et al.
 2021). The exact solvers ("patterns": best of the 90 valid tiles; "flow": min-cost flow) maximise
 the kept sum of |w| under that *exactly-N* constraint. The greedy solvers ("greedy": keep in
-descending |w| while row and column have room; "greedy_prune": the paper's prune in ascending
-|w| while row or column holds more than N) only guarantee *at most* N per line, so on some tiles
+descending |w| while row and column have room, Hubara et al.'s fast approximation;
+"greedy_prune": our variant, prune in ascending |w| while row or column holds more than N) only guarantee *at most* N per line, so on some tiles
 they keep fewer entries and yet more magnitude than the exact-N optimum.
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ SOLVER_LABELS = {
     "patterns": "exact: best of 90 patterns",
     "flow": "exact: min-cost flow",
     "lp": "exact: linear program",
-    "greedy": "greedy keep",
-    "greedy_prune": "greedy prune (Hubara et al.)",
+    "greedy": "greedy keep (Hubara et al.)",
+    "greedy_prune": "greedy prune (variant)",
     ROWWISE: "row-wise N:M (not transposable)",
 }
 PRESETS = {

@@ -47,11 +47,10 @@ def flip_trend(flip_rates, steps: int) -> float:
 
 
 def seed_band(runs):
-    mean, lo, hi = [], [], []
-    for column in zip(*runs):
-        m, s = statistics.fmean(column), statistics.stdev(column)
-        mean.append(m), lo.append(m - s), hi.append(m + s)
-    return mean, lo, hi
+    columns = list(zip(*runs))                      # one column per step, one entry per seed
+    mean = [statistics.fmean(c) for c in columns]
+    std = [statistics.stdev(c) for c in columns]     # the sample standard deviation (n - 1)
+    return mean, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)]
 
 
 def bands_separated(higher, lower) -> bool:

@@ -1,0 +1,181 @@
+"""Hugging Face models: save and load 2:4 sparse checkpoints, load dense weights into a sparse model.
+
+    model = AutoModelForCausalLM.from_config(config)      # or .from_pretrained(dense checkpoint)
+    sl.sparsify(model, sl.SSTE())                          # finds the MLP linears (architectures.py)
+    ...train...
+    model.save_pretrained("ckpt")                          # safetensors: weights + masks, beta, counters
+    model = sparsity_lab.integrations.hf.from_pretrained("ckpt")   # the same sparse model back
+
+``sparsify`` records the method and the converted layers in ``model.config.sparsity_lab``, which
+``save_pretrained`` writes to config.json; the sparse state (``mask``, ``beta``, the counters as
+``_extra_state``) is ordinary tensors of the state dict. Plain ``AutoModel*.from_pretrained`` of such a
+checkpoint gives the *dense* model (transformers lists the sparse tensors as unexpected keys);
+``from_pretrained`` here rebuilds the sparse one. Local directories only in this module's tests.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import torch
+from torch import nn
+
+from ..layers import SparseLinear
+from ..methods.config import method_from_name
+from ..methods.soft_threshold import soft_threshold, sste_beta
+from ..sparsify import sparsify
+from ..training_hooks import sparse_layers
+
+SPARSE_STATE = ("mask", "beta", "_extra_state")  # per sparse layer, besides its weight and bias
+
+
+def _sparse_state_key(key: str) -> bool:
+    return key.rpartition(".")[2] in SPARSE_STATE
+
+
+def read_safetensors(source: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Every tensor of a ``.safetensors`` file, or of a directory's ``model.safetensors`` (or its shards
+    listed in ``model.safetensors.index.json``)."""
+    from safetensors.torch import load_file
+
+    path = Path(source)
+    if path.is_file():
+        return load_file(path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (path / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"source must be a .safetensors file or a directory holding model.safetensors "
+                                f"(or its index), got {str(source)!r}")
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        state.update(load_file(path / name))
+    return state
+
+
+@dataclass
+class LoadReport:
+    """What a load did; ``str(report)`` says it in a few lines."""
+
+    source: str
+    loaded: int = 0
+    sparse_layers: list[str] = field(default_factory=list)
+    restored: bool = False  # True: masks, beta and counters read from the checkpoint
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        k = len(self.sparse_layers)
+        if self.restored:
+            what = (f"sparse state of {k} layers (masks, beta, counters) restored from the checkpoint (the "
+                    "tensors transformers listed as UNEXPECTED when it loaded the dense weights)")
+        else:
+            what = (f"dense checkpoint: masks of {k} sparse layers computed from the loaded weights, S-STE "
+                    "beta recomputed from them, step counters reset to 0")
+        lines = [f"sparsity_lab: loaded {self.loaded} tensors from {self.source}; {what}"]
+        if self.missing:
+            lines.append(f"  not in the checkpoint (left as they were): {self.missing}")
+        if self.unexpected:
+            lines.append(f"  in the checkpoint but not in the model (ignored): {self.unexpected}")
+        return "\n".join(lines)
+
+
+@torch.no_grad()
+def restart_sparse_state(layer: SparseLinear) -> None:
+    """Make ``layer``'s sparse state that of a fresh conversion of its current weight: counters 0
+    (the MVUE seed kept), mask recomputed from W (no flip counted), S-STE beta recomputed."""
+    layer.set_extra_state({"step": 0, "mask_step": 0, "mask_updates": 0, "last_flips": 0, "flips_total": 0,
+                           "mvue_seed": layer.mvue_seed, "mvue_calls": 0})
+    layer.refresh_mask()
+    method = layer.method
+    if method.soft_threshold:
+        w = layer.weight.detach()
+        layer.beta.copy_(sste_beta(w, soft_threshold(w, layer.mask, method.n, method.m)))
+
+
+def load_dense_checkpoint(model: nn.Module, source: str | os.PathLike | Mapping[str, torch.Tensor],
+                          verbose: bool = True) -> LoadReport:
+    """Load dense weights (a state dict, a .safetensors file or a Hugging Face directory) into a
+    sparsified ``model`` and restart its sparse state from them (see ``restart_sparse_state``).
+
+    Raises ValueError when the source holds sparse state (load that with ``model.load_state_dict``
+    or ``from_pretrained``) or lacks the weight of a sparse layer. Prints the report when verbose.
+    """
+    layers = sparse_layers(model)
+    if not layers:
+        raise ValueError("model has no sparse layers: call sparsity_lab.sparsify(model, method) first")
+    if isinstance(source, Mapping):
+        state, where = dict(source), "a state dict"
+    else:
+        state, where = read_safetensors(source), str(source)
+    sparse_keys = sorted(key for key in state if _sparse_state_key(key))
+    if sparse_keys:
+        raise ValueError(f"source holds sparse state ({sparse_keys[:3]}...), not a dense checkpoint: use "
+                         "sparsity_lab.integrations.hf.from_pretrained or model.load_state_dict")
+    result = model.load_state_dict(state, strict=False)
+    # a tied weight (GPT-2's lm_head is the embedding) is loaded through its twin: not missing
+    own = model.state_dict(keep_vars=True)
+    loaded_storage = {own[key].data_ptr() for key in state if key in own}
+    missing = [key for key in result.missing_keys
+               if not _sparse_state_key(key) and own[key].data_ptr() not in loaded_storage]
+    unloaded = [name for name, _ in layers if f"{name}.weight" in missing]
+    if unloaded:
+        raise ValueError(f"source lacks the weights of sparse layers {unloaded}; is it this model's checkpoint?")
+    for _, layer in layers:
+        restart_sparse_state(layer)
+    report = LoadReport(source=where, loaded=len(state) - len(result.unexpected_keys),
+                        sparse_layers=[name for name, _ in layers], missing=missing,
+                        unexpected=list(result.unexpected_keys))
+    if verbose:
+        print(report)
+    return report
+
+
+def from_pretrained(path: str | os.PathLike, model_class=None, method=None, select=None, verbose: bool = True,
+                    **kwargs) -> nn.Module:
+    """A sparse model from a local Hugging Face checkpoint directory.
+
+    A checkpoint saved from a sparsified model (config.json has ``sparsity_lab``) comes back with the
+    same methods, layers, masks, beta and counters. A dense checkpoint needs ``method`` (and
+    optionally ``select``): it is loaded by transformers, then sparsified, masks computed from the
+    loaded weights. model_class: a transformers class with ``from_pretrained``
+    (default ``AutoModelForCausalLM``); kwargs go to its ``from_pretrained``. Prints what it did.
+    """
+    import transformers
+
+    model_class = model_class or transformers.AutoModelForCausalLM
+    config = transformers.AutoConfig.from_pretrained(path)
+    recipe = getattr(config, "sparsity_lab", None)
+    if recipe is None and method is None:
+        raise ValueError(f"{str(path)!r} is a dense checkpoint (its config.json has no 'sparsity_lab'): pass "
+                         "method=, e.g. sparsity_lab.SSTE(), to sparsify it")
+    if recipe is not None and (method is not None or select is not None):
+        raise ValueError("the checkpoint records its own methods and layers (config.sparsity_lab); "
+                         "do not pass method= or select=")
+    model = model_class.from_pretrained(path, **kwargs)  # dense weights; sparse tensors are not its own
+    model.config.sparsity_lab = None  # sparsify below records the groups again
+    if recipe is None:
+        sparsify(model, method, select)
+        report = LoadReport(source=str(path), loaded=len(read_safetensors(path)),
+                            sparse_layers=[name for name, _ in sparse_layers(model)])
+    else:
+        if recipe.get("format") != 1:
+            raise ValueError(f"config.sparsity_lab has format {recipe.get('format')!r}; this version reads format 1")
+        for group in recipe["groups"]:
+            sparsify(model, method_from_name(group["method"], **group["fields"]), group["layers"])
+        state = {key: value for key, value in read_safetensors(path).items() if _sparse_state_key(key)}
+        expected = {f"{name}.{part}" for name, _ in sparse_layers(model) for part in SPARSE_STATE}
+        absent = sorted(expected - set(state))
+        if absent:
+            raise ValueError(f"the checkpoint's config lists sparse layers but its tensors lack {absent[:4]}")
+        model.load_state_dict(state, strict=False)
+        report = LoadReport(source=str(path), loaded=len(state), sparse_layers=[n for n, _ in sparse_layers(model)],
+                            restored=True)
+    if verbose:
+        print(report)
+    return model

@@ -1,0 +1,144 @@
+"""export(model): the inference model equals the trained model's eval forward, holds S(W) once, and
+writes the compressed-tensors sparse-24-bitmask format, read back here by that package."""
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import sparsity_lab as sl
+from sparsity_lab.export import ExportFallbackWarning, _pack_bits
+
+
+class TinyMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(8, 16)
+        self.mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+
+    def forward(self, x):
+        return self.mlp(self.embed(x))
+
+
+def trained(method, steps=3):
+    torch.manual_seed(0)
+    model = sl.sparsify(TinyMLP(), method)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    sl.attach_optimizer(model, opt)
+    for _ in range(steps):
+        model(torch.randn(6, 8)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return model
+
+
+@pytest.mark.parametrize("method", [sl.STE(), sl.SSTE(mvue=True), sl.SRSTE(transposable=True)], ids=lambda m: m.name)
+def test_export_equals_the_eval_forward(method):
+    model = trained(method)
+    with pytest.warns(ExportFallbackWarning, match="2 2:4 layers run dense products .* on CUDA GPUs"):
+        served = sl.export(model)
+    x = torch.randn(3, 5, 8)
+    expected = model.eval()(x)
+    with torch.no_grad():
+        got = served(x)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert model.training is False and isinstance(model.mlp[0], sl.SparseLinear)  # the original stays
+    layer = served.mlp[0]
+    assert isinstance(layer, sl.Sparse24Linear) and layer.kernel == "dense" and sl.is_nm(layer.mask, 2, 4)
+    assert not layer.weight[~layer.mask].any()  # S(W) is zero off the mask
+    assert not any(isinstance(p, nn.Parameter) for p in layer.parameters())  # inference only
+    assert [row["became"] for row in served.export_report] == ["Sparse24Linear (dense)"] * 2
+
+
+def test_export_dense_phase_gives_nn_linear_and_bad_input():
+    model = trained(sl.MaskedDecay(total_steps=2, dense_finetune_at=0.5), steps=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning: no 2:4 layer left
+        served = sl.export(model)
+    assert type(served.mlp[0]) is nn.Linear
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(served(x), model.eval()(x), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="kernel must be 'auto', 'cusparselt' or 'dense'"):
+        sl.export(model, kernel="fast")
+    with pytest.raises(RuntimeError, match="cuSPARSELt cannot run this layer"):
+        sl.export(trained(sl.STE()), kernel="cusparselt")
+    with pytest.raises(ValueError, match="no SparseLinear layers"):
+        sl.export(TinyMLP())
+
+
+def test_bit_packing_is_numpys_little_endian():
+    np = pytest.importorskip("numpy")
+    mask = torch.rand(5, 24) > 0.5
+    expected = np.packbits(mask.numpy(), axis=-1, bitorder="little")
+    assert torch.equal(_pack_bits(mask), torch.from_numpy(expected))
+
+
+def test_compressed_tensors_reads_the_checkpoint_back(tmp_path):
+    ct = pytest.importorskip("compressed_tensors")
+    from compressed_tensors.compressors import Sparse24BitMaskCompressor
+    from compressed_tensors.config import Sparse24BitMaskConfig
+
+    model = trained(sl.SSTE())
+    served = sl.export(model, kernel="dense")
+    sl.save_compressed_tensors(served, tmp_path)
+    compressor = Sparse24BitMaskCompressor(config=Sparse24BitMaskConfig(targets=["Linear"]))
+    dense = dict(compressor.decompress(str(tmp_path)))
+    for name in ("mlp.0", "mlp.2"):
+        torch.testing.assert_close(dense[f"{name}.weight"], served.get_submodule(name).weight, rtol=0, atol=0)
+    assert ct.__version__ < "0.15"  # the last releases that read sparse-24-bitmask
+
+
+def test_hugging_face_export_loads_through_compressed_tensors(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.compressors import ModelCompressor
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, bos_token_id=0, eos_token_id=0)
+    model = sl.sparsify(transformers.LlamaForCausalLM(config), sl.STE()).eval()
+    served = sl.export(model, kernel="dense")
+    sl.save_compressed_tensors(served, tmp_path)
+    # what serving stacks do: a dense model from the config, the compressor fills its weights
+    fresh = transformers.LlamaForCausalLM(transformers.AutoConfig.from_pretrained(tmp_path))
+    ModelCompressor.from_pretrained(str(tmp_path)).decompress(str(tmp_path), fresh)
+    x = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(fresh.eval()(input_ids=x).logits, model(input_ids=x).logits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", "cusparselt"])
+def test_export_on_cusparselt_compresses_once(backend):
+    """On a GPU the exported layers hold cuSPARSELt's compressed S(W) and never compress again; the
+    outputs match the trained model's eval forward (bf16, to rounding when it trained on 'torch')."""
+    torch.manual_seed(0)
+    model = TinyMLP()
+    model.mlp = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64))  # cuSPARSELt-sized
+    model = sl.sparsify(model.cuda().to(torch.bfloat16), sl.STE(transposable=True, backend=backend)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExportFallbackWarning)
+        served = sl.export(model)
+    layer = served.mlp[0]
+    assert layer.kernel == "cusparselt" and not hasattr(layer, "weight") and layer._operand._weight is None
+    before = layer._backend.stats["compressions"]
+    x = torch.randn(4, 32, 64, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        got, expected = served.mlp(x), model.mlp(x)
+        served(x)
+    assert layer._backend.stats["compressions"] == before  # compressed at export only
+    tol = dict(rtol=0, atol=0) if backend == "cusparselt" else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got, expected, **tol)
+
+
+def test_gpt2_conv1d_export_runs_but_is_refused_by_the_checkpoint_format(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=16)
+    model = sl.sparsify(transformers.GPT2LMHeadModel(config), sl.STE()).eval()
+    served = sl.export(model, kernel="dense")
+    x = torch.randint(0, 64, (1, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(served(input_ids=x).logits, model(input_ids=x).logits, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"GPT-2 Conv1D modules, whose checkpoints store W as \(in, out\)"):
+        sl.save_compressed_tensors(served, tmp_path)

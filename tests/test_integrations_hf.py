@@ -1,0 +1,233 @@
+"""Hugging Face models built from tiny configs (never downloaded): which linears sparsify converts,
+GPT-2's Conv1D, the sparse checkpoint through save_pretrained / from_pretrained, dense weights
+into a sparse model, and the Trainer callback."""
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import sparsity_lab as sl
+from sparsity_lab.integrations.architectures import ARCHITECTURES
+from sparsity_lab.integrations.conv1d import SparseConv1D
+
+transformers = pytest.importorskip("transformers")
+hf = pytest.importorskip("sparsity_lab.integrations.hf")
+
+VOCAB = 64
+TOKENS = dict(bos_token_id=0, eos_token_id=0, pad_token_id=0)
+DECODER = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, **TOKENS)
+ENCODER = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               max_position_embeddings=32, **TOKENS)
+
+# model_type -> (config class, model class, config kwargs, expected MLP linears of layer 0)
+MODELS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", DECODER, ["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj",
+                                                           "model.layers.0.mlp.down_proj"]),
+    "mistral": ("MistralConfig", "MistralForCausalLM", DECODER, ["model.layers.0.mlp.gate_proj",
+                                                                 "model.layers.0.mlp.up_proj",
+                                                                 "model.layers.0.mlp.down_proj"]),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", DECODER, ["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj",
+                                                           "model.layers.0.mlp.down_proj"]),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(DECODER, head_dim=8),
+              ["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj", "model.layers.0.mlp.down_proj"]),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(DECODER, head_dim=8),
+              ["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj", "model.layers.0.mlp.down_proj"]),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=32,
+                                                   **TOKENS),
+             ["transformer.h.0.mlp.c_fc", "transformer.h.0.mlp.c_proj"]),
+    "bert": ("BertConfig", "BertForMaskedLM", ENCODER, ["bert.encoder.layer.0.intermediate.dense",
+                                                        "bert.encoder.layer.0.output.dense"]),
+    "roberta": ("RobertaConfig", "RobertaForMaskedLM", dict(ENCODER, max_position_embeddings=40, pad_token_id=1),
+                ["roberta.encoder.layer.0.intermediate.dense", "roberta.encoder.layer.0.output.dense"]),
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(vocab_size=VOCAB, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                                                num_attention_heads=4, word_embed_proj_dim=32,
+                                                max_position_embeddings=32, **TOKENS),
+            ["model.decoder.layers.0.fc1", "model.decoder.layers.0.fc2"]),
+}
+
+
+def build(kind, seed=0):
+    config_cls, model_cls, kwargs, _ = MODELS[kind]
+    torch.manual_seed(seed)
+    return getattr(transformers, model_cls)(getattr(transformers, config_cls)(**kwargs)).eval()
+
+
+def tokens(seed=1, batch=2, length=8):
+    return torch.randint(1, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def logits(model, x):
+    with torch.no_grad():
+        return model(input_ids=x).logits
+
+
+def test_every_table_entry_is_tested():
+    assert set(MODELS) == set(ARCHITECTURES)
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_sparsify_finds_exactly_the_mlp_linears(kind):
+    model = build(kind)
+    reference = logits(model, tokens())
+    sl.sparsify(model, sl.Dense())  # dense products: the outputs must not change
+    names = [name for name, _ in sl.sparse_layers(model)]
+    layer0 = [name for name in names if ".0." in name]
+    assert layer0 == MODELS[kind][3]
+    assert len(names) == 2 * len(layer0)  # both blocks, nothing else (no attention, no head)
+    torch.testing.assert_close(logits(model, tokens()), reference, rtol=0, atol=0)
+    recipe = model.config.sparsity_lab
+    assert recipe["groups"] == [{"method": "dense", "fields": recipe["groups"][0]["fields"], "layers": names}]
+
+
+def test_bert_second_ffn_linear_is_not_the_attention_output():
+    model = build("bert")
+    sl.sparsify(model, sl.STE())
+    converted = {name for name, _ in sl.sparse_layers(model)}
+    assert "bert.encoder.layer.0.attention.output.dense" not in converted
+    assert "bert.encoder.layer.0.output.dense" in converted
+
+
+def test_select_picks_anything_and_unknown_models_use_the_name_pattern():
+    model = build("llama")
+    sl.sparsify(model, sl.STE(), select=lambda name, module: name.endswith("self_attn.q_proj"))
+    assert [n for n, _ in sl.sparse_layers(model)] == ["model.layers.0.self_attn.q_proj",
+                                                        "model.layers.1.self_attn.q_proj"]
+    plain = nn.Sequential()
+    plain.add_module("mlp", nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8)))
+    plain.add_module("head", nn.Linear(8, 8))
+    sl.sparsify(plain, sl.STE())  # no config.model_type: the generic FFN name pattern
+    assert [n for n, _ in sl.sparse_layers(plain)] == ["mlp.0", "mlp.2"]
+
+
+def test_sparsify_keeps_the_eval_mode():
+    model = build("llama")  # eval()
+    sl.sparsify(model, sl.STE())
+    assert not any(layer.training for _, layer in sl.sparse_layers(model))
+
+
+def test_conv1d_is_the_masked_linear_and_keeps_gpt2_layout():
+    model = build("gpt2")
+    dense_copy = build("gpt2")
+    sl.sparsify(model, sl.STE())
+    layer = model.transformer.h[0].mlp.c_fc
+    assert isinstance(layer, SparseConv1D) and layer.weight.shape == (128, 32)
+    assert sl.is_nm(layer.mask, 2, 4)
+    # the sparse model computes the dense GPT-2 with W * m: put m (in Conv1D layout) into the copy
+    with torch.no_grad():
+        for name, sparse in sl.sparse_layers(model):
+            dense_copy.get_submodule(name).weight.mul_(sparse.mask.t())
+    torch.testing.assert_close(logits(model, tokens()), logits(dense_copy, tokens()))
+    state = model.state_dict()
+    assert state["transformer.h.0.mlp.c_fc.weight"].shape == (32, 128)  # Conv1D's (in, out)
+    assert torch.equal(state["transformer.h.0.mlp.c_fc.mask"], layer.mask.t())
+    bad = dict(state)
+    bad["transformer.h.0.mlp.c_fc.weight"] = layer.weight.detach()  # (out, in): the wrong layout
+    with pytest.raises(RuntimeError, match=r"Conv1D-layout tensor of shape \(in, out\) = \(32, 128\)"):
+        model.load_state_dict(bad)
+
+
+def train_steps(model, steps, seed=3):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    handle = sl.attach_optimizer(model, opt)
+    model.train()
+    torch.manual_seed(seed)  # GPT-2's dropout
+    losses = []
+    for step in range(steps):
+        x = tokens(seed + step)
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    handle.remove()
+    return losses
+
+
+def sparse_state(model):
+    return {name: (layer.mask.clone(), layer.beta.clone(), layer.get_extra_state().tolist())
+            for name, layer in sl.sparse_layers(model)}
+
+
+@pytest.mark.parametrize("kind,method", [("llama", sl.SSTE(mvue=True)), ("gpt2", sl.MaskedDecay(total_steps=20))])
+def test_save_pretrained_round_trips_the_sparse_state(kind, method, tmp_path, capsys):
+    model = build(kind)
+    sl.sparsify(model, method)
+    train_steps(model, 3)
+    model.save_pretrained(tmp_path)
+    loaded = hf.from_pretrained(tmp_path, model_class=type(model))
+    assert "sparse state of" in capsys.readouterr().out
+    assert [n for n, _ in sl.sparse_layers(loaded)] == [n for n, _ in sl.sparse_layers(model)]
+    before, after = sparse_state(model), sparse_state(loaded)
+    for name in before:
+        assert torch.equal(before[name][0], after[name][0]) and torch.equal(before[name][1], after[name][1])
+        assert before[name][2] == after[name][2] and before[name][2][0] == 3  # counters, step 3
+    model.eval(), loaded.eval()
+    torch.testing.assert_close(logits(loaded, tokens()), logits(model, tokens()), rtol=0, atol=0)
+    # training goes on identically (the MVUE draws follow the restored counters)
+    assert train_steps(loaded, 2, seed=9) == train_steps(model, 2, seed=9)
+
+
+def test_from_pretrained_of_a_dense_checkpoint_needs_a_method_and_says_what_it_did(tmp_path, capsys):
+    build("llama").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="dense checkpoint .* pass method="):
+        hf.from_pretrained(tmp_path)
+    model = hf.from_pretrained(tmp_path, method=sl.STE())
+    out = capsys.readouterr().out
+    assert "dense checkpoint: masks of 6 sparse layers computed from the loaded weights" in out
+    layer = model.model.layers[0].mlp.up_proj
+    assert torch.equal(layer.mask, sl.nm_mask(layer.weight.detach(), 2, 4)) and layer.step == 0
+
+
+def test_load_dense_checkpoint_restarts_the_sparse_state(tmp_path, capsys):
+    dense = build("gpt2", seed=5)
+    dense.save_pretrained(tmp_path)
+    model = build("gpt2", seed=0)
+    sl.sparsify(model, sl.SSTE())
+    train_steps(model, 2)
+    report = hf.load_dense_checkpoint(model, tmp_path)
+    out = capsys.readouterr().out
+    assert "dense checkpoint: masks of 4 sparse layers computed from the loaded weights" in out
+    assert report.missing == [] and report.unexpected == []  # the tied lm_head is not "missing"
+    fresh = build("gpt2", seed=5)
+    sl.sparsify(fresh, sl.SSTE())  # what converting the dense model gives
+    for (name, a), (_, b) in zip(sl.sparse_layers(model), sl.sparse_layers(fresh)):
+        assert torch.equal(a.weight, b.weight) and torch.equal(a.mask, b.mask), name
+        assert torch.equal(a.beta, b.beta) and a.step == 0 and a.mask_updates == 1, name
+    model.eval()
+    torch.testing.assert_close(logits(model, tokens()), logits(fresh, tokens()), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="holds sparse state"):
+        hf.load_dense_checkpoint(model, model.state_dict())
+    partial = {k: v for k, v in dense.state_dict().items() if "h.1.mlp.c_fc" not in k}
+    with pytest.raises(ValueError, match=r"lacks the weights of sparse layers \['transformer.h.1.mlp.c_fc'\]"):
+        hf.load_dense_checkpoint(model, partial)
+
+
+def test_trainer_callback_attaches_the_hooks_and_logs_flip_rate(tmp_path):
+    from sparsity_lab.integrations.trainer_callback import SparsityCallback
+
+    model = build("llama")
+    sl.sparsify(model, sl.MaskedDecay(decay=1e-2, total_steps=6))
+    data = [{"input_ids": tokens(i, batch=1, length=16)[0], "labels": tokens(i, batch=1, length=16)[0]}
+            for i in range(12)]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=6, per_device_train_batch_size=2, logging_steps=2, report_to=[],
+        save_strategy="steps", save_steps=3, learning_rate=1e-2, use_cpu=True, disable_tqdm=True)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[SparsityCallback()])
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert [entry["step"] for entry in logs] == [2, 4, 6]
+    assert all(0 < entry["flip_rate"] < 1 for entry in logs[:2])
+    assert [entry["sparse_dense_phase"] for entry in logs] == [0.0, 0.0, 1.0]  # dense from step 5
+    layers = sl.sparse_layers(model)
+    assert all(layer.step == 6 and not layer.attached_optimizer for _, layer in layers)  # hooks removed
+    # the Trainer's own checkpoint (safetensors) holds the sparse state of step 3
+    resumed = hf.from_pretrained(tmp_path / "checkpoint-3", model_class=type(model), verbose=False)
+    assert all(layer.step == 3 for _, layer in sl.sparse_layers(resumed))
+
+
+def test_importing_the_package_does_not_import_transformers():
+    code = "import sys, sparsity_lab, sparsity_lab.integrations; print('transformers' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
