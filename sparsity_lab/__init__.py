@@ -3,22 +3,23 @@
     import sparsity_lab as sl
     sl.sparsify(model, sl.MaskedDecay(decay=6e-5, total_steps=10_000))
     opt = torch.optim.AdamW(model.parameters())
-    sl.attach_optimizer(model, opt)        # masked decay before each step, counters after it
+    sl.attach_optimizer(model, opt)        # masked decay on gradients before each step, counters after it
 """
 from .layers import SparseLinear
 from .masks import (is_nm, is_transposable, kept_fraction, mask_diversity, nm_mask, transposable_mask,
                     validate_transposable_mask)
-from .methods import (SRSTE, SSTE, STE, Dense, MaskedDecay, SparsityMethod, flip_rate, method_from_name,
+from .methods import (SRSTE, SSTE, STE, Dense, MaskedDecay, MaskedDecayOnWeights, SparsityMethod, flip_rate, method_from_name,
                       mvue24, soft_threshold, sste_beta)
 from .sparsify import flip_report, sparsify, sparsity_summary
-from .training_hooks import advance_step, apply_masked_decay, attach_optimizer, sparse_layers
+from .training_hooks import (advance_step, apply_decay_on_weights, apply_masked_decay, attach_optimizer,
+                             sparse_layers)
 from .graph_step import CudaGraphStep
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CudaGraphStep", "SRSTE", "SSTE", "STE", "Dense", "MaskedDecay", "SparseLinear", "SparsityMethod", "advance_step",
-    "apply_masked_decay", "attach_optimizer", "flip_rate", "flip_report", "is_nm", "is_transposable",
+    "CudaGraphStep", "SRSTE", "SSTE", "STE", "Dense", "MaskedDecay", "MaskedDecayOnWeights", "SparseLinear", "SparsityMethod", "advance_step",
+    "apply_decay_on_weights", "apply_masked_decay", "attach_optimizer", "flip_rate", "flip_report", "is_nm", "is_transposable",
     "kept_fraction", "mask_diversity", "method_from_name", "mvue24", "nm_mask", "soft_threshold",
     "sparse_layers", "sparsify", "sparsity_summary", "sste_beta", "transposable_mask",
     "validate_transposable_mask",

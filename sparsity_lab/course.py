@@ -74,9 +74,12 @@ def _papermill():
     return papermill
 
 
-def execute(path: Path, out: Path, sizes: str = "ci", cwd: Path = ROOT, progress_bar: bool = False,
+def execute(path: Path, out: Path, sizes: str = "ci", cwd: Path | None = None, progress_bar: bool = False,
             prepare_only: bool = False):
     """Run notebook ``path`` with papermill and write the executed copy to ``out``.
+
+    The kernel runs in ``cwd``, by default the folder of ``out``: whatever the notebook writes to a
+    relative path (notebook 09's ``runs/``) lands beside the executed copy, never in the source tree.
 
     ``sizes="ci"`` injects the notebook's CI parameters; ``"full"`` runs its own defaults (GPU sizes
     where the notebook has them). ``prepare_only=True`` writes the parametrized copy without running
@@ -90,6 +93,7 @@ def execute(path: Path, out: Path, sizes: str = "ci", cwd: Path = ROOT, progress
     papermill = _papermill()
     parameters = parameters_for(path, sizes)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
+    cwd = Path(out).parent if cwd is None else Path(cwd)
     try:
         return papermill.execute_notebook(str(path), str(out), parameters=parameters, kernel_name="python3",
                                           cwd=str(cwd), progress_bar=progress_bar, prepare_only=prepare_only,
@@ -189,21 +193,45 @@ def run_report(sources: Sequence[Path], out_dir: Path, sizes: str = "ci", progre
     return {"sizes": sizes, "notebooks": rows, "failed": [r["notebook"] for r in rows if not r["ok"]]}
 
 
-def book_notebook(nb):
+def book_notebook(nb, machine: str = "a CPU", book_path=None):
     """The executed notebook as the book shows it (a static page, no kernel).
 
-    - A plotly figure keeps only its HTML bundle: plotly's "plotly_mimetype+notebook_connected"
-      renderer also writes a JSON bundle (for JupyterLab) that the HTML builder cannot render.
+    - A banner under the title says at which sizes the page was run (papermill's injected
+      parameters: the CI sizes; none: the notebook's full sizes) and on which ``machine``.
+    - papermill's injected-parameters cell is removed (the banner lists its values) and the nbval
+      marker lines (``# NBVAL_CHECK_OUTPUT``) are taken out of the code.
+    - A plotly figure is redrawn from its JSON bundle to fill the text column (no fixed width,
+      responsive); the output that only loads plotly.js from the CDN is dropped (the book serves it).
+    - Markdown that a cell displays keeps its headings below the page's sections.
+    - Relative links go to the book's copy of their target (``book_path(repo_path)``; by default the
+      notebooks are found by file name) or, for a file the book does not serve, show its path.
     - A widget holding FigureWidgets shows its static snapshot (``widget_snapshot``) instead of the
       live view, whose saved state has no trace data; the widget state keeps only the models that
       the remaining widget views use.
     """
+    from . import book_page
+
+    book_path = book_path or _notebook_book_path
+    name = nb.metadata.get("papermill", {}).get("input_path") or "notebook.ipynb"
+    here = f"notebooks/{Path(name).name}"
+    parameters = nb.metadata.get("papermill", {}).get("parameters")
+    nb.cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
     for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = book_page.rewrite_links(cell.source, here, book_path)
+        elif cell.cell_type == "code":
+            cell.source = book_page.strip_test_markers(cell.source)
+            cell["outputs"] = [o for o in cell.get("outputs", []) if not book_page.is_plotly_loader(o.get("data", {}))]
         for output in cell.get("outputs", []):
             data = output.get("data", {})
-            for mime in (PLOTLY_JSON, WIDGET_VIEW):
-                if mime in data and "text/html" in data:
-                    del data[mime]
+            if PLOTLY_JSON in data:
+                data["text/html"] = book_page.responsive_plotly_html(data.pop(PLOTLY_JSON))
+            if WIDGET_VIEW in data and "text/html" in data:
+                del data[WIDGET_VIEW]
+            if "text/markdown" in data:
+                shown = "".join(data["text/markdown"]) if isinstance(data["text/markdown"], list) else data["text/markdown"]
+                data["text/markdown"] = book_page.rewrite_links(book_page.demote_headings(shown), here, book_path)
+    _add_banner(nb, book_page.run_banner(parameters, machine))
     widgets = nb.metadata.get("widgets", {}).get(WIDGET_STATE)
     if widgets:
         roots = [out["data"][WIDGET_VIEW]["model_id"] for c in nb.cells for out in c.get("outputs", [])
@@ -212,6 +240,28 @@ def book_notebook(nb):
         if not widgets["state"]:
             del nb.metadata["widgets"]
     return nb
+
+
+def _notebook_book_path(repo_path: str) -> str | None:
+    """Where the book keeps a repository file: course notebooks at the top, nothing else."""
+    folder, _, name = repo_path.rpartition("/")
+    return name if folder == "notebooks" and name.endswith(".ipynb") else None
+
+
+def _add_banner(nb, banner: str) -> None:
+    """Put ``banner`` right under the page title (the first heading of the first markdown cell)."""
+    import nbformat
+
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            continue
+        lines = cell.source.split("\n")
+        title = next((i for i, line in enumerate(lines) if line.startswith("# ")), None)
+        if title is None:
+            break
+        cell.source = "\n".join(lines[:title + 1] + ["", banner] + lines[title + 1:])
+        return
+    nb.cells.insert(0, nbformat.v4.new_markdown_cell(banner))
 
 
 def _reachable(state: dict, roots: list[str]) -> dict:
@@ -229,30 +279,74 @@ def _reachable(state: dict, roots: list[str]) -> dict:
     return keep
 
 
-def write_book_source(executed: Sequence[Path], source_dir: Path, sizes: str = "ci") -> Path:
-    """Lay out the book's source in ``source_dir`` (emptied first): ``_config.yml`` and ``intro.md``
-    from ``book/``, the executed notebooks, a ``_toc.yml`` listing them in order, and plotly.js in
-    ``_static/`` so the figures draw without a network."""
+def write_book_source(executed: Sequence[Path], source_dir: Path, sizes: str = "ci",
+                      docs_dir: Path | None = None) -> Path:
+    """Lay out the book's source in ``source_dir`` (emptied first): ``_config.yml``, ``intro.md`` and
+    ``_static/`` (the page style) from ``book/``, the executed notebooks as :func:`book_notebook`
+    shows them, the Markdown pages of ``docs_dir`` (default: the repository's ``docs/``, when present)
+    in ``docs/``, a ``_toc.yml`` listing the notebooks in order and then the docs pages, and plotly.js
+    in ``_static/`` and MathJax in ``_mathjax/`` so the figures and the maths draw without a network."""
     import nbformat
+
+    from . import book_page
 
     if not executed:
         raise ValueError("the book needs at least one executed notebook")
+    docs_dir = ROOT / "docs" if docs_dir is None else Path(docs_dir)
+    docs = sorted(docs_dir.glob("*.md")) if docs_dir.is_dir() else []
     source_dir = Path(source_dir)
     if source_dir.exists():
         shutil.rmtree(source_dir)
-    (source_dir / "_static").mkdir(parents=True)
+    shutil.copytree(BOOK_DIR / "_static", source_dir / "_static")
     shutil.copy(BOOK_DIR / "_config.yml", source_dir / "_config.yml")
-    sized = "small CI sizes (on a CPU)" if sizes == "ci" else "the notebooks' full sizes"
-    intro = (BOOK_DIR / "intro.md").read_text()
-    (source_dir / "intro.md").write_text(intro + f"\n*These pages were executed at {sized}.*\n")
     _copy_plotly_js(source_dir / "_static")
+    _copy_mathjax(source_dir / "_mathjax")
+
+    pages = {f"notebooks/{Path(p).name}": Path(p).name for p in executed}
+    pages.update({f"docs/{d.name}": f"docs/{d.name}" for d in docs})
+    pages["book/intro.md"] = "intro.md"
+    machine = _machine()
+    intro = book_page.rewrite_links((BOOK_DIR / "intro.md").read_text(), "book/intro.md", pages.get)
+    lines = intro.split("\n")
+    title = next((i for i, line in enumerate(lines) if line.startswith("# ")), -1)
+    banner = book_page.run_banner(None, machine, sizes=sizes)
+    (source_dir / "intro.md").write_text("\n".join(lines[:title + 1] + ["", banner] + lines[title + 1:]))
     for path in executed:
-        nb = book_notebook(nbformat.read(path, as_version=4))
+        nb = book_notebook(nbformat.read(path, as_version=4), machine=machine, book_path=pages.get)
         nbformat.write(nb, source_dir / Path(path).name)
-    chapters = "".join(f"- file: {Path(p).stem}\n" for p in executed)
-    (source_dir / "_toc.yml").write_text("# written by sparsity_lab.course.write_book_source\n"
-                                         "format: jb-book\nroot: intro\nchapters:\n" + chapters)
+    if docs:
+        (source_dir / "docs").mkdir()
+    for doc in docs:
+        text = book_page.rewrite_links(doc.read_text(), f"docs/{doc.name}", pages.get)
+        (source_dir / "docs" / doc.name).write_text(text)
+    toc = ["# written by sparsity_lab.course.write_book_source", "format: jb-book", "root: intro", "parts:",
+           "- caption: Notebooks", "  chapters:"]
+    toc += [f"  - file: {Path(p).stem}" for p in executed]
+    if docs:
+        toc += ["- caption: Reference", "  chapters:"] + [f"  - file: docs/{d.stem}" for d in docs]
+    (source_dir / "_toc.yml").write_text("\n".join(toc) + "\n")
     return source_dir
+
+
+def _machine() -> str:
+    """What the pages ran on, for their banner: this machine (the book is built where it was run)."""
+    import torch
+
+    return f"a GPU ({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else "a CPU"
+
+
+def _copy_mathjax(folder: Path) -> None:
+    """MathJax 2 (from the jupyter-server-mathjax package) into ``folder/mathjax``: the book's maths
+    renders without a network (``book/_config.yml`` publishes ``folder`` beside the pages and points
+    ``mathjax_path`` at it)."""
+    try:
+        import jupyter_server_mathjax
+    except ImportError as err:
+        raise ImportError("the book's maths needs jupyter-server-mathjax: pip install -e '.[lab]'") from err
+    source = Path(jupyter_server_mathjax.__file__).parent / "static"
+    # the English messages only: the other languages are three quarters of the files
+    skip = shutil.ignore_patterns(*[p.name for p in (source / "localization").iterdir() if p.name != "en"])
+    shutil.copytree(source, folder / "mathjax", ignore=skip)
 
 
 def _copy_plotly_js(static: Path) -> None:
@@ -263,16 +357,17 @@ def _copy_plotly_js(static: Path) -> None:
     shutil.copy(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", static / "plotly.min.js")
 
 
-def build_book(executed: Sequence[Path], out: Path = BOOK_DIR, sizes: str = "ci") -> Path:
-    """Build the HTML book from executed notebooks: source in ``out/_build/source``, pages in
-    ``out/_build/html``. Runs ``jupyter-book build -W`` (any warning fails the build) and returns the
+def build_book(executed: Sequence[Path], out: Path = BOOK_DIR, sizes: str = "ci",
+               docs_dir: Path | None = None) -> Path:
+    """Build the HTML book from executed notebooks (and the ``docs_dir`` pages, see
+    :func:`write_book_source`): source in ``out/_build/source``, pages in ``out/_build/html``. Runs ``jupyter-book build -W`` (any warning fails the build) and returns the
     path of ``index.html``; raises :class:`BookBuildFailed` with the build's warnings."""
     try:
         import jupyter_book  # noqa: F401
     except ImportError as err:
         raise ImportError("building the book needs Jupyter Book 1: pip install -e '.[lab]'") from err
     out = Path(out)
-    source = write_book_source(executed, out / "_build" / "source", sizes)
+    source = write_book_source(executed, out / "_build" / "source", sizes, docs_dir)
     html = out / "_build" / "html"
     if html.exists():
         shutil.rmtree(html)  # a fresh build: no page of a removed notebook survives

@@ -1,9 +1,15 @@
 """``sparsity-lab course``: open the notebook course in JupyterLab, or run it headless into a book.
 
-    sparsity-lab course                          # JupyterLab on notebooks/, prints the URL
+    sparsity-lab course                          # JupyterLab on a working copy, ./sparsity-lab-course
+    sparsity-lab course --workdir ~/course       # ... somewhere else; --refresh: the shipped notebooks again
     sparsity-lab course --no-browser --port 9999 -- --ServerApp.allow_root=True   # after --: to jupyter lab
     sparsity-lab course --headless [--sizes ci|full] [--out DIR]   # run every notebook, build the book
     sparsity-lab course --headless --sizes full --no-book --report results/course_full.json   # GPU run, timed
+
+JupyterLab serves the learner's working copy (``course_workdir``), never the shipped notebooks/, so
+autosave, edits and the runs a notebook writes stay out of the source tree. The headless run writes
+its executed copies, their runs and the book under ``--out`` (default WORKDIR/book). A SIGTERM or
+SIGHUP to this command is passed on to the Jupyter server, which then shuts down.
 """
 from __future__ import annotations
 
@@ -11,24 +17,36 @@ import argparse
 import importlib.util
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from .course import (BOOK_DIR, NOTEBOOK_DIR, SIZES, BookBuildFailed, NotebookFailed, build_course, notebooks,
-                     run_report)
+from .course import NOTEBOOK_DIR, SIZES, BookBuildFailed, NotebookFailed, build_course, notebooks, run_report
+from .course_workdir import DEFAULT_WORKDIR, sync
+
+FORWARDED_SIGNALS = ("SIGTERM", "SIGHUP")  # Ctrl+C reaches the server already (same process group)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--notebooks", type=Path, default=NOTEBOOK_DIR, metavar="DIR",
-                        help=f"folder of the course notebooks (default {NOTEBOOK_DIR})")
+                        help=f"folder of the shipped course notebooks (default {NOTEBOOK_DIR})")
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, metavar="DIR",
+                        help="your working copy: JupyterLab opens the notebooks copied to DIR/notebooks, and runs "
+                             "and the headless book are written under DIR (default ./sparsity-lab-course). "
+                             "Copies you have edited are never overwritten")
+    parser.add_argument("--refresh", action="store_true",
+                        help="replace the working copy's notebooks by the shipped ones (edited copies are saved "
+                             "to DIR/backup-<time>/ first)")
     headless = parser.add_argument_group("headless (no screen): execute every notebook and build the book")
     headless.add_argument("--headless", action="store_true", help="run the notebooks and build the HTML book")
     headless.add_argument("--sizes", choices=SIZES, default=None,
                           help="'ci': the small sizes CI uses (default); 'full': the notebooks' own sizes (GPU)")
     headless.add_argument("--out", type=Path, default=None, metavar="DIR",
-                          help=f"book folder; the pages land in DIR/_build/html (default {BOOK_DIR})")
+                          help="book folder; the pages land in DIR/_build/html, executed notebooks and what they "
+                               "write in DIR/_build/executed-<sizes> (default WORKDIR/book)")
     headless.add_argument("--no-book", action="store_true",
                           help="only execute the notebooks (no Jupyter Book needed); goes on past a failing one")
     headless.add_argument("--report", type=Path, default=None, metavar="FILE",
@@ -46,7 +64,7 @@ def check_arguments(args) -> None:
     lab_args = _lab_args(args)
     if args.headless:
         given = [name for name, on in (("--port", args.port is not None), ("--no-browser", args.no_browser),
-                                       ("-- LAB_ARGS", bool(lab_args))) if on]
+                                       ("--refresh", args.refresh), ("-- LAB_ARGS", bool(lab_args))) if on]
         if given:
             raise ValueError(f"{', '.join(given)}: JupyterLab options, not used with --headless")
     else:
@@ -112,17 +130,65 @@ def run_lab(args) -> int:
         # jupyter refuses to start as root (containers, cloud machines) unless told: say so and allow it
         print("running as root: starting JupyterLab with --ServerApp.allow_root=True", flush=True)
         extra = extra + ["--ServerApp.allow_root=True"]
-    cmd = lab_command(Path(args.notebooks).resolve(), args.ip, port, args.no_browser, extra)
+    workdir = Path(args.workdir).resolve()
+    try:
+        report = sync(workdir, args.notebooks, _docs_beside(args.notebooks), refresh=args.refresh)
+    except (ValueError, OSError) as err:
+        print(f"sparsity-lab course: error: {err}", file=sys.stderr)
+        return 2
+    print(f"Your working copy of the course: {workdir / 'notebooks'}", flush=True)
+    for line in report.lines():
+        print(f"  {line}")
+    print("  (JupyterLab saves your edits and outputs there; the shipped notebooks stay untouched)", flush=True)
+    cmd = lab_command(workdir, args.ip, port, args.no_browser, extra)
     print(f"The course in JupyterLab: {lab_url(args.ip, port, token)}\n(stop it with Ctrl+C)", flush=True)
     proc = subprocess.Popen(cmd, env=env)
+    return wait_forwarding_signals(proc)
+
+
+def wait_forwarding_signals(proc: subprocess.Popen, grace_s: float = 20.0) -> int:
+    """Wait for ``proc``, passing SIGTERM/SIGHUP on to it (a service manager or `kill` stopping this
+    command must stop the server too); kill it if it has not exited ``grace_s`` after the signal."""
+    received: list[int] = []
+
+    def forward(signum, _frame):
+        received.append(signum)
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = {}
+    for name in FORWARDED_SIGNALS:
+        if hasattr(signal, name):
+            previous[name] = signal.signal(getattr(signal, name), forward)
+    deadline = None
     try:
-        return proc.wait()
-    except KeyboardInterrupt:  # jupyter got the same Ctrl+C and shuts itself down
-        return proc.wait()
+        while True:
+            try:
+                code = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if received and deadline is None:
+                    deadline = time.monotonic() + grace_s
+                if deadline is not None and time.monotonic() > deadline:
+                    print(f"the Jupyter server did not stop within {grace_s:.0f} s of the signal: killing it",
+                          file=sys.stderr, flush=True)
+                    proc.kill()
+                    deadline = float("inf")
+            except KeyboardInterrupt:  # jupyter got the same Ctrl+C and asks, or shuts itself down
+                continue
+    finally:
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), handler)
+    return 128 + received[0] if received else code
+
+
+def _docs_beside(notebooks: Path) -> Path:
+    """The docs/ folder next to the shipped notebooks/ (the method reference they link to)."""
+    return Path(notebooks).resolve().parent / "docs"
 
 
 def run_headless(args) -> int:
-    out = args.out if args.out is not None else BOOK_DIR
+    out = args.out if args.out is not None else Path(args.workdir) / "book"
     sizes = args.sizes or "ci"
     if args.no_book:
         return run_notebooks_only(args, out, sizes)

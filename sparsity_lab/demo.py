@@ -2,7 +2,9 @@
 
 1. A 2:4 magnitude mask drawn over a small weight.
 2. The transposable-mask solvers compared on one Gaussian matrix (kept |W| and time).
-3. A flip-rate trace: a tiny MLP trained with STE, masked decay and the dense reference.
+3. A flip-rate trace: a tiny MLP trained with STE, masked decay and the dense reference
+   (``--seeds N``: every method over N seeds, with the spread and the verdicts of
+   ``sparsity_lab.flip_bands``; ``--record PATH`` also writes that run to a JSON file).
 """
 from __future__ import annotations
 
@@ -12,18 +14,19 @@ import time
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from .masks import EXACT_SOLVERS, SOLVERS, kept_fraction, nm_mask, transposable_mask
 from .methods.config import STE, Dense, MaskedDecay, SparsityMethod
-from .sparsify import flip_report, sparsify
-from .training_hooks import attach_optimizer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=150, help="training steps per method (default 150)")
     parser.add_argument("--size", type=int, default=512, help="matrix size for the solver comparison")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=1, help="part 3 over this many seeds (0, 1, ...) "
+                        "for every method, with the spread and the verdicts (default 1: one trace)")
+    parser.add_argument("--record", metavar="PATH", default=None,
+                        help="with --seeds: write the multi-seed run (and its provenance) to this JSON file")
 
 
 def draw_mask(weight: torch.Tensor, mask: torch.Tensor) -> str:
@@ -58,25 +61,10 @@ class TinyMLP(nn.Module):
 
 def flip_trace(method: SparsityMethod, steps: int, seed: int) -> tuple[list[float], float]:
     """Train TinyMLP to imitate a fixed random teacher; return per-step overall flip rates and the final loss."""
-    torch.manual_seed(seed)
-    teacher, student = TinyMLP(), TinyMLP()
-    sparsify(student, method)
-    opt = torch.optim.AdamW(student.parameters(), lr=3e-3)
-    attach_optimizer(student, opt)
-    gen = torch.Generator().manual_seed(seed + 1)
-    rates, loss = [], math.nan
-    for _ in tqdm(range(steps), desc=f"{method.name:>12}", leave=False):
-        x = torch.randn(64, 64, generator=gen)
-        with torch.no_grad():
-            y = teacher(x)
-        loss_t = (student(x) - y).pow(2).mean()
-        opt.zero_grad()
-        loss_t.backward()
-        rates.append(flip_report(student, fresh_only=True)["overall"])  # masks of this step
-        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
-        opt.step()
-        loss = loss_t.item()
-    return rates, loss
+    from .flip_bands import flip_run
+
+    rates, losses = flip_run(method, steps, seed)
+    return rates, losses[-1] if losses else math.nan
 
 
 def sparkline(values: list[float]) -> str:
@@ -90,6 +78,10 @@ def sparkline(values: list[float]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.record and args.seeds < 2:
+        raise SystemExit("sparsity-lab demo: error: --record needs --seeds N with N >= 2")
+    if args.record and not args.record.endswith(".json"):
+        raise SystemExit(f"sparsity-lab demo: error: --record must name a .json file, got {args.record!r}")
     torch.manual_seed(args.seed)
     w = torch.randn(4, 8)
     print("1. A 2:4 mask keeps the 2 largest |w| of every 4 consecutive weights in a row:\n")
@@ -104,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
         secs = "" if math.isnan(row["seconds"]) else f"{row['seconds']:.3f}"
         print(f"   {row['solver']:<34}{row['kept']:>10.4f}{secs:>10}")
 
+    if args.seeds > 1:
+        return _bands(args)
     print(f"\n3. Flip rate (fraction of mask entries that changed per step), {args.steps} steps:\n")
     methods = [Dense(), STE(), MaskedDecay(decay=2e-2, total_steps=args.steps)]
     for method in methods:
@@ -114,4 +108,28 @@ def run(args: argparse.Namespace) -> int:
         print(f"   {method.name:<13} loss {loss:.4f}  flip rate early {mean(early):.4f} late {mean(late):.4f}")
         print(f"   {'':<13} {sparkline(rates)}")
     print("\n   (masked decay switches to dense fine-tuning at 5/6 of the steps; its trace stops there.)")
+    return 0
+
+
+def _bands(args: argparse.Namespace) -> int:
+    """Part 3 over several seeds: spread per method and the verdicts (``flip_bands``)."""
+    from .flip_bands import judge_flip_bands, run_flip_bands, verdict_lines
+
+    seeds = list(range(args.seeds))
+    print(f"\n3. Flip rate over {len(seeds)} seeds x {args.steps} steps per method (mean over the last 20 % of "
+          "the steps, per seed):\n")
+    bands = run_flip_bands(seeds=seeds, steps=args.steps)
+    for label, describe in bands.methods.items():
+        late = bands.late(label)
+        print(f"   {label:<22} {' '.join(f'{v:.4f}' for v in late)}   ({describe})")
+    print("\n" + "\n".join("   " + line for line in verdict_lines(judge_flip_bands(bands)).splitlines()))
+    if args.record:
+        from pathlib import Path
+
+        from .lab.runlog import finite_json
+        from .provenance import write_result
+        path = Path(args.record)
+        write_result(path.stem, finite_json({"flip_bands": bands.to_dict(), "claims": judge_flip_bands(bands)}),
+                     directory=path.parent)
+        print(f"\n   recorded to {path}")
     return 0

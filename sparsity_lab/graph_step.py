@@ -119,6 +119,11 @@ class CudaGraphStep:
             raise TypeError(f"loss_fn must be callable (loss_fn(model, *inputs) -> loss), got {type(loss_fn).__name__}")
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
             raise ValueError(f"warmup_steps must be an int >= 1, got {warmup_steps!r}")
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # DDP's and FSDP2's gradient collectives run from autograd hooks that a replay would skip
+            raise RuntimeError("CudaGraphStep does not support data-parallel training (DDP or FSDP2) across "
+                               f"{dist.get_world_size()} processes: step eagerly under torchrun")
         self.model, self.loss_fn, self.warmup_steps = model, loss_fn, warmup_steps
         self.steps = 0
         self.recaptures = 0

@@ -5,7 +5,9 @@ Three products per training step, for Z = X W^T with W (out, in) and X (tokens, 
     input gradient  dX = dZ S(W)
     weight gradient dW = dZ^T X          (or MVUE(dZ^T) X, groups of 4 along the tokens)
 S(W) is m * W (STE family) or beta * soft_threshold(W) (S-STE). The gradient reaches the dense W
-unchanged (straight-through); SR-STE adds decay * (1 - m) * W to it inside the backward.
+unchanged (straight-through); SR-STE adds decay * (1 - m) * W to it inside the backward, masked
+decay adds it to the gradient before the optimizer step (``apply_masked_decay``) and the decoupled
+variant subtracts lr * decay * (1 - m) * W from W after the step (``apply_decay_on_weights``).
 
 State: the mask and beta are buffers; the integer counters (optimizer steps, when the mask was
 computed, flip counts, the MVUE draw counter) are the module's extra state. Both are in
@@ -14,9 +16,10 @@ computed, flip counts, the MVUE draw counter) are the module's extra state. Both
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +33,19 @@ from .methods.soft_threshold import soft_threshold, sste_beta
 from .validation import check_divisible, check_float_tensor, check_has_values
 
 _COUNTERS = ("step", "mask_step", "mask_updates", "last_flips", "flips_total", "mvue_seed", "mvue_calls")
+_RANK_STRIDE = 0x9E3779B97F4A7C15  # odd 64-bit constant: rank streams land far apart in seed space
+
+
+def mvue_stream_seed(seed: int, rank: int, call: int) -> int:
+    """Seed of MVUE draw ``call`` of a layer with ``seed`` on data-parallel ``rank``: a function of the
+    three alone, so draws are reproducible, and distinct ranks draw independently (their average
+    stays unbiased). Rank 0 gives the single-process seeds."""
+    return ((seed + rank * _RANK_STRIDE) * 1_000_003 + call) % (2**63 - 1)
+
+
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    dtensor_module = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before its import
+    return dtensor_module is not None and isinstance(tensor, dtensor_module.DTensor)
 
 
 @dataclass
@@ -43,6 +59,9 @@ class _BackwardPlan:
     decay: float
     mvue: bool
     generator: torch.Generator | None
+    # when set, operand and mask were dropped after the forward and are rebuilt in the backward
+    # (a sharded layer under FSDP2 with recompute_operands: nothing full-size lives in between)
+    rebuild: Callable[[], tuple[Any, torch.Tensor]] | None = None
 
 
 def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -78,13 +97,14 @@ class _SparseLinearFn(torch.autograd.Function):
         plan: _BackwardPlan = ctx.plan
         dz = grad_out.reshape(-1, grad_out.shape[-1]).to(ctx.dtype)
         grad_x = grad_w = grad_b = None
+        operand, mask = plan.rebuild() if plan.rebuild is not None else (plan.operand, plan.mask)
         with torch.autocast(dz.device.type, enabled=False):
             if ctx.needs_input_grad[0]:
-                grad_x = plan.backend.grad_input(dz, plan.operand).to(ctx.x_dtype).reshape(ctx.shape)
+                grad_x = plan.backend.grad_input(dz, operand).to(ctx.x_dtype).reshape(ctx.shape)
             if ctx.needs_input_grad[1]:
                 grad_w = plan.backend.grad_weight(dz, x2, plan.mvue, plan.generator).to(weight.dtype)
                 if plan.decay:
-                    plan.backend.masked_decay_(grad_w, weight, plan.mask, plan.decay)
+                    plan.backend.masked_decay_(grad_w, weight, mask, plan.decay)
             if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
                 # accumulate half/bf16 in fp32; float64 stays float64
                 acc = torch.float32 if dz.element_size() < 4 else dz.dtype
@@ -119,6 +139,9 @@ class SparseLinear(nn.Linear):
     def _setup(self, method: SparsityMethod) -> None:
         if not isinstance(method, SparsityMethod):
             raise TypeError(f"method must be a SparsityMethod (e.g. STE()), got {type(method).__name__}")
+        if _is_dtensor(self.weight):
+            raise TypeError("this linear's weight is already sharded (a DTensor, e.g. by fully_shard): call "
+                            "sparsify(model, method) first, then sparsity_lab.distributed.fully_shard_sparse")
         # the mask and S-STE's frozen beta are computed from the values: none on meta, none from NaN
         check_has_values(self.weight, "weight", "SparseLinear (its mask and S-STE's beta come from the weights)")
         check_float_tensor(self.weight, "weight")
@@ -137,6 +160,9 @@ class SparseLinear(nn.Linear):
         self._graph_seed: torch.Tensor | None = None
         self._graph_calls = 0  # forward calls that used _graph_seed (one per captured step is supported)
         self._last_flips = self._flips_total = 0
+        # which process's MVUE stream to draw from; None: this process's torch.distributed rank (0 when
+        # not distributed), so data-parallel ranks draw independently (not saved: it belongs to the process)
+        self.mvue_rank: int | None = None
         for name in _COUNTERS:
             setattr(self, name, 0)
         self.mvue_seed = int(torch.randint(0, 2**62, (1,)).item())
@@ -196,14 +222,26 @@ class SparseLinear(nn.Linear):
         if self.mask_updates > 0:
             # counted on the device and read when someone asks (last_flips / flips_total): no host
             # sync in the training step, which would stall the queue of cuSPARSELt calls
-            count = getattr(self.backend, "mask_flips", mask_flips_tensor)  # a backend may count faster
-            flips = count(self.mask, new)
+            flips = self._count_flips(new)
             self._pending_last = flips
             self._pending_sum = flips if self._pending_sum is None else self._pending_sum + flips
-        self.mask.copy_(new)
+        self._set_mask(new)
         self.mask_step = self.step
         self.mask_updates += 1
         self._operand_cache = None
+
+    # hooks that a sharded layer (sparsity_lab.distributed) overrides: the mask buffer may hold only
+    # this process's part, while the products need the full mask
+    def _count_flips(self, new: torch.Tensor) -> torch.Tensor:
+        count = getattr(self.backend, "mask_flips", mask_flips_tensor)  # a backend may count faster
+        return count(self.mask, new)
+
+    def _set_mask(self, new: torch.Tensor) -> None:
+        self.mask.copy_(new)
+
+    def _mask_for_products(self) -> torch.Tensor:
+        """The full mask the products of this forward use."""
+        return self.mask
 
     def _settle_flips(self) -> None:
         if self._pending_sum is not None:
@@ -249,6 +287,17 @@ class SparseLinear(nn.Linear):
         if decay and not self.dense_now and self.weight.grad is not None:
             self.backend.masked_decay_(self.weight.grad, self.weight, self.mask, decay * grad_scale)
 
+    @torch.no_grad()
+    def apply_decay_on_weights(self, lr: float) -> None:
+        """W -= lr * decay * (1 - m) * W, for methods that decay the weights after the optimizer step
+        (decoupled: the optimizer never sees the term). lr: the weight's param-group learning rate."""
+        decay = self.method.decay_after_step
+        if decay and not self.dense_now:
+            w = self.weight.detach()
+            # in place, elementwise: w += (-lr * decay) * (1 - m) * w
+            self.backend.masked_decay_(w, w, self.mask, -float(lr) * decay)
+            self._operand_cache = None
+
     # --- products -----------------------------------------------------------------------------
     def sparse_weight(self) -> torch.Tensor:
         """The weight the products use now: m * W or beta * S(W) (dense W in a dense phase)."""
@@ -256,7 +305,7 @@ class SparseLinear(nn.Linear):
             return self.weight
         m = self.method
         beta = self.beta if m.soft_threshold else None
-        return self.backend.sparse_weight(self.weight.detach(), self.mask, beta, m.n, m.m)
+        return self.backend.sparse_weight(self.weight.detach(), self._mask_for_products(), beta, m.n, m.m)
 
     def _sparse_weight_as(self, dtype: torch.dtype) -> torch.Tensor:
         """``sparse_weight().to(dtype)``, in one pass where the backend offers ``sparse_weight_as``."""
@@ -265,7 +314,7 @@ class SparseLinear(nn.Linear):
             return self.sparse_weight().to(dtype)
         m = self.method
         beta = self.beta if m.soft_threshold else None
-        return as_dtype(self.weight.detach(), self.mask, beta, m.n, m.m, dtype)
+        return as_dtype(self.weight.detach(), self._mask_for_products(), beta, m.n, m.m, dtype)
 
     def _operand(self, dtype: torch.dtype, backward: bool = True) -> Any:
         # one prepared (pruned, and for hardware backends compressed) weight per optimizer step,
@@ -277,7 +326,8 @@ class SparseLinear(nn.Linear):
             prepare_masked = getattr(self.backend, "prepare_masked", None)  # straight from W and the mask
             if prepare_masked is not None:
                 m = self.method
-                operand = prepare_masked(self.weight.detach(), self.mask, self.beta if m.soft_threshold else None,
+                operand = prepare_masked(self.weight.detach(), self._mask_for_products(),
+                                         self.beta if m.soft_threshold else None,
                                          m.n, m.m, dtype, backward=backward)
             else:
                 operand = self.backend.prepare(self._sparse_weight_as(dtype))
@@ -291,9 +341,15 @@ class SparseLinear(nn.Linear):
         # A CPU generator even for GPU tensors: a backend takes its kernel seed from it (or seeds a
         # device generator, see backends.torch_reference.generator_on) without a host-device sync.
         gen = torch.Generator()
-        gen.manual_seed((self.mvue_seed * 1_000_003 + self.mvue_calls) % (2**63 - 1))
+        gen.manual_seed(mvue_stream_seed(self.mvue_seed, self._mvue_rank(), self.mvue_calls))
         self.mvue_calls += 1
         return gen
+
+    def _mvue_rank(self) -> int:
+        if self.mvue_rank is not None:
+            return self.mvue_rank
+        dist = torch.distributed
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
     def _seed_for_backward(self, device: torch.device):
         """What the backend draws MVUE from: this call's CPU generator (eager), or under a CUDA-graph
@@ -330,11 +386,18 @@ class SparseLinear(nn.Linear):
         dtype = _compute_dtype(x, self.weight)
         grad_needed = torch.is_grad_enabled() and self.weight.requires_grad
         plan = _BackwardPlan(
-            backend=self.backend, operand=self._operand(dtype, backward=grad_needed), dtype=dtype, mask=self.mask,
+            backend=self.backend, operand=self._operand(dtype, backward=grad_needed), dtype=dtype,
+            mask=self._mask_for_products(),
             decay=self._backward_decay() if grad_needed else 0.0, mvue=self.method.mvue,
             generator=self._seed_for_backward(x.device) if grad_needed else None,
         )
-        return _SparseLinearFn.apply(x, self.weight, self.bias, plan)
+        out = _SparseLinearFn.apply(x, self.weight, self.bias, plan)
+        if grad_needed:
+            self._after_forward(plan)
+        return out
+
+    def _after_forward(self, plan: _BackwardPlan) -> None:
+        """Hook for a sharded layer: may drop what the backward can rebuild (``plan.rebuild``)."""
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, method={self.method.describe()}, backend={self.backend.name}"

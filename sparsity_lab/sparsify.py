@@ -53,6 +53,9 @@ def sparsify(model: nn.Module, method: SparsityMethod,
     """
     if not isinstance(method, SparsityMethod):
         raise TypeError(f"method must be a SparsityMethod (e.g. sparsity_lab.STE()), got {type(method).__name__}")
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        raise TypeError("the model is already wrapped in DistributedDataParallel: call sparsify(model, method) on the "
+                        "plain module first, then wrap it (sparsity_lab.distributed.data_parallel)")
     if select is not None and not isinstance(select, str) and not callable(select):
         select = list(select)  # a generator of names is read once, here
     chosen = module_selector(select)

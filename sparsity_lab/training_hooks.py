@@ -8,9 +8,12 @@
   is the exception: the scaler calls its step with the gradients still scaled and with inf found,
   leaving both to the fused kernel; the hooks read ``optimizer.grad_scale`` / ``found_inf`` then,
   scale the decay to match and treat an inf step as skipped.
-* a step *post*-hook: every sparse layer's step counter advances, which drives the mask refresh
-  interval and the dense fine-tune switch.
-Loops without a torch optimizer call ``apply_masked_decay(model)`` and ``advance_step(model)``.
+* a step *post*-hook: the decoupled masked decay of ``MaskedDecayOnWeights``,
+  W -= lr * decay * (1 - m) * W with lr read from the weight's param group (the optimizer never sees
+  it); then every sparse layer's step counter advances, which drives the mask refresh interval and
+  the dense fine-tune switch. A step the GradScaler skips runs neither.
+Loops without a torch optimizer call ``apply_masked_decay(model)`` before their update,
+``apply_decay_on_weights(model, lr)`` after it, and ``advance_step(model)``.
 
 Once per optimizer step, however the step is called: an optimizer class whose ``step`` calls
 ``super().step()`` runs the registered hooks once per class level (PyTorch wraps each level's
@@ -36,6 +39,12 @@ def sparse_layers(model: nn.Module) -> list[tuple[str, SparseLinear]]:
 def apply_masked_decay(model: nn.Module) -> None:
     for _, layer in sparse_layers(model):
         layer.apply_masked_decay()
+
+
+def apply_decay_on_weights(model: nn.Module, lr: float) -> None:
+    """After the update: W -= lr * decay * (1 - m) * W on layers whose method decays the weights."""
+    for _, layer in sparse_layers(model):
+        layer.apply_decay_on_weights(lr)
 
 
 def advance_step(model: nn.Module) -> None:
@@ -74,6 +83,9 @@ class AttachedOptimizer:
             raise ValueError(f"layers {attached} already have an optimizer attached; call .remove() on "
                              "the earlier handle first")
         self.layers = [layer for _, layer in named]
+        # the param group of each layer's weight: its "lr" (changed by schedulers) scales the decay on weights
+        self._groups = [next(g for g in optimizer.param_groups if any(p is layer.weight for p in g["params"]))
+                        for layer in self.layers]
         self._skipping = False
         self._grad_scale = 1.0
         self._step_open = False  # between the first pre-hook and the first post-hook of a step
@@ -116,7 +128,8 @@ class AttachedOptimizer:
             return
         if self._skipping:  # the fused kernel skipped the update: the schedule does not advance
             return
-        for layer in self.layers:
+        for layer, group in zip(self.layers, self._groups):
+            layer.apply_decay_on_weights(group["lr"])
             layer.advance_step()
 
     def remove(self) -> None:
@@ -127,5 +140,6 @@ class AttachedOptimizer:
 
 
 def attach_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> AttachedOptimizer:
-    """Hook masked decay (before each step) and the step counters (after it) into ``optimizer``."""
+    """Hook masked decay (on gradients before each step, on weights after it) and the step counters
+    (after it) into ``optimizer``."""
     return AttachedOptimizer(model, optimizer)

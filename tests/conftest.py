@@ -2,8 +2,13 @@
 
 Triton kernels run on CPU through the interpreter: TRITON_INTERPRET must be set before triton
 is imported, so it is set here, first, when no GPU is present.
+
+The course notebooks run once per test session at CI sizes (``executed_dir``) and the book is built
+once from those copies (``course_book``): the papermill tests, the book build test and the book's
+browser test all share them.
 """
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +19,14 @@ if not HAS_GPU:
 
 
 def pytest_collection_modifyitems(config, items):
+    from sparsity_lab.backends.triton_backend import triton_installed
+
+    if not triton_installed():  # macOS / Windows: no triton wheels; the reference backend still runs
+        skip_triton = pytest.mark.skip(reason="needs the triton package (not installed; Linux wheels only): "
+                                              "pip install triton")
+        for item in items:
+            if item.get_closest_marker("triton"):
+                item.add_marker(skip_triton)
     if HAS_GPU:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the GPU machine: pytest -m gpu)")
@@ -25,3 +38,23 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device():
     return torch.device("cuda" if HAS_GPU else "cpu")
+
+
+@pytest.fixture(scope="session")
+def executed_dir(tmp_path_factory) -> Path:
+    """Executed copies of the course notebooks at CI sizes, shared by the papermill tests and the book."""
+    return tmp_path_factory.mktemp("executed-ci")
+
+
+@pytest.fixture(scope="session")
+def course_book(executed_dir, tmp_path_factory) -> Path:
+    """The course's HTML book at CI sizes, built once (notebooks not yet run are run now); its index.html."""
+    pytest.importorskip("papermill", reason="papermill is in the test extra")
+    try:
+        import jupyter_book  # noqa: F401
+    except ImportError:
+        pytest.fail("the book needs Jupyter Book 1, which the test extra installs: pip install -e '.[test]'")
+    from sparsity_lab.course import build_course
+
+    return build_course(out=tmp_path_factory.mktemp("course-book") / "book", sizes="ci",
+                        executed_dir=executed_dir, reuse=True, progress=False)

@@ -16,6 +16,7 @@ from _notebooks import WIDGET_CELL, tiny_notebook  # noqa: E402
 from sparsity_lab import cli, course_command  # noqa: E402
 from sparsity_lab.course import NotebookFailed, execute, execute_all, is_current  # noqa: E402
 
+
 def parse(*argv: str) -> argparse.Namespace:
     return cli.build_parser("course").parse_args(["course", *argv])
 
@@ -69,18 +70,19 @@ def test_options_after_double_dash_go_to_jupyter_lab(monkeypatch, capsys, tmp_pa
         def __init__(self, cmd, env):
             seen["cmd"], seen["env"] = cmd, env
 
-        def wait(self):
+        def wait(self, timeout=None):
             return 0
 
     monkeypatch.setattr(course_command.subprocess, "Popen", FakeLab)
     monkeypatch.delenv("JUPYTER_TOKEN", raising=False)
     port = course_command.free_port()
-    rc = cli.main(["course", "--notebooks", str(tmp_path), "--port", str(port), "--no-browser",
-                   "--", "--ServerApp.allow_root=True", "--LabApp.default_url=/lab/tree/x.ipynb"])
+    shipped = tiny_notebook(tmp_path / "notebooks").parent
+    rc = cli.main(["course", "--notebooks", str(shipped), "--workdir", str(tmp_path / "work"), "--port", str(port),
+                   "--no-browser", "--", "--ServerApp.allow_root=True", "--LabApp.default_url=/lab/tree/x.ipynb"])
     assert rc == 0
     cmd, token = seen["cmd"], seen["env"]["JUPYTER_TOKEN"]
     assert cmd[1:3] == ["-m", "jupyterlab"]
-    assert f"--ServerApp.root_dir={tmp_path.resolve()}" in cmd and f"--ServerApp.port={port}" in cmd
+    assert f"--ServerApp.root_dir={(tmp_path / 'work').resolve()}" in cmd and f"--ServerApp.port={port}" in cmd
     assert "--ServerApp.port_retries=0" in cmd and "--no-browser" in cmd
     assert cmd[-2:] == ["--ServerApp.allow_root=True", "--LabApp.default_url=/lab/tree/x.ipynb"]
     assert token and token not in " ".join(cmd)
@@ -190,7 +192,6 @@ def test_bad_sizes_are_a_clear_error(tmp_path):
         execute_all([], tmp_path / "out")
 
 
-
 def test_a_book_warning_fails_the_build(tmp_path):
     """-W: a page that makes Sphinx warn (here a reference to a label that does not exist) fails the
     build, and the error carries the warning."""
@@ -214,11 +215,12 @@ def test_as_root_jupyter_is_allowed_to_start_and_says_so(monkeypatch, capsys, tm
         def __init__(self, cmd, env):
             seen["cmd"] = cmd
 
-        def wait(self):
+        def wait(self, timeout=None):
             return 0
 
     monkeypatch.setattr(course_command.subprocess, "Popen", FakeLab)
     monkeypatch.setattr(course_command, "_is_root", lambda: root)
-    assert cli.main(["course", "--notebooks", str(tmp_path), "--no-browser"]) == 0
+    shipped = tiny_notebook(tmp_path / "notebooks").parent
+    assert cli.main(["course", "--notebooks", str(shipped), "--workdir", str(tmp_path / "work"), "--no-browser"]) == 0
     assert ("--ServerApp.allow_root=True" in seen["cmd"]) == root
     assert ("running as root" in capsys.readouterr().out) == root

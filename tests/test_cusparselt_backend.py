@@ -327,6 +327,7 @@ def test_operand_compressed_once_per_optimizer_step(registry):
     assert len(backend.algorithms.choices) == 2 and ops.compressions == 4 + 2
 
 
+@pytest.mark.triton
 @pytest.mark.parametrize("method_cls,kwargs", [(sl.STE, {}), (sl.SSTE, {"mvue": True})])
 def test_fused_prepare_writes_both_operands_in_one_pass(registry, monkeypatch, method_cls, kwargs):
     """Kernel 11 (run by the interpreter on these CPU tensors): one pass per step writes S(W) and

@@ -67,3 +67,14 @@ def test_sparse_linear_bf16_autocast_on_gpu(method):
         if method.decay_in_backward:
             ref_dw += method.decay_in_backward * layer.weight.detach() * (~layer.mask)
         assert (layer.weight.grad - ref_dw).norm() / ref_dw.norm() < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sste_beta_and_sparsify_on_gpu_equal_cpu(dtype):
+    """beta's power-of-two rescaling keeps every tensor on the weight's device (a CPU exponent beside
+    CUDA weights once broke S-STE's conversion on the GPU)."""
+    from sparsity_lab.methods.soft_threshold import soft_threshold, sste_beta
+    w = torch.randn(64, 128, dtype=dtype)
+    assert torch.equal(sste_beta(w.cuda(), soft_threshold(w.cuda())).cpu(), sste_beta(w, soft_threshold(w)))
+    model = sl.sparsify(torch.nn.Sequential(torch.nn.Linear(128, 64)).cuda(), sl.SSTE(), select="all")
+    assert next(model.buffers()).is_cuda

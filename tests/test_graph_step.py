@@ -38,6 +38,7 @@ def _eager_step(model, x, y):
     return loss.detach()
 
 
+@pytest.mark.triton
 def test_device_seeds_draw_what_eager_draws():
     """Two copies of a model, one eager and one reading its MVUE seeds from device tensors that
     fill_seeds writes each step (run eagerly here: the interpreter cannot capture): the same losses,
@@ -63,6 +64,7 @@ def test_device_seeds_draw_what_eager_draws():
     assert all(l._graph_seed is None for l in layers)
 
 
+@pytest.mark.triton
 def test_a_wrong_seed_would_show():
     """The check above can fail: a device seed that is not the eager one changes the gradient."""
     eager = _mlp("triton", "cpu")

@@ -4,6 +4,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.triton  # the benchmark runs the Triton kernels
+
 
 def test_bench_kernels_smoke_run_checks_every_kernel_and_writes_json(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")

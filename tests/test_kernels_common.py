@@ -1,6 +1,7 @@
 """The shared argument checks of the kernel wrappers."""
 import pytest
 import torch
+import _kernel_testing  # noqa: F401  (skips this file where triton is not installed)
 
 from sparsity_lab.kernels._common import check_device, check_tensor
 

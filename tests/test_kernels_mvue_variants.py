@@ -66,6 +66,7 @@ def test_independence_check_rejects_duplicated_draws():
     assert not check_independent_neighbours(torch.full((8, 8), 6))[0]
 
 
+@pytest.mark.triton  # runs the Triton variants (interpreted on the CPU)
 def test_smoke_run_checks_every_variant_and_writes_json(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     out = tmp_path / "variants.json"

@@ -35,7 +35,10 @@ def test_smoke_compare_every_method_on_cpu(tmp_path):
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["provenance"]["command"] and saved["corpus"]["sha256"]
     assert [c["holds"] for c in saved["claims"]] == [c["holds"] for c in payload["claims"]]
-    assert all(c["holds"] in (True, False) for c in payload["claims"])  # every variant needed was run
+    assert all(c["outcome"] in (True, False) for c in payload["claims"])  # every variant needed was run
+    # 10,240 tokens per variant: far too small for a verdict, whatever the rules say
+    assert all(c["holds"] is None and c["too_small"] for c in payload["claims"])
+    assert all("too small to judge" in c["evidence"] and "seed 0 only" in c["evidence"] for c in payload["claims"])
     md_log = [json.loads(line) for line in (tmp_path / "masked_decay" / "log.jsonl").read_text().splitlines()]
     assert [r["dense_phase"] for r in md_log] == [r["step"] > switch for r in md_log]
 
@@ -90,3 +93,13 @@ def test_choose_decay_rule():
     assert choose_decay(dense, trials, loss_tolerance=0.001)["decay"] == 1e-5
     with pytest.raises(ValueError, match="diverged"):
         choose_decay(dense, {1e-4: {"val_loss": math.nan, "flip_rate": math.nan}}, 0.01)
+
+
+def test_verdicts_need_a_run_large_enough():
+    from sparsity_lab.lab.compare import MIN_JUDGE_TOKENS
+    rows = {"dense": dict(flip_trend=0.4, flip_late=0.001, val_before_switch=1.5, final_val_loss=1.4),
+            "ste": dict(flip_trend=1.2, flip_late=0.003, val_before_switch=1.56, final_val_loss=1.43)}
+    small = judge_claims(rows, tokens_per_variant=MIN_JUDGE_TOKENS - 1, seeds=(0,))
+    large = judge_claims(rows, tokens_per_variant=MIN_JUDGE_TOKENS, seeds=(0,))
+    assert small[0]["outcome"] is True and small[0]["holds"] is None and small[0]["too_small"]
+    assert large[0]["holds"] is True and not large[0]["too_small"]

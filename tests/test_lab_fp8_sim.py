@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import torch
-from _kernel_testing import DEVICE
 
 from sparsity_lab import SSTE, STE, SparseLinear
 from sparsity_lab.backends import available_backends, get_backend
@@ -23,6 +22,9 @@ from sparsity_lab.lab import GPTConfig, TrainConfig
 from sparsity_lab.lab.compare import VARIANTS, run_comparison, variant_config
 from sparsity_lab.lab.fp8_sim import NAME, fake_fp8  # the old import path still works
 from sparsity_lab.lab.train import method_options
+
+# CPU (the Triton kernels through the interpreter) in CI, CUDA on the GPU machine
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def rel(a, b):
@@ -102,7 +104,7 @@ def test_torch_fp8sim_keeps_the_numerics_of_the_subclass_bit_for_bit(transposabl
     assert torch.equal(grads[0], grads[1])
 
 
-@pytest.mark.parametrize("inner", ["torch", "triton"])
+@pytest.mark.parametrize("inner", ["torch", pytest.param("triton", marks=pytest.mark.triton)])
 def test_every_operation_is_the_inner_one_on_fp8_rounded_operands(inner):
     """The wrapper adds the rounding and nothing else: the inner backend's mask, soft threshold, MVUE."""
     torch.manual_seed(3)
@@ -134,6 +136,7 @@ def _layers(method_cls, **kwargs):
     return layers
 
 
+@pytest.mark.triton
 @pytest.mark.parametrize("method_cls,kwargs", [(SSTE, {}), (SSTE, {"transposable": True}), (STE, {})])
 def test_triton_fp8sim_matches_torch_fp8sim_on_forward_and_input_gradient(method_cls, kwargs):
     ref, tri = _layers(method_cls, **kwargs)
@@ -152,6 +155,7 @@ def test_triton_fp8sim_matches_torch_fp8sim_on_forward_and_input_gradient(method
     assert 1e-3 < rel(outs[0][0], exact) < 0.1  # the products did use FP8-rounded operands
 
 
+@pytest.mark.triton
 def test_triton_fp8sim_mvue_weight_gradient_is_unbiased_and_reproducible():
     torch.manual_seed(6)
     sim = get_backend("triton_fp8sim")
@@ -194,6 +198,7 @@ def test_names_and_bad_input():
         FP8SimBackend("torch_fp8sim")
 
 
+@pytest.mark.triton
 def test_triton_fp8sim_without_gpu_or_interpreter_refuses_naming_both_backends():
     code = ("from sparsity_lab.backends import get_backend\n"
             "try:\n    get_backend('triton_fp8sim')\nexcept RuntimeError as e:\n    print('REFUSED', e)\n")
@@ -229,6 +234,7 @@ def test_compare_fp8sim_variant_follows_backend():
         variant_config(base, "sste_mvue_fp8sim", {"backend": "foo"}, None, None)
 
 
+@pytest.mark.triton
 def test_cli_train_fp8_sim_on_triton(tmp_path):
     """--fp8-sim --backend triton trains (Triton kernels interpreted on the CPU) and records triton_fp8sim."""
     corpus = tmp_path / "corpus.txt"

@@ -197,7 +197,7 @@ def test_greedy_bounds_against_brute_force(case):
     assert (keep >= 0.5 * opt - tol).all()  # greedy keep: >= 1/2 of the optimal kept mass
     # both keep at most N per line: bounded by the at-most-N optimum (NOT by the exact-N one)
     assert (keep <= opt_at_most + tol).all() and (prune <= opt_at_most + tol).all()
-    # Hubara et al.'s guarantee for prune-greedy, on the pruned mass: at most twice the optimum's
+    # the prune variant, observed (no proof known): pruned mass within twice the optimum's
     assert (total - prune <= 2 * (total - opt) + tol).all()
 
 

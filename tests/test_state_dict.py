@@ -18,6 +18,7 @@ import sparsity_lab as sl
 METHODS = {
     "sste_mvue_interval2": sl.SSTE(mvue=True, mask_refresh_interval=2),
     "masked_decay_crosses_switch": sl.MaskedDecay(decay=1e-2, total_steps=8, mask_refresh_interval=3),
+    "masked_decay_weights_crosses_switch": sl.MaskedDecayOnWeights(decay=1e-1, total_steps=8),
     "ste_transposable": sl.STE(transposable=True),
     "srste": sl.SRSTE(decay=1e-2),
     "dense_tracking": sl.Dense(),

@@ -15,11 +15,24 @@ created, so a layer never runs the reference silently under the name "triton".
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import torch
 
 from .torch_reference import TorchBackend
+
+TRITON_MISSING = ("backend 'triton' needs the triton package, which is not installed: `pip install triton` "
+                  "(wheels exist for Linux only; on macOS and Windows use backend='torch', the reference, "
+                  "which runs on any CPU)")
+
+
+def triton_installed() -> bool:
+    """True when the triton package can be found (it is not imported here)."""
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except ImportError:  # a parent import hook that refuses it: treat as absent
+        return False
 
 
 def _check_24(n: int, m: int) -> None:
@@ -31,6 +44,8 @@ class TritonBackend:
     name = "triton"
 
     def __init__(self) -> None:
+        if not triton_installed():
+            raise RuntimeError(TRITON_MISSING)
         if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
             raise RuntimeError(
                 "backend 'triton' needs a CUDA GPU, or TRITON_INTERPRET=1 set before triton is imported "

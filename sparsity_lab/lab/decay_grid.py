@@ -9,8 +9,9 @@ the reference: its would-be 2:4 masks give the flip rate of a healthy run (Hu et
     grid.summary()                 # one row per run: final val loss, late flip rate, ...
     grid.tidy()                    # one row per (run, step): ready for pandas / plotting
 
-lambda_W = 0 is STE itself for both methods (SR-STE's and masked decay's term vanish). Masked-decay
-runs here never switch to the dense fine-tune, so the grid shows the decay alone.
+lambda_W = 0 is STE itself for every method (the term vanishes). Masked-decay runs (on gradients,
+``masked_decay``, or on weights, ``masked_decay_weights``) never switch to the dense fine-tune here,
+so the grid shows the decay alone.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ..methods.config import _check_decay
 from .data import ByteCorpus, load_corpus
 from .trainer import TrainConfig, Trainer, TrainingDiverged
 
-DECAY_METHODS = ("srste", "masked_decay")
+DECAY_METHODS = ("srste", "masked_decay", "masked_decay_weights")
 LATE_FRACTION = 0.1  # "late" = the last 10 % of the steps
 
 
@@ -126,8 +127,10 @@ def run_decay_grid(base: TrainConfig, decays, method: str = "srste", corpus: Byt
 
     base: model, data, schedule, seed (its method, log and checkpoint paths are replaced).
     decays: lambda_W values >= 0 (0 = STE); sorted, duplicates removed.
-    method: "srste" (decay added to dW in the backward, before clipping) or "masked_decay" (after
-        clipping, before the optimizer step; no dense fine-tune here).
+    method: "srste" (term added to dW in the backward, before clipping), "masked_decay" (added to the
+        gradient after clipping, before the optimizer step: AdamW normalises it) or
+        "masked_decay_weights" (W -= lr * term after the step: AdamW never sees it); no dense
+        fine-tune here.
     common: 2:4 options for every sparse run (e.g. {"transposable": True}).
     A run whose loss becomes NaN/inf keeps its rows up to there and status "diverged: ...".
     """
@@ -152,7 +155,7 @@ def run_decay_grid(base: TrainConfig, decays, method: str = "srste", corpus: Byt
     runs = {}
     for d in decays:
         options = {**common, "decay": d}
-        if method == "masked_decay":
+        if method.startswith("masked_decay"):
             options["dense_finetune_at"] = None
         history, status = _train(replace(base, method=method, method_options=options), corpus)
         runs[d] = RunCurve.from_history(decay_label(method, d), method, d, history, status)

@@ -5,7 +5,7 @@ their exact rule was not available to us; what follows is sparsity-lab's own, do
 
 Trials: the planned run (its schedule over ``steps``) trained for only ``trial_steps`` steps
 (default: the warm-up), once dense (the reference), once with STE (lambda_W = 0, shown for context)
-and once with MaskedDecay(lambda_W) for every lambda_W of a log grid (no dense fine-tune: the
+and once with MaskedDecay(lambda_W) (or MaskedDecayOnWeights) for every lambda_W of a log grid (no dense fine-tune: the
 trials end long before it). Each trial reports
     L   validation loss at its last step
     r   mean overall flip rate over the last quarter of its steps
@@ -76,8 +76,15 @@ def choose_decay(dense: dict, trials: dict[float, dict], loss_tolerance: float) 
     return {"decay": chosen, "verdicts": verdicts, "at_grid_edge": chosen in (min(trials), max(trials))}
 
 
+SEARCH_METHODS = ("masked_decay", "masked_decay_weights")
+
+
 def search_decay(base: TrainConfig, grid=DEFAULT_GRID, trial_steps: int | None = None,
-                 loss_tolerance: float = 0.005, common: dict | None = None) -> dict:
+                 loss_tolerance: float = 0.005, common: dict | None = None, method: str = "masked_decay") -> dict:
+    """Run the trials and apply the criterion (module docstring). method: "masked_decay" (the term on
+    gradients) or "masked_decay_weights" (on weights, decoupled: it needs far larger lambda_W)."""
+    if method not in SEARCH_METHODS:
+        raise ValueError(f"method must be one of {SEARCH_METHODS}, got {method!r}")
     grid = sorted(float(g) for g in grid)
     if not grid or grid[0] <= 0:
         raise ValueError(f"grid must hold positive lambda_W values, got {grid}")
@@ -92,12 +99,12 @@ def search_decay(base: TrainConfig, grid=DEFAULT_GRID, trial_steps: int | None =
     ste = _trial(base, "ste", common, trial_steps, corpus)
     trials = {}
     for lam in grid:
-        trials[lam] = _trial(base, "masked_decay", {**common, "decay": lam, "dense_finetune_at": None},
+        trials[lam] = _trial(base, method, {**common, "decay": lam, "dense_finetune_at": None},
                              trial_steps, corpus)
         print(f"[decay-search] lambda_W {lam:.1e}: val {trials[lam]['val_loss']:.4f}, "
               f"flip {trials[lam]['flip_rate']:.3e}", flush=True)
     choice = choose_decay(dense, trials, loss_tolerance)
-    return {"procedure": "sparsity-lab's own (the paper's exact rule was not available)",
+    return {"procedure": "sparsity-lab's own (the paper's exact rule was not available)", "method": method,
             "criterion": {"loss_tolerance": loss_tolerance,
                           "rule": "among lambdas with gap to dense <= best gap + loss_tolerance, the one whose "
                                   "flip rate is closest to the dense run's (ratio); ties to the smaller"},
@@ -130,6 +137,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--loss-tolerance", type=float, default=0.005,
                         help="acceptable gap to dense <= best gap + this (relative; default 0.005)")
     parser.add_argument("--out", default=None, help="write the evidence to OUT/decay_search.json")
+    parser.add_argument("--method", choices=SEARCH_METHODS, default="masked_decay",
+                        help="masked decay on gradients (default) or on weights (decoupled)")
     add_common_arguments(parser)
 
 
@@ -140,7 +149,7 @@ def run(args) -> int:
     except ValueError as err:
         raise ValueError(f"--grid must be comma-separated numbers, got {args.grid!r}") from err
     result = search_decay(config_from_args(args), grid, args.trial_steps, args.loss_tolerance,
-                          common_method_options(args))
+                          common_method_options(args), method=args.method)
     print_evidence(result)
     if args.out:
         path = write_result("decay_search", finite_json(result), directory=Path(args.out))

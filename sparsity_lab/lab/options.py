@@ -12,7 +12,7 @@ import math
 import sys
 from dataclasses import MISSING, fields
 
-from ..backends import available_backends
+from ..backends import available_backends, get_backend
 from ..methods.config import METHODS
 from .checkpoint import CheckpointError
 from .model import FFN_KINDS, GPTConfig
@@ -22,6 +22,7 @@ from .trainer import TrainConfig, TrainingDiverged
 _MODEL_DEFAULTS = {f.name: f.default for f in fields(GPTConfig)}
 _TRAIN_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
 S = argparse.SUPPRESS  # "not given": the dataclass default applies
+HEAD_WIDTH = 64  # the width of one attention head in GPT-2 and nanoGPT (and in the default 384 / 6)
 
 # option dest -> GPTConfig field
 MODEL_OPTIONS = {"layers": "n_layer", "heads": "n_head", "width": "d_model", "context": "context",
@@ -43,12 +44,43 @@ def fraction_or_none(text: str) -> float | None:
     return value
 
 
+def default_heads(width: int) -> int:
+    """Attention heads for a model of width ``width`` when --heads is not given.
+
+    Heads of width HEAD_WIDTH where the width allows it (384 -> 6, 128 -> 2, 64 -> 1); otherwise the
+    largest divisor of the width below width / HEAD_WIDTH, and at least 1 (so any width works).
+    """
+    target = max(1, width // HEAD_WIDTH)
+    return next(h for h in range(target, 0, -1) if width % h == 0)
+
+
+def model_options(args: argparse.Namespace) -> dict:
+    """GPTConfig fields from the options; the head count follows the width unless --heads is given."""
+    a = vars(args)
+    kw = {field: a[opt] for opt, field in MODEL_OPTIONS.items() if opt in a}
+    width = kw.get("d_model", _MODEL_DEFAULTS["d_model"])
+    if not isinstance(width, int) or width < 1:
+        raise ValueError(f"--width must be a positive integer, got {width!r}")
+    if "n_head" not in kw:
+        kw["n_head"] = default_heads(width)
+    elif kw["n_head"] < 1:
+        raise ValueError(f"--heads must be a positive integer, got {kw['n_head']}")
+    elif width % kw["n_head"]:
+        divisors = [h for h in range(1, min(width, 64) + 1) if width % h == 0]
+        raise ValueError(f"--heads {kw['n_head']} does not divide --width {width} (each head gets width/heads "
+                         f"dimensions): choose one of {divisors}, or leave --heads out "
+                         f"(default for width {width}: {default_heads(width)})")
+    return kw
+
+
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """Model, data, optimisation and 2:4 options (every command that trains)."""
     d, t = _MODEL_DEFAULTS, _TRAIN_DEFAULTS
     g = parser.add_argument_group("model (a GPT on bytes)")
     g.add_argument("--layers", type=int, default=S, help=f"transformer blocks (default {d['n_layer']})")
-    g.add_argument("--heads", type=int, default=S, help=f"attention heads (default {d['n_head']})")
+    g.add_argument("--heads", type=int, default=S, help=f"attention heads, must divide --width (default: heads "
+                   f"of width {HEAD_WIDTH}, i.e. the largest divisor of the width that is at most width/{HEAD_WIDTH}, "
+                   f"at least 1: {default_heads(d['d_model'])} at width {d['d_model']}, 2 at 128, 1 at 64)")
     g.add_argument("--width", type=int, default=S,
                    help=f"model width d, divisible by 4 for 2:4 (default {d['d_model']})")
     g.add_argument("--context", type=int, default=S, help=f"context length in bytes (default {d['context']})")
@@ -96,8 +128,9 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("method")
     g.add_argument("--method", default=S, help=f"one of {sorted(METHODS)}, or the structures "
                    f"{sorted(STRUCTURES)} (default ste)")
-    g.add_argument("--decay", type=float, default=S, help="lambda_W for srste (default 2e-4) and masked_decay "
-                   "(default 6e-5, the GPT-2 124M reference); see `sparsity-lab decay-search`")
+    g.add_argument("--decay", type=float, default=S, help="lambda_W for srste (default 2e-4), masked_decay "
+                   "and masked_decay_weights (default 6e-5, the GPT-2 124M reference); see "
+                   "`sparsity-lab decay-search`")
     g.add_argument("--mvue", action="store_true", default=S, help="MVUE 2:4 weight gradient (S-STE's recipe)")
     g.add_argument("--fp8-sim", action="store_true", default=S, help="simulate FP8 products (E4M3 forward, "
                    "E5M2 gradients, per-tensor scales) around --backend: numerics only, not faster")
@@ -132,7 +165,7 @@ def common_method_options(args: argparse.Namespace) -> dict:
 def config_from_args(args: argparse.Namespace, **overrides) -> TrainConfig:
     """A TrainConfig from the parsed options; overrides win (e.g. method, method_options, paths)."""
     a = vars(args)
-    model = GPTConfig(**{field: a[opt] for opt, field in MODEL_OPTIONS.items() if opt in a})
+    model = GPTConfig(**model_options(args))
     kw = {name: a[name] for name in TRAIN_OPTIONS if name in a}
     if "tokens" in a:
         if not a["tokens"] >= 1:
@@ -147,10 +180,21 @@ def config_from_args(args: argparse.Namespace, **overrides) -> TrainConfig:
 
 
 def cli_errors(command: str):
-    """Turn user errors into one clear line on stderr and exit status 2 (no traceback)."""
+    """Turn user errors into one clear line on stderr and exit status 2 (no traceback).
+
+    A --backend that cannot be created here (triton not installed, no GPU and no interpreter) is
+    such an error too: it is created first, before any data is read or model built.
+    """
     def wrap(fn):
         @functools.wraps(fn)
         def run(args):
+            backend = vars(args).get("backend")
+            if isinstance(backend, str) and backend in available_backends():
+                try:
+                    get_backend(backend)
+                except RuntimeError as err:
+                    print(f"sparsity-lab {command}: error: --backend {backend}: {err}", file=sys.stderr)
+                    return 2
             try:
                 return fn(args)
             except (ValueError, OSError, CheckpointError, TrainingDiverged) as err:  # OSError: names its path

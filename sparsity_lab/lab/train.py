@@ -5,6 +5,10 @@
 
 Writes OUT/log.jsonl (one row per step), OUT/checkpoint.pt (every --checkpoint-interval steps
 and at the end) and OUT/summary.json.
+
+Across processes (docs/distributed.md), the same run with the global batch split over the ranks:
+    torchrun --nproc-per-node 2 -m sparsity_lab train --method sste --mvue --parallel fsdp --out runs/sste2
+writes the log and summary once (rank 0) and the checkpoint as one DCP directory OUT/checkpoint.dcp.
 """
 from __future__ import annotations
 
@@ -30,6 +34,10 @@ def add_arguments(parser) -> None:
     g.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
     g.add_argument("--stop-at", type=int, default=None, metavar="STEP",
                    help="stop after this step (the schedule still plans --steps); continue later with --resume")
+    g = parser.add_argument_group("across processes (under torchrun)")
+    g.add_argument("--parallel", choices=("none", "ddp", "fsdp"), default="none",
+                   help="ddp: DistributedDataParallel; fsdp: FSDP2 (fully_shard per block, masks sharded "
+                   "like weights). --batch-size stays the global batch, split over the processes")
 
 
 # structure options: CLI name -> the structure's field
@@ -61,6 +69,9 @@ def run(args) -> int:
         raise ValueError(f"--stop-at must be a step >= 1 (at most --steps), got {args.stop_at}")
     if args.out:  # fail now, naming the path, not after the set-up (e.g. a regular file in the way)
         ensure_folder(args.out, "--out run")
+    parallel = getattr(args, "parallel", "none")
+    if parallel != "none":
+        return _run_parallel(args, parallel)
     if args.resume:
         clash = given(args, *TRAJECTORY_OPTIONS)
         if clash:
@@ -97,4 +108,57 @@ def run(args) -> int:
     speed = summary["median_tokens_per_s"]
     print(f"step {summary['step']}: val loss {summary['final_val_loss']}, median "
           f"{'n/a' if speed is None else f'{speed:.0f}'} tokens/s; log {out / 'log.jsonl'}")
+    return 0
+
+
+def _run_parallel(args, parallel: str) -> int:
+    """``run`` on the processes torchrun started: rank 0 prints and writes the summary."""
+    import torch.distributed as dist
+
+    from ..distributed.lab_trainer import DistributedTrainer
+
+    started_here = not (dist.is_available() and dist.is_initialized())  # else the caller owns the group
+
+    if args.resume:
+        clash = given(args, *TRAJECTORY_OPTIONS)
+        if clash:
+            raise ValueError(f"--resume takes the run's settings from the checkpoint; drop "
+                             f"{', '.join('--' + c.replace('_', '-') for c in clash)}")
+        out = Path(args.out) if args.out else Path(args.resume).parent
+        trainer = DistributedTrainer.resume(args.resume, parallel, log_path=str(out / "log.jsonl"),
+                                            checkpoint_path=str(out / "checkpoint.dcp"),
+                                            checkpoint_interval=args.checkpoint_interval,
+                                            progress=not args.no_progress)
+        lead = trainer.rank == 0
+        if lead:
+            print(f"resumed {args.resume} at step {trainer.step} of {trainer.config.steps} on {trainer.world} processes")
+    else:
+        method = getattr(args, "method", "ste")
+        out = Path(args.out or f"runs/{method}")
+        log = out / "log.jsonl"
+        if log.exists() and not args.overwrite:
+            raise ValueError(f"{str(out)!r} already holds a run; pass --resume {out / 'checkpoint.dcp'}, "
+                             "--overwrite or another --out")
+        config = config_from_args(args, method=method, method_options=method_options(args), log_path=str(log),
+                                  checkpoint_path=str(out / "checkpoint.dcp"),
+                                  checkpoint_interval=args.checkpoint_interval)
+        trainer = DistributedTrainer(config, parallel)
+        lead = trainer.rank == 0
+        if lead and log.exists():
+            log.unlink()  # --overwrite
+        dist.barrier()
+        if lead:
+            print(f"{trainer.method.describe()} on {trainer.world} processes ({parallel}): "
+                  f"{trainer.gpt.num_params():,} parameters, {config.steps} steps of {config.tokens_per_step:,} "
+                  f"tokens (global batch) on {trainer.device}")
+    summary = trainer.run(stop_at=args.stop_at)
+    trainer.close()
+    if lead:
+        summary.update(config=trainer.config.to_dict(), corpus=trainer.corpus.describe())
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        speed = summary["median_tokens_per_s"]
+        print(f"step {summary['step']}: val loss {summary['final_val_loss']}, median "
+              f"{'n/a' if speed is None else f'{speed:.0f}'} tokens/s (all processes); log {out / 'log.jsonl'}")
+    if started_here:
+        dist.destroy_process_group()
     return 0

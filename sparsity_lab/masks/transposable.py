@@ -16,8 +16,8 @@ SOLVERS: dict[str, Solver] = {
     "patterns": solve_patterns,  # exact, small M (2:4: the 90-pattern "convolution")
     "flow": solve_flow,  # exact, any N:M (OR-Tools min-cost flow, integer costs)
     "lp": solve_lp,  # exact, any N:M (HiGHS simplex on the integral LP)
-    "greedy": solve_greedy_keep,  # >= 1/2 of optimal mass, at most N per line
-    "greedy_prune": solve_greedy_prune,  # Hubara et al.'s prune-greedy, at most N per line
+    "greedy": solve_greedy_keep,  # Hubara et al. 2021's greedy: >= 1/2 of optimal mass, at most N per line
+    "greedy_prune": solve_greedy_prune,  # our prune variant, no bound claimed, at most N per line
 }
 EXACT_SOLVERS = ("patterns", "flow", "lp")
 

@@ -1,11 +1,12 @@
 """Training methods (config objects) and the functions they are built from."""
-from .config import METHODS, SRSTE, SSTE, STE, Dense, MaskedDecay, SparsityMethod, method_from_name
+from .config import (METHODS, SRSTE, SSTE, STE, Dense, MaskedDecay, MaskedDecayOnWeights, SparsityMethod,
+                     method_from_name)
 from .flip_rate import flip_rate, mask_flips, overall_flip_rate
 from .mvue import mvue24, mvue_probabilities, sequential_probabilities, top2_24
 from .soft_threshold import soft_threshold, sste_beta
 
 __all__ = [
-    "METHODS", "SRSTE", "SSTE", "STE", "Dense", "MaskedDecay", "SparsityMethod", "flip_rate",
+    "METHODS", "SRSTE", "SSTE", "STE", "Dense", "MaskedDecay", "MaskedDecayOnWeights", "SparsityMethod", "flip_rate",
     "mask_flips", "method_from_name", "mvue24", "mvue_probabilities", "overall_flip_rate",
     "sequential_probabilities", "soft_threshold", "sste_beta", "top2_24",
 ]

@@ -76,7 +76,14 @@ class SparsityMethod:
 
     @property
     def decay_before_step(self) -> float:
-        """Masked decay's lambda_W, added to dW after unscale/clipping, before the optimizer step."""
+        """Masked decay's lambda_W, added to dW after unscale/clipping, before the optimizer step
+        (the optimizer reads it: AdamW puts it through its moments and normalisation)."""
+        return 0.0
+
+    @property
+    def decay_after_step(self) -> float:
+        """The decoupled variant's lambda_W: W -= lr * lambda_W * (1 - m) * W after the optimizer
+        step (the optimizer never sees it)."""
         return 0.0
 
     @property
@@ -98,7 +105,9 @@ class SparsityMethod:
         if self.decay_in_backward:
             parts.append(f"decay {self.decay_in_backward:g} in backward")
         if self.decay_before_step:
-            parts.append(f"decay {self.decay_before_step:g} before step")
+            parts.append(f"decay {self.decay_before_step:g} on gradients")
+        if self.decay_after_step:
+            parts.append(f"decay {self.decay_after_step:g} on weights")
         if self.dense_finetune_step is not None:
             parts.append(f"dense from step {self.dense_finetune_step}")
         return ", ".join(parts)
@@ -123,7 +132,11 @@ class STE(SparsityMethod):
 
 @dataclass(frozen=True)
 class SRSTE(SparsityMethod):
-    """SR-STE (Zhou et al. 2021): dW += decay * (1 - m) * W inside the backward pass."""
+    """SR-STE (Zhou et al. 2021, https://arxiv.org/abs/2102.04010): dW += decay * (1 - m) * W inside
+    the backward pass. The paper's update is SGD, W <- W - lr * (dW + decay * (1 - m) * W), where
+    adding the term to the gradient and to the weights are the same thing; under AdamW they are not
+    (see MaskedDecay and MaskedDecayOnWeights). Here the term is part of dW, so gradient clipping
+    scales it and AdamW normalises it."""
 
     decay: float = 2e-4
     name: ClassVar[str] = "srste"
@@ -139,9 +152,12 @@ class SRSTE(SparsityMethod):
 
 @dataclass(frozen=True)
 class MaskedDecay(SparsityMethod):
-    """Masked decay on gradients (Hu et al. 2024): dW += decay * (1 - m) * W after unscaling and
-    gradient clipping, right before the optimizer step (``attach_optimizer`` places it there), and a
-    dense fine-tune for the last 1/6 of training. Reference decays: GPT-2 124M 6e-5, 350M 2e-4."""
+    """Masked decay on gradients (Hu et al. 2024, https://arxiv.org/abs/2404.01847):
+    g <- g + decay * (1 - m) * W after unscaling and gradient clipping, right before the optimizer
+    step (``attach_optimizer`` places it there), so the term goes through AdamW's moments and is
+    divided by their running RMS; and a dense fine-tune for the last 1/6 of training. Reference
+    decays: GPT-2 124M 6e-5, 350M 2e-4. The paper contrasts it with the same term applied on the
+    weights, decoupled from the optimizer: that is ``MaskedDecayOnWeights``."""
 
     decay: float = 6e-5
     dense_finetune_at: float | None = 5 / 6
@@ -157,6 +173,30 @@ class MaskedDecay(SparsityMethod):
 
 
 @dataclass(frozen=True)
+class MaskedDecayOnWeights(SparsityMethod):
+    """Masked decay on the weights, decoupled from the optimizer: after every optimizer step
+    W <- W - lr * decay * (1 - m) * W, with lr read from the weight's param group; AdamW never sees
+    the term. This is how SR-STE's SGD update (Zhou et al. 2021) acts when it is carried over to
+    AdamW the way AdamW carries over weight decay, and it is what Hu et al. 2024
+    (https://arxiv.org/abs/2404.01847) compare masked decay on gradients with. Per step a pruned
+    weight shrinks by the factor 1 - lr * decay, so at the same decay it is far weaker than the
+    on-gradients term, which AdamW normalises to a step of about lr. Same dense fine-tune schedule
+    as MaskedDecay. A step the GradScaler skips (inf/NaN gradients) applies no decay."""
+
+    decay: float = 6e-5
+    dense_finetune_at: float | None = 5 / 6
+    name: ClassVar[str] = "masked_decay_weights"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_decay(self.decay)
+
+    @property
+    def decay_after_step(self) -> float:
+        return float(self.decay)
+
+
+@dataclass(frozen=True)
 class SSTE(SparsityMethod):
     """S-STE (Hu, Zhu, Chen 2024): forward beta * S(W) with the continuous soft threshold S and a
     per-tensor beta computed once at conversion and frozen; identity gradient; no decay, no dense
@@ -167,17 +207,19 @@ class SSTE(SparsityMethod):
 
 
 METHODS: dict[str, type[SparsityMethod]] = {
-    cls.name: cls for cls in (Dense, STE, SRSTE, MaskedDecay, SSTE)
+    cls.name: cls for cls in (Dense, STE, SRSTE, MaskedDecay, MaskedDecayOnWeights, SSTE)
 }
 
 
 def method_from_name(name: str, **kwargs) -> SparsityMethod:
-    """Build a method from its name ("dense", "ste", "srste", "masked_decay", "sste"); case, "-" and
+    """Build a method from its name ("dense", "ste", "srste", "masked_decay", "masked_decay_weights",
+    "sste"); case, "-" and
     "_" are ignored, so the papers' spellings ("SR-STE", "S-STE", "MaskedDecay") work too."""
     def canonical(text: str) -> str:
         return text.lower().replace("-", "").replace("_", "")
 
     by_key = {canonical(key): cls for key, cls in METHODS.items()}
+    by_key.update({canonical(cls.__name__): cls for cls in METHODS.values()})  # "MaskedDecayOnWeights"
     if not isinstance(name, str) or canonical(name) not in by_key:
         raise ValueError(f"unknown method {name!r}; choose one of {sorted(METHODS)}")
     return by_key[canonical(name)](**kwargs)

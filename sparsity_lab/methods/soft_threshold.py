@@ -63,7 +63,8 @@ def sste_beta(weight: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
     top = float(w.abs().max())
     if 0 < top < math.inf:
         shift = math.frexp(top)[1]
-        w, s = torch.ldexp(w, torch.tensor(-shift)), torch.ldexp(s, torch.tensor(-shift))
+        exponent = torch.tensor(-shift, device=w.device)  # on the weight's device (CUDA weights too)
+        w, s = torch.ldexp(w, exponent), torch.ldexp(s, exponent)
     den = (s * s).sum()
-    beta = (w * s).sum() / den if den > 0 else torch.ones((), dtype=torch.float64)
+    beta = (w * s).sum() / den if den > 0 else torch.ones((), dtype=torch.float64, device=w.device)
     return beta.float()

@@ -8,6 +8,7 @@ has more helpers):
     tile_solver_view     02  tile_editor, solver_bars, diversity_figure
     decay_view           03  decay_explorer, curves_figure, decay_search_figure
     finetune_view        04  finetune_figure
+    flip_band_view       03, 04  flip_band_figure, late_flip_figure (flip rates over seeds)
     soft_threshold_view  05  soft_threshold_explorer, beta_figure
     mvue_view, fp8_view  06  mvue_convergence_figure, fp8_explorer
     kernel_bench_view    07  kernel_bench_figure
@@ -21,6 +22,7 @@ from .comparison_view import comparison_explorer, find_comparisons
 from .decay_view import curves_figure, decay_explorer, decay_search_figure
 from .dyad_view import dyad_explorer, dyad_figure, dyad_structure
 from .finetune_view import finetune_figure
+from .flip_band_view import flip_band_figure, late_flip_figure
 from .fp8_view import fp8_explorer
 from .kernel_bench_view import kernel_bench_figure
 from .mask_view import kept_magnitude_figure, mask_explorer
@@ -31,7 +33,7 @@ from .tile_solver_view import diversity_figure, solver_bars, tile_editor
 
 __all__ = ["beta_figure", "block_mask_figure", "comparison_explorer", "curves_figure", "decay_explorer",
            "decay_search_figure", "diversity_figure", "dyad_explorer", "dyad_figure", "dyad_structure",
-           "ffn_speedup_figure", "ffn_wins_heatmap", "find_comparisons", "finetune_figure", "fp8_explorer",
-           "kept_magnitude_figure", "kernel_bench_figure", "mask_changes", "mask_explorer",
+           "ffn_speedup_figure", "ffn_wins_heatmap", "find_comparisons", "finetune_figure", "flip_band_figure", "fp8_explorer",
+           "kept_magnitude_figure", "kernel_bench_figure", "late_flip_figure", "mask_changes", "mask_explorer",
            "mvue_convergence_figure", "ours_vs_pytorch_figure", "paired_figure", "prune_regrow_explorer", "prune_regrow_trace",
            "soft_threshold_explorer", "solver_bars", "tile_editor"]

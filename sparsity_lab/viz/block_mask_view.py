@@ -67,7 +67,7 @@ def block_mask_figure(masks: list[torch.Tensor], index: int, widget: bool = Fals
                       colorbar={"tickvals": [0.375, 1.125, 1.875, 2.625], "ticktext": list(LABELS)},
                       hovertemplate="block row %{y}, col %{x}: %{z}<extra></extra>")
     layout = {"title": _title(masks, index), "yaxis": {"autorange": "reversed", "title": "block row (out)"},
-              "xaxis": {"title": "block column (in)"}, "width": 560, "height": 620}
+              "xaxis": {"title": "block column (in)"}, "height": 620}
     return (go.FigureWidget if widget else go.Figure)(data=[heat], layout=layout)
 
 

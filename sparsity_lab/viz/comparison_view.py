@@ -25,7 +25,12 @@ __all__ = ["RecordedComparison", "claims_figure", "claims_text", "comparison_exp
            "setup_line"]
 
 VERDICTS = {True: "HOLDS", False: "FAILS", None: "NOT TESTED"}
-VERDICT_COLORS = {"HOLDS": "#d9f2d9", "FAILS": "#f9d6d5", "NOT TESTED": "#eeeeee"}
+VERDICT_COLORS = {"HOLDS": "#d9f2d9", "FAILS": "#f9d6d5", "NOT TESTED": "#eeeeee", "TOO SMALL TO JUDGE": "#eeeeee"}
+
+
+def verdict(claim: dict) -> str:
+    """HOLDS / FAILS / NOT TESTED, or TOO SMALL TO JUDGE for a run below compare's size for a verdict."""
+    return "TOO SMALL TO JUDGE" if claim.get("too_small") else VERDICTS[claim.get("holds")]
 
 # (key in a table row, column title, format); a column is shown when any row has the key.
 # val_at_switch: older runs evaluated at the switch step, where the fine-tuning run is already dense.
@@ -168,7 +173,7 @@ def results_table_figure(payload: dict, title: str = ""):
 def claims_figure(payload: dict, title: str = "The five claims, as judged when the run was recorded"):
     """Claim, verdict (HOLDS / FAILS / NOT TESTED), the rule and the evidence, as recorded in the JSON."""
     claims = payload["claims"]
-    verdicts = [VERDICTS[c.get("holds")] for c in claims]
+    verdicts = [verdict(c) for c in claims]
     columns = [[c["claim"] for c in claims], verdicts, [c["rule"] for c in claims], [c["evidence"] for c in claims]]
     fill = [["white"] * len(claims), [VERDICT_COLORS[v] for v in verdicts], ["white"] * len(claims),
             ["white"] * len(claims)]
@@ -180,7 +185,7 @@ def claims_figure(payload: dict, title: str = "The five claims, as judged when t
 
 def claims_text(payload: dict) -> str:
     """The claims as lines of text: ``[VERDICT] claim`` and the evidence under it."""
-    return "\n".join(f"[{VERDICTS[c.get('holds')]}] {c['claim']}\n    {c['evidence']}" for c in payload["claims"])
+    return "\n".join(f"[{verdict(c)}] {c['claim']}\n    {c['evidence']}" for c in payload["claims"])
 
 
 def overview_figure(comparisons: list[RecordedComparison]):
@@ -271,7 +276,7 @@ def comparison_explorer(comparisons: list[RecordedComparison]):
             fig.data = []
             fig.add_traces(list(new.data))  # each trace keeps its subplot (xaxis/yaxis x, y or x2, y2)
         info.value = describe(comparison)
-        claims.value = "<br>".join(f"<b>{VERDICTS[c.get('holds')]}</b> {c['claim']}"
+        claims.value = "<br>".join(f"<b>{verdict(c)}</b> {c['claim']}"
                                    for c in comparison.payload["claims"])
 
     show()

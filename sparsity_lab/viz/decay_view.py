@@ -29,7 +29,7 @@ def _subplots(widget: bool):
     fig.update_yaxes(title_text="flip rate (log)", type="log", row=1, col=1)
     fig.update_yaxes(title_text="cross-entropy (nats per byte)", row=1, col=2)
     fig.update_xaxes(title_text="optimizer step")
-    fig.update_layout(template="plotly_white", height=420, width=980, legend={"orientation": "h", "y": -0.2})
+    fig.update_layout(template="plotly_white", height=420, legend={"orientation": "h", "y": -0.2})
     return go.FigureWidget(fig) if widget else fig
 
 
@@ -137,7 +137,7 @@ def decay_search_figure(result: dict):
                   annotation_text="STE")
     fig.add_hline(y=ste["flip_rate"] / dense["flip_rate"], line_dash="dot", row=1, col=2, annotation_text="STE")
     fig.update_xaxes(type="log", title_text="lambda_W")
-    fig.update_layout(template="plotly_white", height=400, width=980,
+    fig.update_layout(template="plotly_white", height=400,
                       title=f"decay search: {result['trial_steps']} warm-up steps per trial; "
                             f"chosen lambda_W = {chosen:.0e} (red)")
     return fig

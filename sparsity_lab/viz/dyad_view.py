@@ -43,7 +43,7 @@ def dyad_figure(codes: torch.Tensor, title: str = "", widget: bool = False):
                       colorbar={"tickvals": [0.375, 1.125, 1.875, 2.625], "ticktext": list(LABELS)},
                       hovertemplate="out %{y}, in %{x}: %{z}<extra></extra>")
     layout = {"title": title, "yaxis": {"autorange": "reversed", "title": "out"}, "xaxis": {"title": "in"},
-              "width": 560, "height": 520}
+              "height": 520}
     return (go.FigureWidget if widget else go.Figure)(data=[heat], layout=layout)
 
 

@@ -47,11 +47,12 @@ def finetune_figure(logs: dict[str, list[dict]], switch_step: int, smooth: int |
     for col in (1, 2):
         # rows logged after switch_step trained dense W (a validation at switch_step already scores dense W)
         fig.add_vline(x=switch_step, line_dash="dash", line_color="black", row=1, col=col)
-    fig.add_annotation(x=switch_step, y=1.0, yref="paper", xref="x", text=f"dense fine-tune from step {switch_step}",
-                       showarrow=False, xanchor="right", yanchor="bottom")
+    # inside the loss panel, left of the line and under its top edge: above it sits the panel's title
+    fig.add_annotation(x=switch_step, y=1.0, yref="y domain", xref="x", text=f"dense fine-tune from step {switch_step} ",
+                       showarrow=False, xanchor="right", yanchor="top", bgcolor="rgba(255,255,255,0.8)")
     fig.update_yaxes(title_text="cross-entropy (nats per byte)", row=1, col=1)
     fig.update_yaxes(title_text="flip rate (log)", type="log", row=1, col=2)
     fig.update_xaxes(title_text="optimizer step")
-    fig.update_layout(template="plotly_white", height=430, width=980, title=title,
+    fig.update_layout(template="plotly_white", height=430, title=title,
                       legend={"orientation": "h", "y": -0.2})
     return fig

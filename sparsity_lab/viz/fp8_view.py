@@ -155,7 +155,7 @@ def fp8_figure(x: torch.Tensor, fmt: str = "e4m3", scaling: str = "amax", shift:
     fig.update_xaxes(title_text="log2 |x|", row=2, col=1)
     fig.update_layout(title=f"{fmt.upper()}, scale {report['scale']:.3g}: clipped {report['clipped']}, "
                             f"flushed {report['flushed']}, median relative error {report['median_rel']:.2%}",
-                      shapes=_limit_lines(facts, report["scale"]), height=620, width=900, bargap=0.02)
+                      shapes=_limit_lines(facts, report["scale"]), height=620, bargap=0.02)
     return (go.FigureWidget(fig) if widget else fig), report
 
 

@@ -91,6 +91,6 @@ def kernel_bench_figure(data: dict, title: str | None = None):
     default = (f"fraction of the copy ceiling ({s.get('copy_gbps', float('nan')):.0f} GB/s) on "
                f"{p.get('gpu') or 'CPU'}; red dashes: target {s.get('target_fraction', float('nan')):.2f}")
     fig.update_layout(title=title or default, xaxis={"title": "counted bytes / time / copy bandwidth", "range": [0, 1.15]},
-                      yaxis={"autorange": "reversed"}, shapes=shapes, height=140 + 26 * len(rows), width=950,
+                      yaxis={"autorange": "reversed"}, shapes=shapes, height=140 + 26 * len(rows),
                       margin={"l": 360})
     return fig

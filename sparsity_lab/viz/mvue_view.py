@@ -108,7 +108,7 @@ def mvue_convergence_figure(sim: dict):
                     line={"color": COLORS["top2"], "dash": "dash"})
     fig.update_layout(title="||mean of k draws - x|| / ||x||: MVUE converges to x, top-2 stays biased",
                       xaxis={"type": "log", "title": "draws k"}, yaxis={"type": "log", "title": "relative error"},
-                      height=440, width=820)
+                      height=440)
     return fig
 
 
@@ -122,7 +122,7 @@ def mvue_variance_figure(sim: dict):
     fig.add_scatter(x=names[:2], y=[sim["squared_error_theory"][k] for k in keys[:2]], mode="markers",
                     name="theory: sum x^2 (1/p - 1)", marker={"symbol": "x", "size": 12, "color": "black"})
     fig.update_layout(title="error of one draw: MVUE pays for unbiasedness with variance", yaxis_title="||d - x||^2",
-                      height=400, width=620)
+                      height=400)
     return fig
 
 
@@ -139,5 +139,5 @@ def inclusion_figure(sim: dict, groups: int = 4):
         fig.add_scatter(x=labels, y=sim["p"][method][:n].tolist(), mode="markers", name=f"p, {method}", offsetgroup=method,
                         marker={"symbol": "line-ew-open", "size": 14, "color": "black", "line": {"width": 2}})
     fig.update_layout(barmode="group", scattermode="group", title="each entry is kept with its inclusion probability p_i",
-                      yaxis={"title": "probability", "range": [0, 1.05]}, height=400, width=820)
+                      yaxis={"title": "probability", "range": [0, 1.05]}, height=400)
     return fig

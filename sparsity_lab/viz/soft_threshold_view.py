@@ -81,7 +81,7 @@ def soft_threshold_figure(values: Sequence[float], widget: bool = False):
                              showlegend=col == 1, legendgroup="input"), row=1, col=col)
         fig.add_trace(go.Bar(x=list(ENTRY_NAMES), y=out[key], name="m * a" if key == "hard" else "S(a)",
                              marker_color=color), row=1, col=col)
-    fig.update_layout(barmode="group", title=_bars_title(out), height=380, width=820,
+    fig.update_layout(barmode="group", title=_bars_title(out), height=380,
                       shapes=_threshold_lines(out["threshold"]))
     return go.FigureWidget(fig) if widget else fig
 
@@ -114,7 +114,7 @@ def sweep_figure(values: Sequence[float], index: int, lo: float = -2.0, hi: floa
                                      line={"color": ENTRY_COLORS[j]}, legendgroup=ENTRY_NAMES[j], showlegend=col == 1),
                           row=1, col=col)
     fig.update_xaxes(title_text=f"value of {ENTRY_NAMES[index]}")
-    fig.update_layout(title=_sweep_title(values, index), height=380, width=820, shapes=_current_value_lines(values, index))
+    fig.update_layout(title=_sweep_title(values, index), height=380, shapes=_current_value_lines(values, index))
     return go.FigureWidget(fig) if widget else fig
 
 
@@ -190,7 +190,7 @@ def beta_figure(weight: torch.Tensor, max_points: int = 2000, seed: int = 0):
         go.Scatter(x=[0, top], y=[0, top], mode="lines", name="y = |w|", line={"dash": "dot", "color": "#555"}),
     ])
     fig.update_layout(title="kept weights: the soft threshold shrinks them, beta scales them back",
-                      xaxis_title="|w| (kept entries)", yaxis_title="magnitude used by the layer", height=420, width=620)
+                      xaxis_title="|w| (kept entries)", yaxis_title="magnitude used by the layer", height=420)
     return fig
 
 
@@ -258,5 +258,5 @@ def beta_trace_figure(frozen: dict, recomputed: dict):
     for row, col in ((1, 1), (1, 2), (2, 2)):
         fig.update_yaxes(type="log", row=row, col=col)
     fig.update_xaxes(title_text="optimizer step", row=2)
-    fig.update_layout(height=620, width=900, title="one S-STE layer imitating a dense linear teacher")
+    fig.update_layout(height=620, title="one S-STE layer imitating a dense linear teacher")
     return fig

@@ -4,8 +4,8 @@ mask diversity counts and the recorded CPU benchmark.
 A transposable 2:4 mask keeps exactly 2 per row and per column of every 4x4 tile (Hubara et al.
 2021). The exact solvers ("patterns": best of the 90 valid tiles; "flow": min-cost flow) maximise
 the kept sum of |w| under that *exactly-N* constraint. The greedy solvers ("greedy": keep in
-descending |w| while row and column have room; "greedy_prune": the paper's prune in ascending
-|w| while row or column holds more than N) only guarantee *at most* N per line, so on some tiles
+descending |w| while row and column have room, Hubara et al.'s fast approximation;
+"greedy_prune": our variant, prune in ascending |w| while row or column holds more than N) only guarantee *at most* N per line, so on some tiles
 they keep fewer entries and yet more magnitude than the exact-N optimum.
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ SOLVER_LABELS = {
     "patterns": "exact: best of 90 patterns",
     "flow": "exact: min-cost flow",
     "lp": "exact: linear program",
-    "greedy": "greedy keep",
-    "greedy_prune": "greedy prune (Hubara et al.)",
+    "greedy": "greedy keep (Hubara et al.)",
+    "greedy_prune": "greedy prune (variant)",
     ROWWISE: "row-wise N:M (not transposable)",
 }
 PRESETS = {
@@ -119,7 +119,7 @@ def patterns_figure(n: int = N, m: int = M, per_row: int = 10):
                 z[r0 + i][c0 + j] = int(pat[i][j])
     fig = go.Figure(go.Heatmap(z=z, zmin=0, zmax=1, colorscale=((0, "#e8e8e8"), (1, "#1f4e79")), showscale=False,
                                hoverinfo="skip"))
-    fig.update_layout(title=f"all {pats.shape[0]} transposable {n}:{m} tile patterns", width=700,
+    fig.update_layout(title=f"all {pats.shape[0]} transposable {n}:{m} tile patterns",
                       height=int(700 * rows / per_row) + 80, xaxis={"visible": False},
                       yaxis={"visible": False, "autorange": "reversed", "scaleanchor": "x"})
     return fig
@@ -139,21 +139,24 @@ def tile_figure(tile, widget: bool = False):
 
     t = _check_tile(tile)
     sols = tile_solutions(t)
-    fig = make_subplots(rows=1, cols=len(sols), subplot_titles=[_panel_title(s) for s in sols],
-                        horizontal_spacing=0.03)
+    cols = 2  # a 2 x 2 grid: each panel stays legible in a book's text column
+    rows = -(-len(sols) // cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[_panel_title(s) for s in sols],
+                        horizontal_spacing=0.06, vertical_spacing=0.16)
     top = float(t.abs().max()) or 1.0
     text = [[f"{v:.3g}" for v in row] for row in t.tolist()]
     for k, sol in enumerate(sols, start=1):
+        at = {"row": (k - 1) // cols + 1, "col": (k - 1) % cols + 1}
         fig.add_trace(go.Heatmap(z=t.abs().tolist(), zmin=0, zmax=top, colorscale="Blues", showscale=False,
                                  text=text, texttemplate="%{text}", name="|w|",
-                                 hovertemplate="row %{y}, col %{x}: w = %{text}<extra></extra>"), row=1, col=k)
+                                 hovertemplate="row %{y}, col %{x}: w = %{text}<extra></extra>"), **at)
         pruned = [[None if keep else 1 for keep in row] for row in sol["mask"]]
         fig.add_trace(go.Heatmap(z=pruned, zmin=0, zmax=1, showscale=False, opacity=0.85, hoverinfo="skip",
                                  colorscale=((0, "rgb(225,225,225)"), (1, "rgb(225,225,225)")), name="pruned"),
-                      row=1, col=k)
-        fig.update_yaxes(autorange="reversed", showticklabels=k == 1, row=1, col=k)
-        fig.update_xaxes(scaleanchor=f"y{'' if k == 1 else k}", row=1, col=k)
-    fig.update_layout(width=1000, height=360, margin={"t": 90}, title="one 4x4 tile, four 2:4 solvers "
+                      **at)
+        fig.update_yaxes(autorange="reversed", showticklabels=at["col"] == 1, **at)
+        fig.update_xaxes(scaleanchor=f"y{'' if k == 1 else k}", **at)
+    fig.update_layout(height=300 * rows + 120, margin={"t": 90}, title="one 4x4 tile, four 2:4 solvers "
                       "(white/blue = kept, grey = pruned)")
     fig.update_annotations(font_size=11)
     return go.FigureWidget(fig) if widget else fig
@@ -263,26 +266,46 @@ def solver_bars(rows: list[dict], title: str = ""):
     fig.update_yaxes(range=[max(0.0, low - 0.1), 1.0], row=1, col=1)
     fig.update_yaxes(type="log", row=1, col=2)
     legend = "green: exact transposable, orange: approximate transposable, grey: not transposable"
-    fig.update_layout(title=f"{title}<br><sup>{legend}</sup>" if title else legend, height=480, width=1000)
+    fig.update_layout(title=f"{title}<br><sup>{legend}</sup>" if title else legend, height=480)
     return fig
 
 
 def diversity_rows(block: tuple[int, int] = (8, 8)) -> list[dict]:
     """Mask diversity of one block at 50 %: unstructured, 4:8, 2:4, transposable 4:8, transposable 2:4.
 
-    Exact integers from masks.mask_diversity (enumeration / dynamic programming, no closed form).
+    Exact integers from masks.mask_diversity (enumeration / dynamic programming, no closed form), one
+    row ``{"mask", "count", "block"}`` per structure. A structure that the block cannot hold (4:8 needs
+    columns in groups of 8; transposable 4:8 needs whole 8x8 tiles, so a (4, 8) block has none) is left
+    out with a warning naming it; a block that holds none of them is a ValueError.
     """
+    import warnings
+
+    if (not isinstance(block, (tuple, list)) or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        raise ValueError(f"block must be (rows, cols), two positive ints, got {block!r}")
+    block = tuple(block)
     kinds = (("unstructured 50 %", "unstructured", 2, 4), ("4:8", "nm", 4, 8), ("2:4", "nm", 2, 4),
              ("transposable 4:8", "transposable", 4, 8), ("transposable 2:4", "transposable", 2, 4))
-    return [{"mask": label, "count": mask_diversity(kind, n, m, block)} for label, kind, n, m in kinds]
+    rows, left_out = [], []
+    for label, kind, n, m in kinds:
+        try:
+            rows.append({"mask": label, "count": mask_diversity(kind, n, m, block), "block": block})
+        except ValueError as err:  # the block does not hold this structure
+            left_out.append(f"{label} ({err})")
+    if not rows:
+        raise ValueError(f"block {block} holds none of the structures: " + "; ".join(left_out))
+    if left_out:
+        warnings.warn(f"diversity_rows(block={block}) leaves out " + "; ".join(left_out), stacklevel=2)
+    return rows
 
 
 def diversity_figure(rows: list[dict]):
     """Log-scale bars of the mask diversity counts (from diversity_rows)."""
     go = plotly_go()
+    rows_, cols = rows[0].get("block", (8, 8))
     fig = go.Figure(go.Bar(x=[r["mask"] for r in rows], y=[float(r["count"]) for r in rows],
                            text=[f"{float(r['count']):.3g}" for r in rows], textposition="outside"))
-    fig.update_layout(title="valid masks of one 8x8 block keeping half its entries", yaxis_type="log",
+    fig.update_layout(title=f"valid masks of one {rows_}x{cols} block keeping half its entries", yaxis_type="log",
                       yaxis_title="mask diversity (log scale)")
     return fig
 

@@ -1,0 +1,158 @@
+"""A SparseLinear whose mask lives sharded like its weight under FSDP2 (``fully_shard``).
+
+FSDP2 keeps each parameter as a DTensor sharded along dim 0 (rows of W, the ``out`` dim) and
+all-gathers the full W right before the owning block's forward and again before its backward. This
+layer follows the same life cycle for its sparse state:
+
+* the mask buffer is a DTensor with the weight's mesh and placements, so each rank stores only its
+  rows (per-rank mask memory = full mask / world size, like the weight);
+* inside the forward, where FSDP2 has put the full W in place, a due mask is computed from the
+  full W (identical to one process: the rank holds the same all-gathered W as everyone else) and
+  the rank keeps its part; a mask that is not due is all-gathered from the parts;
+* flips are counted on the rank's part and summed over the ranks (``all_reduce``), so a flip count
+  means what it means on one process;
+* masked decay runs in the optimizer's pre-step hook on the sharded gradient, with the rank's part
+  of the mask and of W (the decay is elementwise, so the parts give exactly the full update); the
+  decay on the weights (``MaskedDecayOnWeights``) likewise after the step, on the rank's rows of W;
+* S-STE's beta (one scalar, computed from the full W when ``sparsify`` ran, before sharding) is
+  replicated.
+
+The products' operand (m * W or beta * S(W), compressed by hardware backends) is built from the full
+W in the forward. By default the autograd graph holds it (and the full mask) until the backward needs
+it ("keep"); with ``recompute_operands = True`` both are dropped after the forward and rebuilt in the
+backward from the re-gathered W and the gathered mask parts ("recompute": no full-size sparse state
+between forward and backward, one more mask all-gather and preparation per layer and step). It is
+never cached across forwards (a cache would keep every layer's full-size operand alive all step).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from ..layers import SparseLinear
+
+
+class ShardedSparseLinear(SparseLinear):
+    """SparseLinear after ``fully_shard``: see the module docstring. Made by ``fully_shard_sparse``."""
+
+    _full_mask: torch.Tensor | None = None
+
+    @property
+    def mask_is_sharded(self) -> bool:
+        return isinstance(self.mask, DTensor)
+
+    def shard_mask_like_weight(self) -> None:
+        """Replace the full mask buffer by a DTensor sharded as the (already sharded) weight is."""
+        weight = self.weight
+        if not isinstance(weight, DTensor):
+            raise TypeError(f"{type(self).__name__}.shard_mask_like_weight needs the weight sharded by "
+                            "fully_shard first (got a plain tensor)")
+        if self.mask_is_sharded:
+            return
+        # every rank holds the same full mask (computed from the same full W): take the local part, no traffic
+        self.mask = distribute_tensor(self.mask, weight.device_mesh, weight.placements, src_data_rank=None)
+
+    def _local_part(self, full: torch.Tensor) -> torch.Tensor:
+        return distribute_tensor(full, self.mask.device_mesh, self.mask.placements, src_data_rank=None).to_local()
+
+    def _full_weight_in_forward(self) -> torch.Tensor:
+        weight = self.weight
+        if isinstance(weight, DTensor):
+            raise RuntimeError("a sharded layer's mask is computed inside the forward of its fully_shard'ed "
+                               "module, where FSDP2 has all-gathered the weight; call the model, not "
+                               "refresh_mask() directly")
+        return weight
+
+    # --- the hooks SparseLinear calls ------------------------------------------------------
+    @torch.no_grad()
+    def refresh_mask(self) -> None:
+        if self.mask_is_sharded:
+            self._full_weight_in_forward()
+        super().refresh_mask()
+
+    def _count_flips(self, new: torch.Tensor) -> torch.Tensor:
+        if not self.mask_is_sharded:
+            return super()._count_flips(new)
+        count = getattr(self.backend, "mask_flips", None)
+        local_old, local_new = self.mask.to_local(), self._local_part(new)
+        flips = count(local_old, local_new) if count is not None else (local_old ^ local_new).sum()
+        flips = flips.to(torch.int64)
+        dist.all_reduce(flips, group=self.mask.device_mesh.get_group())  # the full mask's count
+        return flips
+
+    def _set_mask(self, new: torch.Tensor) -> None:
+        if not self.mask_is_sharded:
+            return super()._set_mask(new)
+        self.mask.to_local().copy_(self._local_part(new))
+        self._full_mask = new  # the products of this forward use it
+
+    def _mask_for_products(self) -> torch.Tensor:
+        if not self.mask_is_sharded:
+            return super()._mask_for_products()
+        if self._full_mask is None:  # not refreshed in this forward: gather the parts
+            self._full_mask = self.mask.full_tensor()
+        return self._full_mask
+
+    refresh_in_next_forward = False  # set by an evaluation that wants the due mask (``DistributedTrainer``)
+    recompute_operands = False  # True: drop operand and full mask after the forward, rebuild them in the backward
+
+    def _after_forward(self, plan) -> None:
+        if not (self.mask_is_sharded and self.recompute_operands):
+            return
+        dtype = plan.dtype
+        plan.operand = plan.mask = None
+
+        def rebuild():
+            # in the backward FSDP2 has all-gathered W again (unchanged since the forward); the mask
+            # parts have not changed either: gather them (one byte per weight) and prepare again
+            self._full_weight_in_forward()
+            self._full_mask = self.mask.full_tensor()
+            try:
+                return self._operand(dtype, backward=True), self._full_mask
+            finally:
+                self._full_mask = None
+                self._operand_cache = None
+
+        plan.rebuild = rebuild
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.refresh_in_next_forward:
+            self.refresh_in_next_forward = False
+            if self.mask_due():
+                self.refresh_mask()
+        try:
+            return super().forward(x)
+        finally:
+            if self.mask_is_sharded:
+                # the autograd graph holds what the backward needs; nothing full-size outlives the forward
+                self._full_mask = None
+                self._operand_cache = None
+
+    @torch.no_grad()
+    def apply_masked_decay(self, grad_scale: float = 1.0) -> None:
+        if not self.mask_is_sharded:
+            return super().apply_masked_decay(grad_scale)
+        decay = self.method.decay_before_step
+        weight = self.weight
+        if decay and not self.dense_now and weight.grad is not None:
+            grad = weight.grad
+            self.backend.masked_decay_(grad.to_local(), weight.to_local(), self.mask.to_local(), decay * grad_scale)
+
+    @torch.no_grad()
+    def apply_decay_on_weights(self, lr: float) -> None:
+        if not self.mask_is_sharded:
+            return super().apply_decay_on_weights(lr)
+        decay = self.method.decay_after_step
+        if decay and not self.dense_now:
+            w = self.weight.to_local()  # the rank's rows, updated in place like the whole W on one process
+            self.backend.masked_decay_(w, w, self.mask.to_local(), -float(lr) * decay)
+            self._operand_cache = None
+
+    def sparse_weight(self) -> torch.Tensor:
+        if self.mask_is_sharded and isinstance(self.weight, DTensor):
+            raise RuntimeError("the sparse weight of a sharded layer exists only inside its forward (the full "
+                               "W is all-gathered there); for a look at it, gather the state with "
+                               "torch.distributed.checkpoint.state_dict.get_model_state_dict(..., "
+                               "options=StateDictOptions(full_state_dict=True))")
+        return super().sparse_weight()
