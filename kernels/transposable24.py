@@ -283,14 +283,6 @@ def _best_pattern(a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a3
 
 
 @triton.jit
-def _finite_abs(w):
-    """float32 |w| with NaN/Inf as the largest finite float32 (``masks.tiles.finite_magnitudes``)."""
-    a = tl.abs(w.to(tl.float32))
-    big = 3.4028234663852886e38
-    return tl.where(a == a, tl.minimum(a, big), big)
-
-
-@triton.jit
 def _power_of_two_scale(top):
     """2^(127 - E) for the biased exponent E of ``top``, exponent clamped to [1, 254]: the factor
     of ``masks.tiles.power_of_two_scale`` (exact, built from the bits)."""
@@ -363,28 +355,32 @@ def _transposable24_kernel(w_ptr, mask_ptr, out_ptr, out_t_ptr, n_rows, n_cols,
     w10, w11, w12, w13 = _split4_2d(r1, BA, BB)
     w20, w21, w22, w23 = _split4_2d(r2, BA, BB)
     w30, w31, w32, w33 = _split4_2d(r3, BA, BB)
-    a00 = _finite_abs(w00)
-    a01 = _finite_abs(w01)
-    a02 = _finite_abs(w02)
-    a03 = _finite_abs(w03)
-    a10 = _finite_abs(w10)
-    a11 = _finite_abs(w11)
-    a12 = _finite_abs(w12)
-    a13 = _finite_abs(w13)
-    a20 = _finite_abs(w20)
-    a21 = _finite_abs(w21)
-    a22 = _finite_abs(w22)
-    a23 = _finite_abs(w23)
-    a30 = _finite_abs(w30)
-    a31 = _finite_abs(w31)
-    a32 = _finite_abs(w32)
-    a33 = _finite_abs(w33)
+    a00 = tl.abs(w00.to(tl.float32))
+    a01 = tl.abs(w01.to(tl.float32))
+    a02 = tl.abs(w02.to(tl.float32))
+    a03 = tl.abs(w03.to(tl.float32))
+    a10 = tl.abs(w10.to(tl.float32))
+    a11 = tl.abs(w11.to(tl.float32))
+    a12 = tl.abs(w12.to(tl.float32))
+    a13 = tl.abs(w13.to(tl.float32))
+    a20 = tl.abs(w20.to(tl.float32))
+    a21 = tl.abs(w21.to(tl.float32))
+    a22 = tl.abs(w22.to(tl.float32))
+    a23 = tl.abs(w23.to(tl.float32))
+    a30 = tl.abs(w30.to(tl.float32))
+    a31 = tl.abs(w31.to(tl.float32))
+    a32 = tl.abs(w32.to(tl.float32))
+    a33 = tl.abs(w33.to(tl.float32))
     m0 = tl.maximum(tl.maximum(a00, a01), tl.maximum(a02, a03))
     m1 = tl.maximum(tl.maximum(a10, a11), tl.maximum(a12, a13))
     m2 = tl.maximum(tl.maximum(a20, a21), tl.maximum(a22, a23))
     m3 = tl.maximum(tl.maximum(a30, a31), tl.maximum(a32, a33))
     top = tl.maximum(tl.maximum(m0, m1), tl.maximum(m2, m3))
-    sc = _power_of_two_scale(top)  # the tile's max into [1, 4): its scores cannot overflow
+    # the tile's max into [1, 4): its scores cannot overflow (near 3e38 every pattern tied at inf).
+    # NaN/Inf need no mapping: a NaN score never wins a comparison and an Inf one ties, so the
+    # code is always one of the 90 valid patterns (which one is unspecified). H100, 16384 x 4096
+    # bf16, same run: mask only 103.6 -> 109.5 us, mask + W + W^T 224.1 -> 228.0 us.
+    sc = _power_of_two_scale(top)
     code = _best_pattern(
         a00 * sc, a01 * sc, a02 * sc, a03 * sc,
         a10 * sc, a11 * sc, a12 * sc, a13 * sc,

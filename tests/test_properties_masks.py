@@ -124,14 +124,19 @@ def test_masks_stay_valid_on_non_finite_input(data):
 @examples(8)
 def test_triton_mask_kernels_on_adversarial_input(data):
     kernels = pytest.importorskip("sparsity_lab.kernels")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: the interpreter
     dtype = data.draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16]), label="dtype")
     finite = data.draw(st.booleans(), label="finite")
     shape = data.draw(shapes, label="shape")
     w = data.draw(adversarial(shape, dtype) if finite else non_finite(shape, dtype), label="w")
-    _, bits = kernels.prune24(w, values=False)
-    rowwise = kernels.unpack_mask24(bits)
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        # Triton's interpreter converts bfloat16 subnormals to float32 wrongly (9.2e-41 -> 0,
+        # 1.0e-39 -> 4.4e-39, seen with a plain load/convert/store kernel); a GPU converts exactly
+        w = torch.where(w.abs() < torch.finfo(dtype).smallest_normal, torch.zeros_like(w), w)
+    _, bits = kernels.prune24(w.to(device), values=False)
+    rowwise = kernels.unpack_mask24(bits).cpu()
     assert torch.equal(rowwise, nm_mask(w, 2, 4, check=False)), "the kernel ranks like the reference"
-    mask = kernels.transposable_mask24(w, pruned=False)[0]
+    mask = kernels.transposable_mask24(w.to(device), pruned=False)[0].cpu()
     assert is_transposable(mask, 2, 4)
     if finite:
         for tile, keep in zip(_tiles(w), to_tiles(mask, 4).reshape(-1, 16).tolist()):

@@ -59,13 +59,13 @@ def test_exact_solvers_near_float32_max(solver):
     assert kept_mass(w, mask) == pytest.approx(optimal_24_mass(w), rel=1e-6)
 
 
-def test_triton_transposable_near_float32_max():
+def test_triton_transposable_near_float32_max(device):
     kernels = pytest.importorskip("sparsity_lab.kernels")
     p0 = transposable_patterns(2, 4)[0]
     torch.manual_seed(0)
     w = torch.where(p0, torch.tensor(1e38), torch.tensor(2e38)).float().repeat(4, 4)
     w = w * (1 + 0.5 * torch.rand_like(w))  # ~1e38..3e38: every sum of 8 overflows float32
-    mask = kernels.transposable_mask24(w, pruned=False)[0]
+    mask = kernels.transposable_mask24(w.to(device), pruned=False)[0].cpu()
     assert torch.equal(mask, transposable_mask(w, solver="patterns"))
     assert kept_mass(w, mask) == pytest.approx(optimal_24_mass(w), rel=1e-6)
 
@@ -119,29 +119,30 @@ def test_transposable_solvers_valid_with_nan_inf(solver):
     assert is_transposable(mask, 2, 4, exact=solver in EXACT)
 
 
-def test_triton_masks_valid_with_nan_inf():
+def test_triton_masks_valid_with_nan_inf(device):
     kernels = pytest.importorskip("sparsity_lab.kernels")
     w = _nan_inf_groups()
-    _, bits = kernels.prune24(w, values=False)
-    assert is_nm(kernels.unpack_mask24(bits), 2, 4)
-    assert torch.equal(kernels.unpack_mask24(bits), nm_mask(w, 2, 4, check=False))
-    assert is_transposable(kernels.transposable_mask24(w, pruned=False)[0], 2, 4)
+    _, bits = kernels.prune24(w.to(device), values=False)
+    rowwise = kernels.unpack_mask24(bits).cpu()
+    assert is_nm(rowwise, 2, 4)
+    assert torch.equal(rowwise, nm_mask(w, 2, 4, check=False))
+    assert is_transposable(kernels.transposable_mask24(w.to(device), pruned=False)[0].cpu(), 2, 4)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("transposable", [False, True])
-def test_layer_refresh_keeps_a_valid_mask_on_nan(backend, transposable):
+def test_layer_mask_stays_valid_on_nan(backend, transposable, device):
     if backend == "triton":
         pytest.importorskip("sparsity_lab.kernels")
     torch.manual_seed(0)
     model = nn.Sequential()
-    model.mlp = nn.Linear(16, 16)
+    model.mlp = nn.Linear(16, 16).to(device)
     sl.sparsify(model, sl.STE(transposable=transposable, backend=backend))
     with torch.no_grad():
         model.mlp.weight[:3, :5] = float("nan")
         model.mlp.weight[5, 2] = float("inf")
     model.mlp.refresh_mask()
-    mask = model.mlp.mask
+    mask = model.mlp.mask.cpu()
     assert is_transposable(mask, 2, 4) if transposable else is_nm(mask, 2, 4, dim=1)
 
 

@@ -307,7 +307,7 @@ class Trainer:
     def _stop_if_not_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
         """Raise TrainingDiverged, with the step not applied, when the loss or a gradient is NaN/Inf.
         (clip_grad_norm_'s total norm is non-finite exactly when some gradient entry is.)"""
-        loss_value, norm_value = torch.stack([loss.detach().float(), grad_norm.detach().float()]).tolist()
+        loss_value, norm_value = torch.stack([loss.detach().float(), grad_norm.detach().float().to(loss.device)]).tolist()
         if math.isfinite(loss_value) and math.isfinite(norm_value):
             return
         self.optimizer.zero_grad(set_to_none=True)
