@@ -1,4 +1,4 @@
-"""Mask diversity: the exact counts of docs/algorithms.md ("Mask diversity") and the line-sum DP against brute force."""
+"""Mask diversity: the exact counts of docs/algorithms.md ("Mask diversity"), the line-sum DP against brute force."""
 import itertools
 from math import comb
 

@@ -65,7 +65,7 @@ def test_greedy_against_exact_on_gaussian(rows_24, rows_48):
         assert 0.97 < s["greedy"]["relative_to_optimum"] < 1.0
         assert 0.5 < s["greedy_prune"]["relative_to_optimum"] < s["greedy"]["relative_to_optimum"]
     greedy = by_solver(rows_24)["greedy"]["relative_to_optimum"]
-    assert greedy == pytest.approx(0.984, abs=0.006)  # docs/algorithms.md, "Approximate solver: greedy keep": about 0.985
+    assert greedy == pytest.approx(0.984, abs=0.006)  # docs/algorithms.md (greedy keep): about 0.985
 
 
 def test_figures_from_the_spec_2_4(rows_24):

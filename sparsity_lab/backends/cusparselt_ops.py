@@ -42,8 +42,8 @@ The contract (read in PyTorch's source, not yet re-verified on a GPU by this mod
     newer signature with ``split_k_mode: int = -1``; torch 2.11 on the H100 machine returns a split_k mode
     from ``mm_search`` too (``results/cusparselt_calls_h100.json``: "alg 17 split_k -1 mode 2").
 
-Minimum shapes (PyTorch's ``SparseSemiStructuredTensorCUSPARSELT`` constraints, ``torch/sparse/semi_structured.py``):
-the sparse operand's rows and columns are multiples of 16 for float16 / bfloat16 and of 32 for
+Minimum shapes (PyTorch's ``SparseSemiStructuredTensorCUSPARSELT`` constraints in
+``torch/sparse/semi_structured.py``): the sparse operand's rows and columns are multiples of 16 for float16 / bfloat16 and of 32 for
 int8 / float8_e4m3fn. The dense operand's other dimension (the tokens) is padded by the backend
 to the same multiple.
 """
