@@ -1,7 +1,8 @@
 """FP8 per-tensor quantization with current-amax scaling: the plain PyTorch reference.
 
-S-STE's FP8 recipe (ALGORITHMS.md): forward product in E4M3 (X and W), backward products in E5M2,
-one scale per tensor from the tensor's current ``amax = max |x|``, float32 accumulation.
+S-STE's FP8 recipe (docs/algorithms.md, "FP8 per-tensor scaling"): forward product in E4M3 (X and W),
+backward products in E5M2, one scale per tensor from the tensor's current ``amax = max |x|``,
+float32 accumulation.
 
 Scale convention (the one ``torch._scaled_mm`` takes for ``scale_a`` / ``scale_b``):
 

@@ -572,7 +572,7 @@ def test_probe_parts_are_isolated():
     assert "[a] error" in table and "[b] ok" in table
 
 
-# --- GPU: the real library (run next session: pytest -m gpu tests/test_cusparselt_backend.py) ----------------
+# --- GPU: the real library (on a GPU machine: pytest -m gpu tests/test_cusparselt_backend.py) ----------------
 @pytest.mark.gpu
 def test_real_contract_transpose_result_and_transposed_b():
     from sparsity_lab.benchmarks.cusparselt_probe import _random_24

@@ -1,4 +1,4 @@
-"""Mask diversity: the exact counts of ALGORITHMS.md and the line-sum DP against brute force."""
+"""Mask diversity: the exact counts of docs/algorithms.md ("Mask diversity"), the line-sum DP against brute force."""
 import itertools
 from math import comb
 
@@ -8,7 +8,7 @@ from sparsity_lab.masks import count_fixed_line_sums, mask_diversity, transposab
 
 
 def test_counts_for_one_8x8_block_at_half_density():
-    # ALGORITHMS.md: 1.83e18; 5.76e14; 2.82e12; 116,963,796,250; 90^4 = 65,610,000
+    # docs/algorithms.md, "Mask diversity": 1.83e18; 5.76e14; 2.82e12; 116,963,796,250; 90^4 = 65,610,000
     assert mask_diversity("unstructured", 2, 4, (8, 8)) == 1_832_624_140_942_590_534
     assert mask_diversity("unstructured", 2, 4, (8, 8)) == comb(64, 32)
     assert mask_diversity("nm", 4, 8, (8, 8)) == 70**8 == 576_480_100_000_000
@@ -63,7 +63,7 @@ def test_pattern_enumeration_agrees_with_the_count():
 
 
 def test_product_formula_overcount_is_not_what_we_compute():
-    # ALGORITHMS.md: the closed-form product quoted for the paper gives 144 for a 4x4 2:4 tile.
+    # docs/algorithms.md, "Mask diversity": a product formula over rows overcounts, 144 for a 4x4 2:4 tile.
     # (We do not restate that formula here; 144 = C(4,2) * C(4,2) * 2 * 2 is one way to reach it.)
     # Whatever the product, the true count, enumerated, is 90, and that is what we compute.
     product_formula_value = 144

@@ -90,7 +90,7 @@ def test_kept_magnitude_rows_follow_the_gaussian_figures():
         assert r["rowwise"] == pytest.approx(r["expected_rowwise"], abs=0.01)
     two_four = rows[1]
     assert two_four["exact_solver"] == "patterns" and rows[2]["exact_solver"] == "flow"
-    # ALGORITHMS.md: transposable 2:4 about 0.70, row-wise about 0.74 on Gaussian weights
+    # docs/algorithms.md, "Transposable N:M masks": transposable 2:4 about 0.70, row-wise about 0.74
     assert 0.69 < two_four["transposable"] < 0.71 and 0.735 < two_four["rowwise"] < 0.755
     fig = kept_magnitude_figure(rows)
     assert [list(t.y) for t in fig.data] == [[r[k] for r in rows] for k in ("unstructured", "rowwise", "transposable")]

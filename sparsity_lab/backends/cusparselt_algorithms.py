@@ -1,8 +1,9 @@
 """Per-shape cuSPARSELt algorithm choice, each candidate checked against a dense product first.
 
-Why: on the H100 the default ``alg_id=0`` runs slower than dense, the best id per shape (often 17
-for bf16) runs 1.4-1.7x faster than dense (FACTS.md), and some algorithms return wrong results,
-non-deterministically (pytorch/pytorch issue 155333). So for every product key
+Why: on the H100 the default ``alg_id=0`` is rarely the fastest: the search picked another id at 15
+of the 16 FFN products of ``results/cusparselt_calls_h100.json``, and at the large ones (often id 17
+for bf16) the picked id runs 1.3-1.6x faster than dense there. And some algorithms return wrong
+results, non-deterministically (https://github.com/pytorch/pytorch/issues/155333). So for every product key
 (m, k, n, dtype, B layout, transpose_result), once:
 
 1. build synthetic operands of exactly that key: A (m, k) with a random 2:4 pattern along its
@@ -112,7 +113,7 @@ def choose_algorithm(candidates: Sequence[AlgConfig], run: Callable[[AlgConfig],
         try:
             errs = []
             ok = True
-            for _ in range(repeats):  # wrong algorithms are wrong only sometimes (issue 155333)
+            for _ in range(repeats):  # wrong algorithms are wrong only sometimes (pytorch/pytorch#155333)
                 run_ok, rel = check_product(run(config), reference, dtype)
                 ok &= run_ok
                 errs.append(rel)

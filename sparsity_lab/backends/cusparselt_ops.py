@@ -4,8 +4,9 @@ The contract (read in PyTorch's source, not yet re-verified on a GPU by this mod
     ``torch._cslt_compress(A)``: A 2-D, contiguous, row-major (rows, cols), already 2:4 along each
     row (groups of 4 consecutive columns). Returns a 1-D tensor of A's dtype with
     ``rows * cols * 9 / 16`` elements for 16-bit dtypes (``* 10 / 16`` for int8 / fp8): the kept
-    values plus the metadata. The layout is not documented (FACTS.md: on sm90 the values come first,
-    row-major; ``sparsity_lab.benchmarks.cusparselt_probe`` part (b) maps the rest).
+    values plus the metadata. The layout is not documented: on sm90 the values come first, row-major, then
+    the metadata, as mapped from dumps on the H100 (``sparsity_lab.backends.cusparselt_layout``
+    states it; ``sparsity_lab.benchmarks.cusparselt_probe`` part (b) probes it).
     Source: pytorch/pytorch ``aten/src/ATen/native/sparse/cuda/cuSPARSELtOps.cpp``,
     ``_cslt_compress``: ``cusparseLtStructuredDescriptorInit(rows=size(0), cols=size(1),
     ld=size(1), CUSPARSE_ORDER_ROW, CUSPARSELT_SPARSITY_50_PERCENT)`` then ``cusparseLtSpMMACompress2``.
@@ -34,14 +35,15 @@ The contract (read in PyTorch's source, not yet re-verified on a GPU by this mod
     (pytorch/pytorch ``torch/csrc/cuda/shared/cusparselt.cpp``, ``mmSearch``; older builds return a
     bool in third place). ``torch._cslt_sparse_mm_search`` is the deprecated form (alg id only).
 
-    Versions read (stored copies of the public source, through the session's code search): the
+    Versions read (stored copies of the public source): the
     cuSPARSELtOps.cpp with ``split_k`` / ``split_k_one_kernel`` and the FP8 cases (cuSPARSELt >= 0.6.2),
     and an early one without alg ids; the operand, ``transpose_result`` and bias logic above is
     identical in both. The installed torch 2.13 stubs (``torch/_C/_VariableFunctions.pyi``) show the
-    newer signature with ``split_k_mode: int = -1``, as FACTS.md does for torch 2.11 on the GPU machine.
+    newer signature with ``split_k_mode: int = -1``; torch 2.11 on the H100 machine returns a split_k mode
+    from ``mm_search`` too (``results/cusparselt_calls_h100.json``: "alg 17 split_k -1 mode 2").
 
-Minimum shapes (FACTS.md, and PyTorch's ``SparseSemiStructuredTensorCUSPARSELT`` constraints):
-the sparse operand's rows and columns are multiples of 16 for float16 / bfloat16 and of 32 for
+Minimum shapes (PyTorch's ``SparseSemiStructuredTensorCUSPARSELT`` constraints in
+``torch/sparse/semi_structured.py``): the sparse operand's rows and columns are multiples of 16 for float16 / bfloat16 and of 32 for
 int8 / float8_e4m3fn. The dense operand's other dimension (the tokens) is padded by the backend
 to the same multiple.
 """
@@ -59,7 +61,7 @@ SPARSE_MULTIPLE: dict[torch.dtype, int] = {
     torch.int8: 32,
     torch.float8_e4m3fn: 32,
 }
-# dtypes this backend runs its products in (fp8 is a separate path, issue 4's FP8 item)
+# dtypes this backend runs its products in (fp8 is a separate path: backends/cusparselt_fp8.py)
 PRODUCT_DTYPES = (torch.bfloat16, torch.float16)
 MIN_CAPABILITY = (8, 0)
 

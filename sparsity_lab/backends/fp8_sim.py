@@ -1,13 +1,14 @@
 """Simulated FP8 products around any backend: FP8-rounded operands, the inner backend's operations.
 
-S-STE's FP8 recipe (ALGORITHMS.md): each product operand is quantized to FP8 with a per-tensor
-current-amax scale and dequantized again (``sparsity_lab.fp8``); the product then runs on the inner
+S-STE's FP8 recipe (docs/algorithms.md, "FP8 per-tensor scaling"): each product operand is quantized
+to FP8 with a per-tensor current-amax scale and dequantized again (``sparsity_lab.fp8``); the product then runs on the inner
 backend in the usual dtype (float32 accumulation):
     forward          Z  = q4(X) q4(S(W))^T           q4: E4M3 (max 448, 3 mantissa bits)
     input gradient   dX = q5(dZ) q4(S(W))             q5: E5M2 (max 57344, 2 mantissa bits)
     weight gradient  dW = q5(dZ)^T q4(X)              (MVUE, when on, acts on q5(dZ))
 The gradient dZ is E5M2; the operand it meets keeps its E4M3 forward quantization (the usual
-hybrid recipe; ALGORITHMS.md says "backward products in E5M2" without naming the second operand).
+hybrid recipe; S-STE's reference code quantizes both backward operands to E5M2 instead, see
+docs/algorithms.md, "FP8 per-tensor scaling").
 Mask, sparse weight (m * W or beta * S(W)) and masked decay act on the full-precision master weight,
 so they pass straight to the inner backend.
 

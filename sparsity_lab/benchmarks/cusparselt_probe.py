@@ -1,4 +1,4 @@
-"""Issue 4's first GPU call: is the cuSPARSELt backend right, what does ``_cslt_compress`` write, how fast.
+"""A first GPU check of the cuSPARSELt backend: is it right, what does ``_cslt_compress`` write, how fast.
 
 ``python -m sparsity_lab.benchmarks.cusparselt_probe --out $OUT/cusparselt_probe.json`` on a CUDA GPU
 (about a minute on an H100 by design; a time budget, ``--budget-s``, skips what is left after it).
@@ -10,12 +10,12 @@ in the JSON with its traceback and the rest still runs):
     search's table (how many candidates, which were wrong, which raised); a SparseLinear layer on
     "cusparselt" against the same layer on "torch" (same weights, same mask) under bf16 autocast;
     S-STE + MVUE against the "triton" backend (same MVUE draws, so the weight gradients must agree).
-(b) ``compress_layout``: the layout of ``torch._cslt_compress`` output. FACTS.md's lead (fp16,
-    32 x 64, sm90): the kept values first, row-major, then the metadata. Checked here for bf16, fp16
-    (and fp8 values) at several shapes; the metadata mapped by compressing known patterns: all
+(b) ``compress_layout``: the layout of ``torch._cslt_compress`` output. The hypothesis from a first
+    fp16 32 x 64 dump on sm90: the kept values first, row-major, then the metadata. Checked here for
+    bf16, fp16 (and fp8 values) at several shapes; the metadata mapped by compressing known patterns: all
     groups alike (6 patterns), then one group at a time changed to each of the 5 other patterns,
     recording which metadata bits change and the code each pattern writes there.
-(c) ``timings``: the FFN linears of the issue (tokens 16384, d_model 4096, ffn 16384: up (ffn, d),
+(c) ``timings``: the FFN linears of the speed targets (tokens 16384, d_model 4096, ffn 16384: up (ffn, d),
     down (d, ffn)), bf16, side by side in one run: forward product alone (dense ``F.linear``; sparse
     eager with the searched algorithm and with alg 0; sparse and dense captured in a CUDA graph;
     PyTorch's ``to_sparse_semi_structured`` + ``F.linear``), the weight-gradient product

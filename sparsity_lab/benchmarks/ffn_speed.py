@@ -1,6 +1,6 @@
 """``sparsity-lab bench-ffn``: how fast 2:4 FFNs train on cuSPARSELt, against dense and PyTorch's path.
 
-Issue 4's benchmark: one command, one GPU, everything side by side in one run, bf16. Each time is
+The speed benchmark: one command, one GPU, everything side by side in one run, bf16. Each time is
 the median of ``--reps`` calls after ``--warmup`` calls (the warm-up holds the algorithm search,
 the Triton compiles and the allocations), each call between two CUDA events, the calls back to
 back (host and GPU pipelined as in training), ``torch.cuda.synchronize()`` before and after.
@@ -27,12 +27,13 @@ back (host and GPU pipelined as in training), ``torch.cuda.synchronize()`` befor
    forward prunes and compresses again; the mask is recomputed when due). The optimizer's update
    itself is left out: dense would pay it too, and the GPT step below includes AdamW.
 2. Eager against CUDA-graph replay of one fwd_bwd step, dense and ours_mvue, at the target shape and
-   the smallest of the grid (the per-call host cost of ``_cslt_sparse_mm``, FACTS.md).
+   the smallest of the grid (the per-call host cost of ``_cslt_sparse_mm``, measured per product by
+   ``sparsity-lab bench-cslt-calls``: ``results/cusparselt_calls_h100.json``, ``host_overhead_ms``).
 3. A GPT training step (``sparsity_lab.lab.model.GPT``, AdamW step included, bf16 autocast, fp32
    master weights; attention dense, FFN linears 2:4 through ``sparsify``): tokens/s, dense against
    ours_mvue and ours_mask_every_step.
 
-The targets of issue 4 are judged from the measured rows (:func:`judge_targets`) and printed last.
+The targets (``THRESHOLDS`` below) are judged from the measured rows (:func:`judge_targets`) and printed last.
 ``--budget-s``: no new shape (or section) starts after that many seconds; what is left is listed in
 ``skipped``. Every measurement runs in its own try/except: an error is recorded (``errors``, and on
 its row) and the run goes on.
@@ -71,7 +72,7 @@ NEVER = 10**9  # the fixed-mask variant's refresh interval: never due within a b
 RESULT_NAME = "cusparselt_ffn_h100"
 SMOKE_NAME = "cusparselt_ffn_smoke"
 
-# issue 4's targets: name -> threshold
+# the targets: name -> threshold, each judged by judge_targets (its docstring says what is measured)
 THRESHOLDS = {"ffn_fwd_bwd_ours_mvue": 1.35, "ffn_fwd_ours": 1.5, "auto_every_grid_point": 0.97,
               "auto_vs_dense_products": 0.97, "auto_every_grid_point_graph": 0.97, "gpt_step": 1.15}
 
@@ -744,7 +745,7 @@ def _target(description: str, threshold: float, measured: float | None, **extra)
 def judge_targets(rows: list[dict], gpt_step: dict | None, target: tuple[int, int],
                   grid: list[tuple[int, int]], paired: list[dict] | None = None,
                   graph: list[dict] | None = None) -> dict[str, dict]:
-    """Issue 4's targets from the measured rows: measured value and met (False when not measured).
+    """The targets (``THRESHOLDS``) from the measured rows: measured value and met (False when not measured).
 
     At the target shape the paired rounds decide where they measured the variant (NOTES["paired"]);
     the grid's single measurement is kept beside it as ``unpaired``."""

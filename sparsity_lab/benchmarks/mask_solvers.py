@@ -4,7 +4,7 @@ Each case is one Gaussian float32 matrix (fixed seed). Every solver that applies
 the same matrix, side by side in one run; the plain row-wise N:M mask (``nm_mask``) is timed too,
 as the reference cost of a mask that is not transposable. Times are wall clock, median of up to
 ``--repeats`` runs after a warm-up (a solver stops repeating once its runs took ``--budget-s``).
-Targets (on the lead's 2-core CPU): exact transposable 2:4 on 4096 x 4096 under 1 s and exact
+Targets (on a 2-core CPU): exact transposable 2:4 on 4096 x 4096 under 1 s and exact
 4:8 on 1024 x 1024 under 30 s, each by the solver that ``solver="auto"`` picks.
 Quality per solver (masks.quality): kept |W| fraction, kept mass relative to the exact optimum,
 rows/columns left with fewer than N. Writes results/mask_solvers_cpu.json.

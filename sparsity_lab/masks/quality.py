@@ -5,8 +5,8 @@ For a weight W (O, I) and a mask S the kept fraction is ``sum |w| S / sum |w|``.
   (the exact transposable N:M mask, ``solver="auto"``);
 * plain row-wise N:M (``nm_mask``), which is the upper bound for every transposable mask: an exact
   transposable mask is row-wise N:M, and the greedy ones keep at most N per row group;
-* the cost of transposability: transposable optimum against row-wise (ALGORITHMS.md, Gaussian 2:4:
-  about 0.70 against 0.74);
+* the cost of transposability: transposable optimum against row-wise (Gaussian 2:4: about 0.70
+  against 0.74; docs/algorithms.md, "Transposable N:M masks");
 * how often the greedy solvers leave fewer than N in a row or column of a tile, and on how many
   tiles they keep *more* than the exact optimum (possible because they may keep fewer than N
   entries: they solve the "at most N" problem, whose optimum is at least the exact-N one).
