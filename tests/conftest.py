@@ -5,7 +5,8 @@ is imported, so it is set here, first, when no GPU is present.
 
 The course notebooks run once per test session at CI sizes (``executed_dir``) and the book is built
 once from those copies (``course_book``): the papermill tests, the book build test and the book's
-browser test all share them.
+browser test all share them. A notebook with ```python blocks in its "Things to try" runs with those
+blocks appended (``things_to_try_runs``), and that run provides its executed copy.
 """
 import os
 from pathlib import Path
@@ -47,7 +48,31 @@ def executed_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def course_book(executed_dir, tmp_path_factory) -> Path:
+def things_to_try_runs(executed_dir, tmp_path_factory) -> dict:
+    """Each notebook whose "Things to try" has ```python blocks, run once at CI sizes with the blocks
+    appended (tests/_commands.py): notebook name -> None (ran) or the failure message, which
+    tests/test_commands_run.py reports. A run that got through writes the notebook's own executed copy
+    (blocks taken out) into ``executed_dir``, so the notebook tests and the book reuse it."""
+    pytest.importorskip("papermill", reason="papermill is in the test extra")
+    import nbformat
+    from _commands import fenced_blocks, python_blocks_failure, things_to_try
+
+    from sparsity_lab.course import is_current, notebooks
+
+    results = {}
+    for path in notebooks():
+        section = things_to_try(nbformat.read(path, as_version=4)) or ""
+        blocks = [body for lang, body, _ in fenced_blocks(section) if lang == "python"]
+        if blocks:
+            target = executed_dir / path.name
+            keep = None if is_current(target, path, "ci") else target
+            results[path.name] = python_blocks_failure(path, blocks, tmp_path_factory.mktemp("things-to-try"),
+                                                       executed_copy=keep)
+    return results
+
+
+@pytest.fixture(scope="session")
+def course_book(executed_dir, things_to_try_runs, tmp_path_factory) -> Path:
     """The course's HTML book at CI sizes, built once (notebooks not yet run are run now); its index.html."""
     pytest.importorskip("papermill", reason="papermill is in the test extra")
     try:

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _commands import (ROOT, Command, fenced_blocks, plan, python_blocks_failure, runnable_inline_spans,
-                       shell_commands, things_to_try)
+from _commands import ROOT, Command, fenced_blocks, plan, runnable_inline_spans, shell_commands, things_to_try
 
 HAS_GPU = torch.cuda.is_available()
 README = ROOT / "README.md"
@@ -140,13 +139,9 @@ def test_things_to_try_keeps_runnable_code_in_fenced_blocks(path):
 @pytest.mark.parametrize("path, blocks", [pytest.param(p, b, id=p.name) for p, b in NOTEBOOK_PYTHON if b] or
                          [pytest.param(None, None, id="none", marks=pytest.mark.skip(
                              reason="no notebook's Things to try has a ```python block"))])
-def test_notebook_things_to_try_python_runs_after_the_notebook(path, blocks, tmp_path, executed_dir):
-    """The notebook runs once with its blocks appended; its own executed copy (blocks taken out) goes
-    to the session's executed notebooks (conftest.py), which tests/test_notebooks.py and the book
-    then reuse instead of running the notebook again."""
-    from sparsity_lab.course import is_current
-
-    target = executed_dir / path.name
-    keep = None if is_current(target, path, "ci") else target
-    failure = python_blocks_failure(path, blocks, tmp_path, executed_copy=keep)
+def test_notebook_things_to_try_python_runs_after_the_notebook(path, blocks, things_to_try_runs):
+    """The notebook runs once with its blocks appended (conftest.py's things_to_try_runs, which also
+    hands the notebook's own executed copy to tests/test_notebooks.py and the book)."""
+    assert path.name in things_to_try_runs, f"{path.name}: its python blocks were not run"
+    failure = things_to_try_runs[path.name]
     assert failure is None, failure
