@@ -386,6 +386,42 @@ def check_lab(results: dict, tmp: str) -> None:
         results["lab"] = {"out": out, "ranks": every, "argv": [*LAB_METHOD, *LAB_SIZES]}
 
 
+COMPARE_ARGV = ["--variants", "dense,srste", *LAB_SIZES]
+
+
+def check_compare(results: dict, tmp: str) -> None:
+    """``sparsity-lab compare --parallel fsdp`` of two variants; each rank records what it printed
+    and which result files it wrote (rank 0 alone should)."""
+    import contextlib
+    import io
+
+    from sparsity_lab.cli import main as cli
+    from sparsity_lab.lab import compare as compare_module
+
+    written = []
+
+    def recording(fn):
+        def wrapped(*args, **kwargs):
+            path = fn(*args, **kwargs)
+            written.append(str(args[0]) if path is None else str(path))
+            return path
+        return wrapped
+
+    out = os.path.join(tmp, "compare")
+    printed = io.StringIO()
+    originals = compare_module.write_table, compare_module.write_result
+    compare_module.write_table, compare_module.write_result = map(recording, originals)
+    try:
+        with contextlib.redirect_stdout(printed):
+            code = cli(["compare", *COMPARE_ARGV, "--parallel", "fsdp", "--out", out])
+    finally:
+        compare_module.write_table, compare_module.write_result = originals
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, {"code": code, "printed": printed.getvalue(), "written": written})
+    if dist.get_rank() == 0:
+        results["compare"] = {"out": out, "ranks": every, "argv": COMPARE_ARGV}
+
+
 def check_bench(results: dict, tmp: str) -> None:
     """``bench-dist --smoke``: the GPU script's plumbing (DDP and FSDP2, dense and 2:4) on 2 CPU ranks."""
     import contextlib
@@ -438,7 +474,7 @@ def check_no_full_size_state_after_step(results: dict) -> None:
         }
 
 
-CHECKS = ("training", "mvue", "errors", "checkpoints", "lab", "bench")
+CHECKS = ("training", "mvue", "errors", "checkpoints", "lab", "compare", "bench")
 
 
 def main() -> None:
@@ -464,6 +500,8 @@ def main() -> None:
             check_no_full_size_state_after_step(results)
         elif check == "bench":
             check_bench(results, tmp)
+        elif check == "compare":
+            check_compare(results, tmp)
         else:
             check_lab(results, tmp)
         results["seconds"][check] = round(time.perf_counter() - start, 2)

@@ -6,7 +6,8 @@ same global batch as two accumulated micro-batches (float64, reference backend; 
 Triton backend), except SR-STE, whose decay term is added on every rank and then averaged rather
 than added once: 1e-12 (float64) / 1e-5 (float32) on the weights after 20 steps.
 The same job runs the lab: ``train --parallel fsdp`` stopped half-way and resumed with
-``--parallel ddp`` (the DCP checkpoint re-shards), compared here with one process.
+``--parallel ddp`` (the DCP checkpoint re-shards), and ``compare --parallel fsdp`` of two variants,
+each compared here with one process.
 """
 from __future__ import annotations
 
@@ -186,6 +187,50 @@ def test_train_on_two_processes_resumed_on_another_sharding_equals_one_process(r
     assert two[-1]["dense_phase"] and not two[3]["dense_phase"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["parallel"] == "ddp" and summary["step"] == 6
+
+
+def test_compare_on_two_processes_equals_one_process(records, tmp_path):
+    lab = records["compare"]
+    rank0, rank1 = lab["ranks"]
+    assert rank0["code"] == rank1["code"] == 0
+    assert rank1["printed"] == "" and rank1["written"] == []  # rank 0 alone prints and writes
+    assert rank0["printed"].count("[compare] dense:") == 1 and "Claims of the seed papers" in rank0["printed"]
+    two_dir, one_dir = Path(lab["out"]), tmp_path / "one"
+    assert sorted(Path(w).name for w in rank0["written"]) == ["results.csv", "results.json"]
+    assert main(["compare", *lab["argv"], "--out", str(one_dir)]) == 0
+    assert sorted(p.relative_to(two_dir) for p in two_dir.rglob("*")) == \
+        sorted(p.relative_to(one_dir) for p in one_dir.rglob("*"))
+    two, one = (json.loads((d / "results.json").read_text()) for d in (two_dir, one_dir))
+    assert two["parallel"] == {"mode": "fsdp", "world_size": 2} and one["parallel"] is None
+    assert [r["variant"] for r in two["table"]] == [r["variant"] for r in one["table"]] == ["dense", "srste"]
+    timed = {"wall_s", "median_tokens_per_s"}
+    for a, b in zip(two["table"], one["table"]):
+        assert set(a) == set(b)
+        for key in set(a) - timed:
+            if isinstance(a[key], float):  # fp32 on the CPU; two ranks run the global batch in halves
+                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), (a["variant"], key)
+            else:
+                assert a[key] == b[key], (a["variant"], key)
+    assert [(c["outcome"], c["holds"]) for c in two["claims"]] == [(c["outcome"], c["holds"]) for c in one["claims"]]
+    for variant in ("dense", "srste"):
+        logged_two, logged_one = rows(two_dir / variant / "log.jsonl"), rows(one_dir / variant / "log.jsonl")
+        assert [r["step"] for r in logged_two] == [1, 2, 3, 4, 5, 6]  # one writer: no row twice
+        for a, b in zip(logged_two, logged_one):
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6)
+            assert a["flip_rate"] == b["flip_rate"] and a["density"] == b["density"]
+
+
+def test_compare_refuses_variants_not_run_across_processes(tmp_path, capsys):
+    """Refused before any training or process group: nothing is written, no torchrun needed."""
+    out = tmp_path / "refused"
+    assert main(["compare", "--variants", "ste,dyad,prune_regrow", "--steps", "2", "--parallel", "ddp",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "dyad, prune_regrow" in err and "--parallel ddp" in err and "without --parallel" in err
+    assert main(["compare", "--variants", "ste", "--time-budget", "60", "--parallel", "fsdp",
+                 "--out", str(out)]) == 2
+    assert "--time-budget" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_parallel_needs_torchrun(tmp_path, capsys):

@@ -35,7 +35,7 @@ def init_from_torchrun(device: str = "auto") -> tuple[int, int, int]:
     (rank, world, local rank)."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise ValueError("--parallel needs the processes that torchrun starts: run "
-                         "`torchrun --nproc-per-node N -m sparsity_lab train ... --parallel ddp|fsdp`")
+                         "`torchrun --nproc-per-node N -m sparsity_lab train|compare ... --parallel ddp|fsdp`")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     on_gpus = torch.cuda.is_available() and device != "cpu"
     if not dist.is_initialized():

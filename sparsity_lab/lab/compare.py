@@ -5,6 +5,10 @@ same schedule) and logs to ``OUT/<variant>/log.jsonl``. The comparison writes ``
 ``OUT/results.json`` (with provenance), prints the table and a check of the seed papers' claims,
 and, when plotly is installed, ``OUT/loss_curves.html`` and ``OUT/flip_rates.html``.
 
+Across processes (docs/distributed.md), every variant trains with the global batch split over the ranks:
+    torchrun --nproc-per-node 2 -m sparsity_lab compare --variants dense,ste,sste --parallel fsdp
+rank 0 alone prints and writes the logs, tables and figures (the 2:4 variants and dense only).
+
 Metrics (T = planned steps; windows are fractions of T, chosen to end before the dense fine-tune
 switch at 5/6 T):
     final_val_loss      validation loss after the last step
@@ -248,22 +252,47 @@ def size_to_time(base: TrainConfig, variants: list[str], budget_s: float, corpus
                    "tokens_per_variant": steps * base.tokens_per_step, "max_tokens": max_tokens}
 
 
+def refuse_unparallel(variants: list[str], parallel: str, time_budget: float | None) -> None:
+    """Under --parallel only the 2:4 variants and dense run (the distributed trainer wraps 2:4 layers);
+    refuse the rest, and --time-budget (its probes time one process), before any training."""
+    if parallel == "none":
+        return
+    one_process = [v for v in variants if VARIANTS[v][0] in STRUCTURES]
+    if one_process:
+        raise ValueError(f"--parallel {parallel} runs the 2:4 variants and dense; {', '.join(one_process)} "
+                         f"(not 2:4) run on one process: drop {'it' if len(one_process) == 1 else 'them'} from "
+                         "--variants, or compare them without --parallel")
+    if time_budget is not None:
+        raise ValueError(f"--time-budget probes the variants on one process; with --parallel {parallel} give "
+                         "--steps or --tokens instead")
+
+
 def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, decay: float | None = None,
                    srste_decay: float | None = None, common: dict | None = None, command: str | None = None,
                    figures: bool = True, time_budget: float | None = None, max_tokens: float | None = None,
-                   auto_warmup: bool = False) -> dict:
+                   auto_warmup: bool = False, parallel: str = "none") -> dict:
     """Train every variant and write the tables (and figures). Returns the results payload.
 
     time_budget: size the steps per variant to fit about this many seconds in all (see
     size_to_time; base.steps is then replaced); auto_warmup then sets warm-up to 5 % of them.
+    parallel: "ddp" or "fsdp" to train each variant on the processes torchrun started (the global
+    batch split over the ranks, as ``train --parallel``); rank 0 alone prints and writes.
     """
     out_dir = Path(out_dir)
     common = common or {}
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
         raise ValueError(f"variants must be a non-empty list from {sorted(VARIANTS)}, got {variants}")
+    if parallel not in ("none", "ddp", "fsdp"):
+        raise ValueError(f"parallel must be 'none', 'ddp' or 'fsdp', got {parallel!r}")
+    refuse_unparallel(variants, parallel, time_budget)
     for variant in variants:  # option errors (e.g. a backend FP8 simulation cannot wrap) before any training
         variant_config(base, variant, common, decay, srste_decay)
+    lead = True
+    if parallel != "none":
+        from ..distributed.lab_trainer import DistributedTrainer, init_from_torchrun
+
+        lead = init_from_torchrun(base.device)[0] == 0
     corpus = load_corpus(base.data, base.data_max_bytes, min_split_bytes=base.model.context + 1)
     sizing = None
     if time_budget is not None:
@@ -279,11 +308,12 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
     for variant in variants:
         cfg = variant_config(base, variant, common, decay, srste_decay)
         log = out_dir / variant / "log.jsonl"
-        if log.exists():
+        if lead and log.exists():
             log.unlink()  # a comparison always starts its runs afresh
         cfg = replace(cfg, log_path=str(log))
         start = time.perf_counter()
-        trainer = Trainer(cfg, corpus=corpus)
+        # under --parallel the other ranks log nothing (DistributedTrainer drops their log path)
+        trainer = Trainer(cfg, corpus=corpus) if parallel == "none" else DistributedTrainer(cfg, parallel, corpus)
         status = "ok"
         try:
             trainer.run()
@@ -300,8 +330,9 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
                          "ffn_train_pflops": flops * dense_ffn * metrics["tokens"] / 1e15,
                          "wall_s": time.perf_counter() - start}
         meta[variant] = {"config": cfg.to_dict(), "log": str(log.relative_to(out_dir))}
-        print(f"[compare] {variant}: final val {_f(rows[variant]['final_val_loss'])}, "
-              f"flip late {_f(rows[variant]['flip_late'])}, {rows[variant]['wall_s']:.1f} s ({status})", flush=True)
+        if lead:
+            print(f"[compare] {variant}: final val {_f(rows[variant]['final_val_loss'])}, "
+                  f"flip late {_f(rows[variant]['flip_late'])}, {rows[variant]['wall_s']:.1f} s ({status})", flush=True)
     dense_final = rows.get("dense", {}).get("final_val_loss")
     for r in rows.values():
         r["gap_vs_dense_pct"] = (100 * (r["final_val_loss"] / dense_final - 1)
@@ -311,7 +342,10 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
                "warmup_steps": base.warmup_steps, "decay": decay, "srste_decay": srste_decay,
                "common_options": common, "sizing": sizing, "switch_step": switch,
                "windows": {"early": EARLY, "late": LATE},
-               "table": list(rows.values()), "claims": claims, "runs": meta}
+               "table": list(rows.values()), "claims": claims, "runs": meta,
+               "parallel": None if parallel == "none" else {"mode": parallel, "world_size": _world_size()}}
+    if not lead:  # rank 0 writes and prints; the others return the same numbers
+        return payload
     write_table(out_dir / "results.csv", list(rows.values()))
     payload["figures"], payload["figures_note"] = [], None
     if figures:
@@ -323,6 +357,12 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
     write_result("results", finite_json(payload), command=command, directory=out_dir)
     print_report(payload)
     return payload
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size()
 
 
 TABLE_COLUMNS = ("variant", "method", "status", "steps", "tokens", "final_val_loss", "gap_vs_dense_pct",
@@ -371,6 +411,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--figures-from", metavar="DIR", default=None,
                         help="only (re)draw the figures of an earlier comparison in DIR (needs plotly)")
     add_common_arguments(parser)
+    g = parser.add_argument_group("across processes (under torchrun)")
+    g.add_argument("--parallel", choices=("none", "ddp", "fsdp"), default="none",
+                   help="train each variant with ddp (DistributedDataParallel) or fsdp (FSDP2), as "
+                   "`train --parallel`; --batch-size stays the global batch, split over the processes. "
+                   "2:4 variants and dense only")
 
 
 @cli_errors("compare")
@@ -387,7 +432,19 @@ def run(args) -> int:
     base = config_from_args(args)
     if args.time_budget is not None and given(args, "steps", "tokens"):
         raise ValueError("--time-budget sizes the steps itself; drop --steps/--tokens")
+    parallel = getattr(args, "parallel", "none")
+    started_here = parallel != "none" and not _process_group_running()  # else the caller owns the group
     run_comparison(base, variants, args.out, decay=args.decay, srste_decay=args.srste_decay,
                    common=common_method_options(args), time_budget=args.time_budget, max_tokens=args.max_tokens,
-                   auto_warmup=not given(args, "warmup_steps"))
+                   auto_warmup=not given(args, "warmup_steps"), parallel=parallel)
+    if started_here:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
     return 0
+
+
+def _process_group_running() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
