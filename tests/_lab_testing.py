@@ -12,3 +12,15 @@ def tiny_config(default_model, **kw) -> TrainConfig:
 def without_speed(rows):
     """Logged rows minus tokens/s (the one column that is not deterministic)."""
     return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]
+
+
+# the CLI's smallest run on the CPU, and a corpus file for it
+CLI_TINY = ["--layers", "1", "--heads", "2", "--width", "16", "--context", "16", "--batch-size", "4",
+            "--eval-batches", "1", "--no-progress", "--device", "cpu"]
+
+
+def tiny_corpus_file(folder) -> str:
+    """A small Python-like text corpus written to folder/corpus.txt; returns its path."""
+    path = folder / "corpus.txt"
+    path.write_text("def f(x):\n    return x * 2\n" * 400)
+    return str(path)

@@ -11,6 +11,7 @@ lambda_W is, while the on-weights term moves them by lr * lambda_W * |w|.
 import json
 
 import pytest
+from _lab_testing import CLI_TINY, tiny_corpus_file
 import torch
 
 import sparsity_lab as sl
@@ -172,15 +173,12 @@ def test_names_and_config():
 
 
 # --- everywhere the methods are: the lab's train, compare, decay grid and decay search ---------------
-LAB_TINY = ["--layers", "1", "--heads", "2", "--width", "16", "--context", "16", "--batch-size", "4",
-            "--eval-batches", "1", "--no-progress", "--device", "cpu"]
+LAB_TINY = CLI_TINY
 
 
 @pytest.fixture
 def text(tmp_path):
-    path = tmp_path / "corpus.txt"
-    path.write_text("def f(x):\n    return x * 2\n" * 400)
-    return str(path)
+    return tiny_corpus_file(tmp_path)
 
 
 def test_lab_train_and_compare_take_the_method(tmp_path, text, capsys):

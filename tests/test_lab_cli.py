@@ -2,19 +2,17 @@
 import json
 
 import pytest
+from _lab_testing import CLI_TINY, tiny_corpus_file
 
 from sparsity_lab.cli import main
 from sparsity_lab.lab.runlog import read_log
 
-TINY = ["--layers", "1", "--heads", "2", "--width", "16", "--context", "16", "--batch-size", "4",
-        "--eval-batches", "1", "--no-progress", "--device", "cpu"]
+TINY = CLI_TINY
 
 
 @pytest.fixture
 def text(tmp_path):
-    path = tmp_path / "corpus.txt"
-    path.write_text("def f(x):\n    return x * 2\n" * 400)
-    return str(path)
+    return tiny_corpus_file(tmp_path)
 
 
 def test_train_stop_and_resume_via_cli(tmp_path, text, capsys):
