@@ -100,4 +100,4 @@ def gpt_config_flops_per_token(config, ffn_fraction: float = 1.0) -> dict[str, f
         fields = ("vocab_size", "context", "n_layer", "n_head", "d_model", "ffn_kind")
         hidden = GPTConfig(**{k: get(k) for k in fields}).hidden
     return gpt_train_flops_per_token(get("n_layer"), get("d_model"), get("context"), get("vocab_size"), hidden,
-                                     ffn_fraction=ffn_fraction, gated=kind != "gelu")
+                                     ffn_fraction=ffn_fraction, gated=kind in ("swiglu", "geglu"))

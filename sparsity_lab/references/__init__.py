@@ -1,0 +1,1 @@
+"""Plain-PyTorch ground truth that the kernels and fast backends are tested against."""
