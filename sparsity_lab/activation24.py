@@ -16,13 +16,17 @@ multiplied through cuSPARSELt with the activation on the left: cuSPARSELt's stru
 D = A @ B is 2:4 along its rows, i.e. along the summed dimension, which for y = A24 W2^T and
 dx = dH W1 is exactly the hidden dimension.
 
-Two layouts of the FFN:
+Layouts of the FFN (``sparsify`` with ``weight_selector`` makes both linears 2:4, ``fc_only`` the
+up projection alone):
 * ``fc`` a plain ``nn.Linear`` (activation sparsity alone): one autograd function owns the whole FFN,
   so the input gradient dx = dH W1 can use dH's pattern (2 of the 6 products sparse);
-* ``fc`` a ``SparseLinear`` (combined with 2:4 weights on the up projection): ``fc`` runs its own
-  products (weight-sparse forward and input gradient) and this module the down projection.
-The down projection's weight ``proj`` stays a plain ``nn.Linear``: an operand pair with both sides
-2:4 cannot run sparse twice, so 2:4 weights go on ``fc`` only (``weight_selector``).
+* ``fc`` a ``SparseLinear`` (combined with 2:4 weights): ``fc`` runs its own products (forward and
+  input gradient on S(W1), and MVUE(dH^T) x for dW1 with ``mvue=True``) and this module the down
+  projection;
+* ``proj`` a ``SparseLinear`` too: the forward still multiplies A24 as the sparse operand (times the
+  dense-stored S(W2): both 2:4 operands cannot run sparse at once, one is enough), and the backward
+  takes the layer's own products, dA24 = dY S(W2) sparse on S(W2)^T (a transposable mask) and
+  dW2 = MVUE(dY^T) A24 with ``mvue=True``. With both linears 2:4 and MVUE, all six products run sparse.
 
 Dense tail: ``dense_from`` (an optimizer step, or -1 for never) switches the module to the plain
 dense squared-ReLU FFN for the last steps; ``attach_activation_schedule`` counts optimizer steps.
@@ -199,6 +203,34 @@ class _Act24DownFn(torch.autograd.Function):
         return dh.to(ctx.h_dtype), dw2, db2, None, None
 
 
+class _Act24SparseDownFn(torch.autograd.Function):
+    """y = act24(h) S(W2)^T + b2, the backward through the 2:4 layer ``proj``'s own products
+    (``layers._products_backward`` with A24 as the layer's input)."""
+
+    @staticmethod
+    def forward(ctx, h2, w2, b2, products, plan, sparse_w2):
+        with torch.autocast(h2.device.type, enabled=False):
+            hc = h2.to(plan.dtype)
+            y, a24 = products.down(hc, sparse_w2)
+            if b2 is not None:
+                y = y + b2.to(plan.dtype)
+        ctx.save_for_backward(hc, a24, w2)
+        ctx.products, ctx.plan, ctx.h_dtype = products, plan, h2.dtype
+        ctx.b2_dtype = b2.dtype if b2 is not None else None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        from .layers import _products_backward
+
+        hc, a24, w2 = ctx.saved_tensors
+        needs = (True, ctx.needs_input_grad[1], ctx.needs_input_grad[2])
+        grad_a24, dw2, db2 = _products_backward(ctx.plan, dy, a24, a24.shape, a24.dtype, w2, ctx.b2_dtype, needs)
+        with torch.autocast(dy.device.type, enabled=False):
+            dh, _ = ctx.products.grad_h(hc, grad_a24.to(hc.dtype))
+        return dh.to(ctx.h_dtype), dw2, db2, None, None, None
+
+
 # --- the module ----------------------------------------------------------------------------------
 class Act24MLP(nn.Module):
     """Squared-ReLU FFN with 2:4 activations on the down projection (the lab GPT's ``mlp``).
@@ -241,12 +273,25 @@ class Act24MLP(nn.Module):
         self.step.add_(1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if type(self.proj) is not nn.Linear:
-            raise TypeError(f"Act24MLP.proj must stay a plain nn.Linear (its input is the 2:4 operand), got "
-                            f"{type(self.proj).__name__}: make only 'fc' 2:4 (activation24.weight_selector)")
+        from .layers import SparseLinear
+
+        if type(self.proj) not in (nn.Linear, SparseLinear) or type(self.fc) not in (nn.Linear, SparseLinear):
+            raise TypeError(f"Act24MLP runs fc and proj as nn.Linear or SparseLinear, got {type(self.fc).__name__} "
+                            f"and {type(self.proj).__name__}")
         if not self.sparse_now:
             return self.drop(self.proj(relu2(self.fc(x))))
         dtype = _compute_dtype(x)
+        if isinstance(self.proj, SparseLinear):
+            h = self.fc(x)
+            h2 = h.reshape(-1, h.shape[-1])
+            grad = torch.is_grad_enabled()
+            plan = self.proj._call_plan(h2, self.training and grad, grad and self.proj.weight.requires_grad, dtype)
+            if plan is not None:  # None: the weights' dense phase; the plain-weight path below runs
+                sparse_w2 = self.proj.sparse_weight().to(plan.dtype)
+                y = _Act24SparseDownFn.apply(h2, self.proj.weight, self.proj.bias, self.products, plan, sparse_w2)
+                return self.drop(y.reshape(*x.shape[:-1], y.shape[-1]))
+            y = _Act24DownFn.apply(h2, self.proj.weight, self.proj.bias, self.products, dtype)
+            return self.drop(y.reshape(*x.shape[:-1], y.shape[-1]))
         if type(self.fc) is nn.Linear:
             x2 = x.reshape(-1, x.shape[-1])
             y = _Act24FFNFn.apply(x2, self.fc.weight, self.fc.bias, self.proj.weight, self.proj.bias,
@@ -262,7 +307,12 @@ def act24_modules(model: nn.Module) -> list[tuple[str, Act24MLP]]:
 
 
 def weight_selector(name: str, module: nn.Module) -> bool:
-    """``sparsify`` selector for the combined method: 2:4 weights on the up projections (``mlp.fc``) only."""
+    """``sparsify`` selector for the combined method: 2:4 weights on both FFN linears (``mlp.fc``, ``mlp.proj``)."""
+    return name.endswith(("mlp.fc", "mlp.proj"))
+
+
+def fc_only(name: str, module: nn.Module) -> bool:
+    """``sparsify`` selector: 2:4 weights on the up projections (``mlp.fc``) only."""
     return name.endswith("mlp.fc")
 
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from _lab_testing import CLI_TINY, tiny_config, without_speed
 
 import sparsity_lab as sl
-from sparsity_lab.activation24 import (Act24FallbackWarning, Act24MLP, ReferenceProducts, act24_modules,
+from sparsity_lab.activation24 import (Act24FallbackWarning, Act24MLP, ReferenceProducts, act24_modules, fc_only,
                                        make_products, weight_selector)
 from sparsity_lab.activation_stats import ActivationSparsityTracker, relu2_sparsity
 from sparsity_lab.flops import gpt_config_flops_per_token
@@ -109,7 +109,7 @@ def test_combined_mlp_puts_2_4_weights_on_fc_only_and_matches_autograd():
     torch.manual_seed(2)
     model = torch.nn.Sequential()
     model.add_module("mlp", Act24MLP(16, 64).double())
-    sl.sparsify(model, sl.STE(), select=weight_selector)
+    sl.sparsify(model, sl.STE(), select=fc_only)
     sl.attach_optimizer(model, torch.optim.SGD(model.parameters(), lr=0.0))
     assert [name for name, _ in sl.sparse_layers(model)] == ["mlp.fc"]
     fc, proj = model.mlp.fc, model.mlp.proj
@@ -124,12 +124,31 @@ def test_combined_mlp_puts_2_4_weights_on_fc_only_and_matches_autograd():
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
 
 
-def test_proj_must_stay_dense_and_cusparselt_falls_back_visibly_on_cpu():
+@pytest.mark.parametrize("bias", [False, True])
+def test_both_linears_2_4_and_activations_2_4_match_autograd(bias):
+    """proj 2:4 too: y = A24 S(W2)^T, dA24 = dY S(W2), dW2 = dY^T A24 (STE), dW1 through S(W1)."""
+    torch.manual_seed(3)
     model = torch.nn.Sequential()
-    model.add_module("mlp", Act24MLP(16, 64))
-    sl.sparsify(model, sl.STE())  # the default selector takes proj too: refused at the forward
-    with pytest.raises(TypeError, match="proj must stay a plain nn.Linear"):
-        model(torch.randn(2, 16))
+    model.add_module("mlp", Act24MLP(16, 64, bias=bias).double())
+    sl.sparsify(model, sl.STE(transposable=True), select=weight_selector)
+    sl.attach_optimizer(model, torch.optim.SGD(model.parameters(), lr=0.0))
+    assert [name for name, _ in sl.sparse_layers(model)] == ["mlp.fc", "mlp.proj"]
+    fc, proj = model.mlp.fc, model.mlp.proj
+    x = torch.randn(2, 5, 16, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(2, 5, 16, dtype=torch.float64)
+    params = (x, *model.parameters())
+    got = torch.autograd.grad(model(x), params, dy)
+
+    def ste(layer):
+        return layer.weight + (layer.weight * layer.mask - layer.weight).detach()
+    a = relu2(F.linear(x, ste(fc), fc.bias))
+    y = F.linear(a * top2of4_mask(a).detach(), ste(proj), proj.bias)
+    want = torch.autograd.grad(y, params, dy)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+def test_cusparselt_products_fall_back_visibly_on_cpu():
     with pytest.warns(Act24FallbackWarning, match="need a CUDA GPU"):
         products = make_products("cusparselt", 64, torch.device("cpu"))
     assert isinstance(products, ReferenceProducts)
@@ -153,7 +172,7 @@ def test_config_relu2_hidden_flops_and_errors():
 def test_trainer_combined_dense_tail_stats_and_exact_resume(tmp_path, corpus):
     cfg = dict(method="ste", method_options={"dense_finetune_at": 0.5}, steps=8)
     straight = Trainer(tiny_config(ACT24, **cfg), corpus=corpus)
-    assert [n for n, _ in straight.layers] == ["blocks.0.mlp.fc", "blocks.1.mlp.fc"]
+    assert [n for n, _ in straight.layers] == [f"blocks.{i}.mlp.{p}" for i in (0, 1) for p in ("fc", "proj")]
     straight.run()
     mods = [m for _, m in act24_modules(straight.model)]
     assert all(int(m.step) == 8 and int(m.dense_from) == 4 and not m.sparse_now for m in mods)

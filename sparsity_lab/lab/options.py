@@ -91,7 +91,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--activation-sparsity", choices=ACTIVATION_SPARSITY, default=S,
                    help="2:4: prune the squared-ReLU activation (needs --ffn relu2) to 2:4 along the hidden "
                    "dimension and multiply it as the sparse operand of the down projection; --method then puts "
-                   "2:4 weights on the up projection only (dense = activation sparsity alone), and "
+                   "2:4 weights on both FFN linears (dense = activation sparsity alone), and "
                    "--dense-finetune-at switches both to dense for the last steps (default none)")
     g = parser.add_argument_group("data")
     g.add_argument("--data", metavar="PATH", default=S, help="a text file or folder (default: the Python "

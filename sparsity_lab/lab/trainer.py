@@ -190,7 +190,7 @@ class Trainer:
             cfg.model.check_nm(self.method.m, self.method.transposable)
         torch.manual_seed(cfg.seed)  # the same initial weights for every method
         model = GPT(cfg.model).to(self.device)  # on the device first: masks are computed there
-        # with 2:4 activations the down projection's input is the sparse operand: 2:4 weights on fc only
+        # with 2:4 activations: 2:4 weights on both FFN linears (Act24MLP runs proj's products itself)
         select = weight_selector if act24 else None
         self.model = sparsify(model, self.method, select) if self.is_24 else self.method.apply(model)
         self.layers = sparse_layers(self.model)
