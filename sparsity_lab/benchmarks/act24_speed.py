@@ -270,8 +270,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-graph", action="store_true", help="eager timing only")
     parser.add_argument("--smoke", action="store_true", help="tiny CPU run with the reference products: checks "
                         "that the script runs; the numbers mean nothing")
-    parser.add_argument("--out", default=None, help="also write the JSON here (default: results/act24_<gpu>.json "
-                        "on a GPU, nothing in --smoke)")
+    parser.add_argument("--out", default=None, help="write the JSON to this file instead (default: "
+                        "results/act24_<gpu>.json on a GPU, nothing in --smoke)")
+    parser.add_argument("--out-dir", default=None, help="folder of act24_<gpu>.json (default results/)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -299,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
         Path(args.out).write_text(json.dumps({"provenance": provenance(), **result}, indent=2, default=str) + "\n")
     elif not s.smoke:
         gpu = torch.cuda.get_device_name().split()[1].lower() if " " in torch.cuda.get_device_name() else "gpu"
-        print("wrote", write_result(f"act24_{gpu}", result))
+        print("wrote", write_result(f"act24_{gpu}", result, directory=args.out_dir))
     return 0
 
 
