@@ -50,7 +50,7 @@ def mvue_layers(model: nn.Module) -> list[SparseLinear]:
 def fill_seeds(layers: list[SparseLinear]) -> None:
     """Write each MVUE layer's seed for this step into its device seed tensor: the value the eager
     step would draw (the layer's generator for its next call, advancing ``mvue_calls`` as eager does)."""
-    from .backends.triton_backend import TritonBackend
+    from .backends.triton import TritonBackend
 
     for layer in layers:
         seed = TritonBackend._seed(layer._generator(layer._graph_seed.device))

@@ -8,7 +8,7 @@ register_backend("torch", TorchBackend)
 
 def _triton_backend():
     # imported only when asked for: `import sparsity_lab` must not import triton
-    from .triton_backend import TritonBackend
+    from .triton import TritonBackend
     return TritonBackend()
 
 
@@ -17,7 +17,7 @@ register_backend("triton", _triton_backend)
 
 def _cusparselt_backend(auto: bool):
     # imported only when asked for; without a CUDA GPU it returns the reference with a warning
-    from .cusparselt_backend import cusparselt_backend
+    from .cusparselt.backend import cusparselt_backend
     return cusparselt_backend(auto=auto)
 
 

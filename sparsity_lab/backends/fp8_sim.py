@@ -1,7 +1,7 @@
 """Simulated FP8 products around any backend: FP8-rounded operands, the inner backend's operations.
 
 S-STE's FP8 recipe (docs/algorithms.md, "FP8 per-tensor scaling"): each product operand is quantized
-to FP8 with a per-tensor current-amax scale and dequantized again (``sparsity_lab.fp8``); the product then runs on the inner
+to FP8 with a per-tensor current-amax scale and dequantized again (``sparsity_lab.references.fp8``); the product then runs on the inner
 backend in the usual dtype (float32 accumulation):
     forward          Z  = q4(X) q4(S(W))^T           q4: E4M3 (max 448, 3 mantissa bits)
     input gradient   dX = q5(dZ) q4(S(W))             q5: E5M2 (max 57344, 2 mantissa bits)
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ..fp8 import dequantize_fp8, quantize_fp8
+from ..references.fp8 import dequantize_fp8, quantize_fp8
 from .base import available_backends, get_backend, register_backend
 
 SUFFIX = "_fp8sim"

@@ -152,10 +152,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.smoke and args.mib < 64:
         print(f"warning: --mib {args.mib} is below the 64 MiB the targets are stated for")
     from .. import kernels as K
-    from ..fp8 import dequantize_fp8 as ref_dequantize
-    from ..fp8 import quantize_fp8 as ref_quantize
-    from ..gated import gated_backward as ref_gated_bwd
-    from ..gated import gated_forward as ref_gated_fwd
+    from ..references.fp8 import dequantize_fp8 as ref_dequantize
+    from ..references.fp8 import quantize_fp8 as ref_quantize
+    from ..references.gated import gated_backward as ref_gated_bwd
+    from ..references.gated import gated_forward as ref_gated_fwd
     from ..masks.nm import nm_mask
     from ..masks.patterns import solve_patterns, transposable_patterns
     from ..masks.tiles import to_tiles, validate_transposable_mask
@@ -381,7 +381,7 @@ def run(args: argparse.Namespace) -> int:
 
     # 8. compress into cuSPARSELt's layout (row-major W, and W^T read as a transposed view) -------------------
     with section('8. compress24', failures):
-        from ..backends.cusparselt_layout import compress24_reference
+        from ..references.cusparselt_layout import compress24_reference
         crow = rows - rows % 64 if rows >= 64 else 64
         w = torch.randn(crow, cols, device=device, dtype=bf16)
         w = w * nm_mask(w, 2, 4)

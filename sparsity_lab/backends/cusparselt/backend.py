@@ -1,8 +1,8 @@
 """The "cusparselt" backend: a 2:4 linear layer whose products run on sparse tensor cores.
 
 For W (out, in), X (tokens, in), dZ (tokens, out), and cuSPARSELt computing ``A @ B`` with the
-sparse, compressed operand A on the left (``cusparselt_ops`` states the contract, read in PyTorch's
-source, with file names; the products go through ``cusparselt_direct``, which calls cuSPARSELt with
+sparse, compressed operand A on the left (``ops`` states the contract, read in PyTorch's
+source, with file names; the products go through ``direct``, which calls cuSPARSELt with
 PyTorch's descriptors and one cached plan per product shape, or through ``torch._cslt_sparse_mm``):
 
     forward         Z^T  = S(W)   X^T    A = S(W)      (out, in), 2:4 along in     B = X.t()   -> Z  (tokens, out)
@@ -25,7 +25,7 @@ Masks, the soft threshold, MVUE and the masked decay use the Triton kernels on C
 reference on CPU tensors, e.g. a layer built on the CPU before ``.cuda()``).
 
 Algorithm choice: per product key, searched and checked numerically on first use
-(``cusparselt_algorithms``). Tokens that are not a multiple of 16 (bf16/fp16) are padded with zero
+(``algorithms``). Tokens that are not a multiple of 16 (bf16/fp16) are padded with zero
 rows (a copy, counted in ``stats["padded_calls"]``); weights whose dimensions are not multiples of
 16 raise (``backend="cusparselt_auto"`` runs them dense and reports it).
 
@@ -57,13 +57,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .auto_policy import PRODUCTS, AutoPolicy, ProductShape
-from .cusparselt_algorithms import AlgorithmCache, ProductKey, synthetic_operands
-from ..methods.flip_rate import mask_flips_tensor
-from .cusparselt_layout import fast_layout_problem
-from .cusparselt_ops import (PRODUCT_DTYPES, SPARSE_MULTIPLE, check_product_dtype,
+from .auto import PRODUCTS, AutoPolicy, ProductShape
+from .algorithms import AlgorithmCache, ProductKey, synthetic_operands
+from ...methods.flip_rate import mask_flips_tensor
+from ...references.cusparselt_layout import fast_layout_problem
+from .ops import (PRODUCT_DTYPES, SPARSE_MULTIPLE, check_product_dtype,
                              check_sparse_shape, padded, sparse_shape_problem, transposed_view, unavailable_reason)
-from .torch_reference import TorchBackend
+from ..torch_reference import TorchBackend
 
 MIN_MULTIPLE = min(SPARSE_MULTIPLE[d] for d in PRODUCT_DTYPES)  # 16: what any weight must meet
 
@@ -146,7 +146,7 @@ class CusparseltBackend:
                  grad_weight_transpose_result: bool = False, fast_compress: bool = True,
                  fused_mvue_compress: bool = True, fused_prepare: bool = True) -> None:
         if ops is None:  # the direct binding (cached plans), PyTorch's ops if it cannot start (warned)
-            from .cusparselt_direct import make_ops
+            from .direct import make_ops
             ops = make_ops()
         self._ops = ops
         self.policy = policy
@@ -199,7 +199,7 @@ class CusparseltBackend:
     # --- masks and weights: Triton kernels on CUDA tensors, the reference elsewhere -----------------
     def _k(self):
         if self._kernels is None:
-            from .. import kernels  # triton: imported only when a CUDA tensor needs it
+            from ... import kernels  # triton: imported only when a CUDA tensor needs it
             self._kernels = kernels
         return self._kernels
 
@@ -386,10 +386,10 @@ class CusparseltBackend:
         """MVUE(dZ) with groups of 4 along the tokens, (tokens, out): the Triton kernel on CUDA
         (the same call and seed as the "triton" backend, so both draw alike), the reference elsewhere."""
         if grad_out.is_cuda:
-            from .triton_backend import TritonBackend
+            from ..triton import TritonBackend
             return self._k().mvue24(grad_out, dim=0, seed=TritonBackend._seed(generator))
-        from ..methods.mvue import mvue24
-        from .torch_reference import generator_on
+        from ...methods.mvue import mvue24
+        from ..torch_reference import generator_on
         return mvue24(grad_out, dim=0, generator=generator_on(grad_out.device, generator), check=False)
 
     def grad_weight(self, grad_out, x, mvue, generator):
@@ -405,7 +405,7 @@ class CusparseltBackend:
         fused = (sparse and self.fused_mvue_compress and dz_p.is_cuda and dz_p.is_contiguous()
                  and dtype in (torch.bfloat16, torch.float16) and rows % 64 == 0 and out_f % 64 == 0)
         if fused:  # the same seed as the two-kernel path: the same draws, the same bytes
-            from .triton_backend import TritonBackend
+            from ..triton import TritonBackend
             mv, seed = None, TritonBackend._seed(generator)
         else:
             mv = self._mvue_tokens_major(dz_p, generator)  # (rows, out)
@@ -534,7 +534,7 @@ def cusparselt_backend(auto: bool = False, min_speedup: float = 1.0):
         reason = unavailable_reason()
         warnings.warn(f"backend {name!r} was requested, but {reason}: SparseLinear layers run the reference "
                       "backend ('torch', dense products of the same masked weights) instead; "
-                      "sparsity_lab.backends.auto_policy.backend_report(model) lists them",
+                      "sparsity_lab.sparsify.backend_report(model) lists them",
                       BackendFallbackWarning, stacklevel=3)
         return ReferenceFallback(name, reason)
     if not auto:
