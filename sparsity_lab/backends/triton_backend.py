@@ -103,5 +103,3 @@ class TritonBackend(Backend):
     def masked_decay_(self, grad, weight, mask, decay):
         self._k.masked_decay_(grad, weight, mask, decay)
 
-
-    _seed = staticmethod(kernel_seed)  # graph_step still calls it (moves to the layer next)
