@@ -36,7 +36,8 @@ MATERIAL = {
 def packages() -> tuple[list[str], dict[str, str]]:
     """Package names and the one folder mapping (``sparsity_lab.kernels`` -> ``kernels/``)."""
     names = find_packages(where=str(HERE), include=["sparsity_lab", "sparsity_lab.*"])
-    kernels = ["sparsity_lab.kernels"] + [f"sparsity_lab.kernels.{p}" for p in find_packages(where=str(HERE / "kernels"))]
+    kernel_subpackages = find_packages(where=str(HERE / "kernels"))
+    kernels = ["sparsity_lab.kernels"] + [f"sparsity_lab.kernels.{p}" for p in kernel_subpackages]
     return names + kernels, {"sparsity_lab.kernels": "kernels"}
 
 

@@ -47,3 +47,15 @@ def test_a_missing_shipped_folder_is_a_clear_error(monkeypatch, tmp_path):
         assert "_shipped" in str(err) and "pip install -e ." in str(err)
     else:
         raise AssertionError("require() found a folder that is not there")
+
+
+def test_only_shipped_py_finds_files_through_its_own_location():
+    """A module that builds paths from its own ``__file__`` reads or writes beside the installed
+    package; shipped.py is the one place that looks there (for the shipped copies, read-only)."""
+    import re
+
+    own_file = re.compile(r"(?<![\w.])__file__")
+    offenders = [str(p.relative_to(ROOT)) for folder in (ROOT / "sparsity_lab", ROOT / "kernels")
+                 for p in folder.rglob("*.py") if p.name != "shipped.py" and "_shipped" not in p.parts
+                 and own_file.search(p.read_text())]
+    assert not offenders, f"modules that locate files from their own __file__ (use sparsity_lab.shipped): {offenders}"

@@ -39,7 +39,8 @@ def _clean_env(**extra) -> dict:
 
 def _run(cmd, cwd: Path, env: dict, timeout: int) -> subprocess.CompletedProcess:
     done = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{' '.join(map(str, cmd))} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, \
+        f"{' '.join(map(str, cmd))} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
 
 
@@ -62,8 +63,9 @@ def wheel(tmp_path_factory) -> Path:
 
 def _source_modules() -> set[str]:
     """Every .py file of the package's source, as its path inside the wheel."""
-    found = {f"sparsity_lab/{p.relative_to(ROOT / 'sparsity_lab').as_posix()}" for p in (ROOT / "sparsity_lab").rglob("*.py")}
-    found |= {f"sparsity_lab/kernels/{p.relative_to(ROOT / 'kernels').as_posix()}" for p in (ROOT / "kernels").rglob("*.py")}
+    found = set()
+    for folder, inside in ((ROOT / "sparsity_lab", "sparsity_lab"), (ROOT / "kernels", "sparsity_lab/kernels")):
+        found |= {f"{inside}/{p.relative_to(folder).as_posix()}" for p in folder.rglob("*.py")}
     return {f for f in found if "__pycache__" not in f and "/_shipped/" not in f}
 
 
@@ -79,7 +81,8 @@ def test_the_wheel_ships_the_course_material(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     wanted = {f"notebooks/{p.name}" for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
     wanted |= {f"docs/{p.relative_to(ROOT / 'docs').as_posix()}" for p in (ROOT / "docs").rglob("*.md")}
-    wanted |= {"book/_config.yml", "book/intro.md"} | {f"book/_static/{p.name}" for p in (ROOT / "book" / "_static").iterdir()}
+    wanted |= {"book/_config.yml", "book/intro.md"}
+    wanted |= {f"book/_static/{p.name}" for p in (ROOT / "book" / "_static").iterdir()}
     wanted |= {f"results/{p.relative_to(ROOT / 'results').as_posix()}" for p in (ROOT / "results").rglob("*")
                if p.is_file() and not fnmatch.fnmatch(p.name, "*.html")}
     missing = sorted(w for w in wanted if f"sparsity_lab/_shipped/{w}" not in names)
@@ -131,7 +134,8 @@ def test_the_installed_wheel_runs_demo_and_a_notebook_from_an_empty_folder(insta
     assert Path(kernel_python).resolve() == python.resolve(), \
         f"the notebooks' kernel would run {kernel_python}, not the venv's python (a python3 kernelspec elsewhere?)"
 
-    demo = _run([installed["bin"] / "sparsity-lab", "demo", "--steps", "12", "--size", "64"], cwd=cwd, env=env, timeout=300)
+    demo = _run([installed["bin"] / "sparsity-lab", "demo", "--steps", "12", "--size", "64"],
+                cwd=cwd, env=env, timeout=300)
     assert "1. A 2:4 mask" in demo.stdout and "flip rate early" in demo.stdout
 
     # a result written without --out-dir goes to results/ of the current folder, with the wheel's commit

@@ -37,7 +37,8 @@ FORWARDED_SIGNALS = ("SIGTERM", "SIGHUP")  # Ctrl+C reaches the server already (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--notebooks", type=Path, default=NOTEBOOK_DIR, metavar="DIR",
-                        help=f"folder of the course notebooks to copy or run (default: the shipped ones, {NOTEBOOK_DIR})")
+                        help=f"folder of the course notebooks to copy or run (default: the shipped ones, "
+                             f"{NOTEBOOK_DIR})")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, metavar="DIR",
                         help="your working copy: JupyterLab opens the notebooks copied to DIR/notebooks, and runs "
                              "and the headless book are written under DIR (default ./sparsity-lab-course). "
@@ -76,7 +77,8 @@ def check_arguments(args) -> None:
             raise ValueError(f"{', '.join(given)}: JupyterLab options, not used with --headless")
     else:
         given = [name for name, value in (("--sizes", args.sizes), ("--out", args.out), ("--report", args.report),
-                                          ("--only", args.only)) if value is not None] + (["--no-book"] if args.no_book else [])
+                                          ("--only", args.only)) if value is not None]
+        given += ["--no-book"] if args.no_book else []
         if given:
             raise ValueError(f"{', '.join(given)}: only used with --headless (which runs the notebooks "
                              "and builds the book)")
