@@ -10,6 +10,7 @@ The wheel is built from a copy of the build inputs (nothing lands in the checkou
   into the installed package.
 """
 import fnmatch
+import importlib.util
 import json
 import os
 import shutil
@@ -46,7 +47,8 @@ def _run(cmd, cwd: Path, env: dict, timeout: int) -> subprocess.CompletedProcess
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    pytest.importorskip("setuptools", reason="the test extra installs setuptools, the build backend")
+    if importlib.util.find_spec("setuptools") is None:
+        pytest.fail("building the wheel needs setuptools, which the test extra installs: pip install -e '.[test]'")
     source = tmp_path_factory.mktemp("source")
     for name in BUILD_INPUTS:
         path = ROOT / name
@@ -117,16 +119,25 @@ def _package_files(package: Path) -> dict[str, tuple[int, int]]:
             for p in package.rglob("*") if p.is_file()}
 
 
+# what the installed package says about itself: the files imported, where its shipped files come from,
+# the commit in its provenance, and the python that papermill's kernel (the notebooks) would run
+PROBE = """
+import sparsity_lab, sparsity_lab.kernels, sparsity_lab.shipped
+from jupyter_client.manager import KernelManager
+from sparsity_lab.provenance import provenance
+print(sparsity_lab.__file__)
+print(sparsity_lab.kernels.__file__)
+print(sparsity_lab.shipped.installed_from())
+print(provenance()["git_commit"])
+print(KernelManager(kernel_name="python3").format_kernel_cmd()[0])
+"""
+
+
 def test_the_installed_wheel_runs_demo_and_a_notebook_from_an_empty_folder(installed):
     python, env, cwd, package = installed["python"], installed["env"], installed["cwd"], installed["package"]
     before = _package_files(package)
 
-    probe = _run([python, "-c", "import sparsity_lab, sparsity_lab.kernels, sparsity_lab.shipped as s\n"
-                  "from sparsity_lab.provenance import provenance\n"
-                  "from jupyter_client.kernelspec import KernelSpecManager\n"
-                  "print(sparsity_lab.__file__); print(sparsity_lab.kernels.__file__); print(s.installed_from())\n"
-                  "print(provenance()['git_commit']); print(KernelSpecManager().get_kernel_spec('python3').argv[0])"],
-                 cwd=cwd, env=env, timeout=120).stdout.split("\n")
+    probe = _run([python, "-c", PROBE], cwd=cwd, env=env, timeout=120).stdout.split("\n")
     init, kernels_init, installed_from, commit, kernel_python = probe[:5]
     assert Path(init).resolve() == (package / "__init__.py").resolve(), f"imported {init}, not the wheel's"
     assert Path(kernels_init).resolve().parent == (package / "kernels").resolve(), kernels_init
