@@ -93,7 +93,7 @@ def act24(h: torch.Tensor, out_dtype: torch.dtype | None = None, dense: bool = T
     operand (``cusparselt_layout.compressed_shape(tokens, hidden, out_dtype)``, what
     ``torch._cslt_compress(A24)`` gives) and, with ``dense=True``, A24 itself (tokens, hidden).
     """
-    from sparsity_lab.backends import cusparselt_layout as layout
+    from sparsity_lab.references import cusparselt_layout as layout
 
     check_tensor(h, "h", (torch.bfloat16, torch.float16, torch.float32))
     check_activation_shape(h)

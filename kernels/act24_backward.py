@@ -67,7 +67,7 @@ def act24_backward(h: torch.Tensor, grad_a24: torch.Tensor, out_dtype: torch.dty
     float16 / float32, any strides; tokens and hidden multiples of 64. out_dtype: bfloat16 / float16
     (default grad_a24's dtype).
     """
-    from sparsity_lab.backends import cusparselt_layout as layout
+    from sparsity_lab.references import cusparselt_layout as layout
 
     check_tensor(h, "h", (torch.bfloat16, torch.float16, torch.float32))
     check_tensor(grad_a24, "grad_a24", (torch.bfloat16, torch.float16, torch.float32))

@@ -80,14 +80,14 @@ class CusparseltProducts:
 
     Tokens that are not a multiple of 64 are padded with zero rows (zero H gives zero A24 and dH);
     the hidden width must be a multiple of 64. Algorithms: searched and checked once per product
-    shape (``cusparselt_algorithms.AlgorithmCache``).
+    shape (``backends.cusparselt.algorithms.AlgorithmCache``).
     """
 
     name = "cusparselt"
 
     def __init__(self, ops=None, sweep: bool = True) -> None:
-        from .backends.cusparselt_algorithms import AlgorithmCache
-        from .backends.cusparselt_direct import make_ops
+        from .backends.cusparselt.algorithms import AlgorithmCache
+        from .backends.cusparselt.direct import make_ops
         from .kernels.act24 import act24 as act24_kernel
         from .kernels.act24_backward import act24_backward
         self.ops = ops if ops is not None else make_ops()
@@ -95,7 +95,7 @@ class CusparseltProducts:
         self._forward_kernel, self._backward_kernel = act24_kernel, act24_backward
 
     def _mm(self, compressed: torch.Tensor, b: torch.Tensor, m: int) -> torch.Tensor:
-        from .backends.cusparselt_algorithms import ProductKey
+        from .backends.cusparselt.algorithms import ProductKey
         k, n = b.shape
         key = ProductKey(m, k, n, b.dtype, not b.is_contiguous(), False)
         return self.ops.mm(compressed, b, None, False, self.algorithms.get(key, b.device))

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from _kernel_testing import DEVICE, assert_close_ulp
 
-from sparsity_lab.backends.cusparselt_layout import compress24_reference, compressed_shape, decompress24_reference
+from sparsity_lab.references.cusparselt_layout import compress24_reference, compressed_shape, decompress24_reference
 from sparsity_lab.kernels.act24 import act24
 from sparsity_lab.kernels.act24_backward import act24_backward
 from sparsity_lab.references.act24 import act24 as act24_ref
