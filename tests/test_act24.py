@@ -233,3 +233,9 @@ def test_all_products_on_cusparselt_match_the_reference_backend_on_gpu(mvue):
         runs.append([y.float(), x.grad.float(), model.mlp.fc.weight.grad.float(), model.mlp.proj.weight.grad.float()])
     for fast, ref in zip(*runs):
         assert float((fast - ref).norm() / ref.norm()) < 2e-2
+
+
+def test_parallel_training_refuses_activation_sparsity():
+    from sparsity_lab.distributed.lab_trainer import DistributedTrainer
+    with pytest.raises(ValueError, match="runs on one process"):
+        DistributedTrainer(tiny_config(ACT24, method="ste"), "ddp")
