@@ -197,11 +197,13 @@ def _small_checks(M, variant: str, dim: int, block: int, warps: int, device: tor
 def _compiled_kernel_info() -> list[dict]:
     """Registers, spills and shared memory of every compiled MVUE kernel (best effort: triton's
     cache layout is internal and differs between versions; an error is recorded, not hidden)."""
-    M = importlib.import_module("sparsity_lab.kernels.mvue24")
+    shipped = importlib.import_module("sparsity_lab.kernels.mvue24")
+    baselines = importlib.import_module("sparsity_lab.kernels.mvue24_variants")
     infos = []
-    for name in ("_mvue24_lastdim_kernel", "_mvue24_lastdim_quads_kernel", "_mvue24_strided_kernel",
-                 "_mvue24_strided_quads_kernel", "_mvue24_strided_tile16_kernel"):
-        fn = getattr(M, name)
+    for module, name in ((baselines, "_mvue24_lastdim_kernel"), (shipped, "_mvue24_lastdim_quads_kernel"),
+                         (baselines, "_mvue24_strided_kernel"), (shipped, "_mvue24_strided_quads_kernel"),
+                         (baselines, "_mvue24_strided_tile16_kernel")):
+        fn = getattr(module, name)
         try:
             for cache in getattr(fn, "device_caches", {}).values():
                 for kernel in cache[0].values():
