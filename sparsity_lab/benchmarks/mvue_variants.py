@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 import time
 import warnings
@@ -41,7 +40,7 @@ from pathlib import Path
 import torch
 
 from .mvue_checks import check_support_and_values, groups_of, small_checks
-from .timing import Timer, copy_ceiling_gbps, sync
+from .timing import Timer, bench_device, copy_ceiling_gbps, sync
 
 MIB = 1 << 20
 DIMS = (0, -1)
@@ -238,14 +237,9 @@ def time_diagnostics(M, ref: Reference, variants, timer: Timer, results: Results
 
 def run(args: argparse.Namespace) -> int:
     start_time = time.perf_counter()
-    if args.smoke:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        device = torch.device("cpu")
-    else:
-        if not torch.cuda.is_available():
-            print("mvue_variants needs a CUDA GPU (use --smoke to check the script on a CPU)")
-            return 2
-        device = torch.device("cuda")
+    device = bench_device(args.smoke, "mvue_variants")
+    if device is None:
+        return 2
     M = importlib.import_module("sparsity_lab.kernels.mvue24")
     from ..provenance import provenance
 
