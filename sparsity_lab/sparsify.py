@@ -151,23 +151,17 @@ class LayerBackendRow:
 
 def backend_report(model) -> list[LayerBackendRow]:
     """Which backend runs each SparseLinear, and per product whether it runs sparse (and why)."""
-    from .backends.cusparselt.auto import PRODUCTS  # the product names; imported late, like the backend
+    from .backends.base import PRODUCTS
 
     rows = []
     for name, layer in sparse_layers(model):
         backend = layer.backend
-        reason = getattr(backend, "fallback_reason", None)
         if layer.dense_now:
             products = {p: "dense W (dense phase of the method)" for p in PRODUCTS}
-        elif hasattr(backend, "product_plan"):
-            products = backend.product_plan(layer.out_features, layer.in_features, layer.method.mvue)
         else:
-            label = "dense masked W (reference)" if reason else f"dense masked W (backend {backend.name!r})"
-            products = {p: label for p in PRODUCTS}
-            if not layer.method.mvue:
-                products["grad_weight"] = "dense dZ^T X"
+            products = backend.product_plan(layer.out_features, layer.in_features, layer.method.mvue)
         rows.append(LayerBackendRow(name or "<model>", layer.out_features, layer.in_features, layer.method.backend,
-                                    backend.name, reason, products))
+                                    backend.name, backend.fallback_reason, products))
     return rows
 
 

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-PRODUCTS = ("forward", "grad_input", "grad_weight")
+from ..base import PRODUCTS
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from .auto import PRODUCTS, AutoPolicy, ProductShape
+from ..base import Backend, MvueSeed, kernel_seed
 from .algorithms import AlgorithmCache, ProductKey, synthetic_operands
 from ...methods.flip_rate import mask_flips_tensor
 from ...references.cusparselt_layout import fast_layout_problem
@@ -132,7 +133,7 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     return x if x.shape[0] == rows else F.pad(x, (0, 0, 0, rows - x.shape[0]))
 
 
-class CusparseltBackend:
+class CusparseltBackend(Backend):
     """2:4 products on sparse tensor cores through cuSPARSELt (see the module docstring).
 
     ops: the cuSPARSELt calls (default: PyTorch's, which checks the GPU; tests pass a stand-in).
@@ -141,6 +142,8 @@ class CusparseltBackend:
     grad_weight_transpose_result: take the weight gradient's result as (in, out) and return its
     ``.t()`` view (the probe measures which layout is faster).
     """
+
+    reads_seed_from_device = True  # MVUE runs in the Triton kernels, which read a device seed under graph capture
 
     def __init__(self, ops: Any = None, policy: AutoPolicy | None = None, sweep: bool = True,
                  grad_weight_transpose_result: bool = False, fast_compress: bool = True,
@@ -170,6 +173,11 @@ class CusparseltBackend:
         # decisions. sparsity_lab.graph_step.graph_timing switches it around CudaGraphStep's eager steps.
         self._timing = "eager"
         self._by_timing: dict[str, tuple] = {}  # the other mode's (policy, decided)
+
+    @property
+    def measures_products(self) -> bool:
+        """True with an auto policy: it times the sparse and dense product of each new shape."""
+        return self.policy is not None
 
     @property
     def timing(self) -> str:
@@ -382,17 +390,16 @@ class CusparseltBackend:
         dx = self._ops.mm(operand.compressed_t, b, None, True, config)  # (rows, in) = dX
         return dx if rows == tokens else dx[:tokens]
 
-    def _mvue_tokens_major(self, grad_out: torch.Tensor, generator) -> torch.Tensor:
+    def _mvue_tokens_major(self, grad_out: torch.Tensor, seed: MvueSeed | None) -> torch.Tensor:
         """MVUE(dZ) with groups of 4 along the tokens, (tokens, out): the Triton kernel on CUDA
         (the same call and seed as the "triton" backend, so both draw alike), the reference elsewhere."""
         if grad_out.is_cuda:
-            from ..triton import TritonBackend
-            return self._k().mvue24(grad_out, dim=0, seed=TritonBackend._seed(generator))
+            return self._k().mvue24(grad_out, dim=0, seed=kernel_seed(seed))
         from ...methods.mvue import mvue24
         from ..torch_reference import generator_on
-        return mvue24(grad_out, dim=0, generator=generator_on(grad_out.device, generator), check=False)
+        return mvue24(grad_out, dim=0, generator=generator_on(grad_out.device, seed), check=False)
 
-    def grad_weight(self, grad_out, x, mvue, generator):
+    def grad_weight(self, grad_out, x, mvue, seed):
         if not mvue:  # dZ^T X has no 2:4 operand: dense
             self.stats["dense_products"] += 1
             return self._reference.grad_weight(grad_out, x, False, None)
@@ -405,10 +412,9 @@ class CusparseltBackend:
         fused = (sparse and self.fused_mvue_compress and dz_p.is_cuda and dz_p.is_contiguous()
                  and dtype in (torch.bfloat16, torch.float16) and rows % 64 == 0 and out_f % 64 == 0)
         if fused:  # the same seed as the two-kernel path: the same draws, the same bytes
-            from ..triton import TritonBackend
-            mv, seed = None, TritonBackend._seed(generator)
+            mv, drawn = None, kernel_seed(seed)
         else:
-            mv = self._mvue_tokens_major(dz_p, generator)  # (rows, out)
+            mv = self._mvue_tokens_major(dz_p, seed)  # (rows, out)
         if not sparse:
             self.stats["dense_products"] += 1
             return mv.t() @ x_p
@@ -419,7 +425,7 @@ class CusparseltBackend:
         if mv is None:  # fused: MVUE(dZ^T) drawn and compressed in one pass
             self.stats["compressions"] += 1
             self.stats["fused_mvue_compressions"] += 1
-            a = self._k().mvue_compress24(dz_p, seed=seed)
+            a = self._k().mvue_compress24(dz_p, seed=drawn)
         else:
             a = self._compress(mv.t())  # MVUE(dZ^T) (out, rows), 2:4 along the tokens: a view, read strided
         tr = self.grad_weight_transpose_result
