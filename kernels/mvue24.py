@@ -292,28 +292,29 @@ def _check_variant(variant: str, block: int) -> None:
         raise ValueError(f"block must be >= 4 for variant {variant!r} (one Philox call serves 4 groups), got {block}")
 
 
-def _launch_quads(x: torch.Tensor, out: torch.Tensor, inner: int, seed, block: int, num_warps: int | None,
-                  constant_u: bool, level: bool) -> None:
-    """The philox4 kernels: one Philox call per quad of groups (level=True: the shipped variant)."""
-    seed_ptr = isinstance(seed, torch.Tensor)  # the kernel reads the seed from device memory
+def launch_pair(lastdim_kernel, strided_kernel, quads: bool, x: torch.Tensor, out: torch.Tensor, inner: int, seed,
+                block: int, num_warps: int | None, constant_u: bool, level: bool) -> None:
+    """A variant's two kernels: the flat one for groups along the last dim (``inner == 1``), else the
+    strided one (a program per group-row and BLOCK columns). quads: the flat kernel holds whole quads
+    of groups (``QUADS = block / 4``, the philox4 variants)."""
+    # SEED_PTR: the seed is a device tensor that the kernel reads
+    flags = dict(LEVEL=level, CONSTANT_U=constant_u, SEED_PTR=isinstance(seed, torch.Tensor))
     if inner == 1:
         n_groups = x.numel() // 4
-        _mvue24_lastdim_quads_kernel[(triton.cdiv(n_groups, block),)](
-            x, out, n_groups, seed, QUADS=block // 4, LEVEL=level, CONSTANT_U=constant_u, SEED_PTR=seed_ptr,
-            num_warps=num_warps or DEFAULT_QUAD_WARPS)
+        size = dict(QUADS=block // 4) if quads else dict(BLOCK=block)
+        warps = num_warps or (DEFAULT_QUAD_WARPS if quads else DEFAULT_WARPS)
+        lastdim_kernel[(triton.cdiv(n_groups, block),)](x, out, n_groups, seed, **size, **flags, num_warps=warps)
         return
-    n_group_rows = x.numel() // (4 * inner)
-    grid = (n_group_rows, triton.cdiv(inner, block))
-    _mvue24_strided_quads_kernel[grid](x, out, inner, seed, BLOCK=block, LEVEL=level, CONSTANT_U=constant_u,
-                                       SEED_PTR=seed_ptr,
-                                       num_warps=num_warps or DEFAULT_STRIDED_WARPS)
+    grid = (x.numel() // (4 * inner), triton.cdiv(inner, block))
+    strided_kernel[grid](x, out, inner, seed, BLOCK=block, **flags, num_warps=num_warps or DEFAULT_STRIDED_WARPS)
 
 
 # variant -> launch(x, out, inner, seed, block, num_warps, constant_u): the two philox4 variants here;
 # the measured variants that are not shipped add theirs from mvue24_variants.py (the package imports it)
+_PHILOX4 = (_mvue24_lastdim_quads_kernel, _mvue24_strided_quads_kernel, True)
 LAUNCHERS: dict[str, Callable] = {
-    "level_philox4": functools.partial(_launch_quads, level=True),
-    "v2_philox4": functools.partial(_launch_quads, level=False),
+    "level_philox4": functools.partial(launch_pair, *_PHILOX4, level=True),
+    "v2_philox4": functools.partial(launch_pair, *_PHILOX4, level=False),
 }
 
 

@@ -20,8 +20,7 @@ import triton
 import triton.language as tl
 
 from ._common import MAX_NUMEL, join4, split4
-from .mvue24 import (DEFAULT_STRIDED_WARPS, DEFAULT_WARPS, LAUNCHERS, _launch_quads, _load_seed, _mvue,
-                     _mvue_group_level, _uniforms4)
+from .mvue24 import DEFAULT_STRIDED_WARPS, LAUNCHERS, _load_seed, _mvue, _mvue_group_level, _uniforms4, launch_pair
 
 
 @triton.jit
@@ -125,28 +124,11 @@ def _mvue24_strided_tile16_kernel(x_ptr, out_ptr, n_group_rows, inner, seed, BLO
     _store_group_row(out_ptr, b3, inner, ok3, y30, y31, y32, y33)
 
 
-def _launch_one_uniform_per_group(x: torch.Tensor, out: torch.Tensor, inner: int, seed, block: int,
-                                  num_warps: int | None, constant_u: bool, level: bool) -> None:
-    """Variants "v2" and "level": one tl.rand uniform per group."""
-    seed_ptr = isinstance(seed, torch.Tensor)  # the kernel reads the seed from device memory
-    if inner == 1:
-        n_groups = x.numel() // 4
-        _mvue24_lastdim_kernel[(triton.cdiv(n_groups, block),)](
-            x, out, n_groups, seed, BLOCK=block, LEVEL=level, CONSTANT_U=constant_u, SEED_PTR=seed_ptr,
-            num_warps=num_warps or DEFAULT_WARPS)
-        return
-    n_group_rows = x.numel() // (4 * inner)
-    grid = (n_group_rows, triton.cdiv(inner, block))
-    _mvue24_strided_kernel[grid](x, out, inner, seed, BLOCK=block, LEVEL=level, CONSTANT_U=constant_u,
-                                 SEED_PTR=seed_ptr,
-                                 num_warps=num_warps or DEFAULT_STRIDED_WARPS)
-
-
 def _launch_tile16(x: torch.Tensor, out: torch.Tensor, inner: int, seed, block: int, num_warps: int | None,
                    constant_u: bool) -> None:
     """Variant "level_philox4_tile16": the tile kernel for other dims, level_philox4 along the last dim."""
     if inner == 1:
-        _launch_quads(x, out, inner, seed, block, num_warps, constant_u, level=True)
+        LAUNCHERS["level_philox4"](x, out, inner, seed, block, num_warps, constant_u)
         return
     # the last tile's row offsets run up to 12 rows past the end: keep them inside int32
     if x.numel() + 12 * inner > MAX_NUMEL:
@@ -159,8 +141,9 @@ def _launch_tile16(x: torch.Tensor, out: torch.Tensor, inner: int, seed, block: 
                                         num_warps=num_warps or DEFAULT_STRIDED_WARPS)
 
 
+_ONE_UNIFORM = (_mvue24_lastdim_kernel, _mvue24_strided_kernel, False)  # variants "v2" and "level"
 LAUNCHERS.update({
-    "v2": functools.partial(_launch_one_uniform_per_group, level=False),
-    "level": functools.partial(_launch_one_uniform_per_group, level=True),
+    "v2": functools.partial(launch_pair, *_ONE_UNIFORM, level=False),
+    "level": functools.partial(launch_pair, *_ONE_UNIFORM, level=True),
     "level_philox4_tile16": _launch_tile16,
 })
