@@ -236,6 +236,6 @@ def test_all_products_on_cusparselt_match_the_reference_backend_on_gpu(mvue):
 
 
 def test_parallel_training_refuses_activation_sparsity():
-    from sparsity_lab.distributed.lab_trainer import DistributedTrainer
+    from sparsity_lab.lab.distributed_trainer import DistributedTrainer
     with pytest.raises(ValueError, match="runs on one process"):
         DistributedTrainer(tiny_config(ACT24, method="ste"), "ddp")
