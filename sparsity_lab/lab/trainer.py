@@ -418,11 +418,18 @@ class Trainer:
             self.log.flush()
         return self.summary()
 
+    def describe(self) -> str:
+        """The method's description, and the FFN's 2:4 activations when the model has them."""
+        text = self.method.describe()
+        if self.config.model.activation_sparsity != "none":
+            text += f"; {self.config.model.activation_sparsity} activations (squared ReLU, down projection)"
+        return text
+
     def summary(self) -> dict:
         vals = [r for r in self.history if r["val_loss"] is not None]
         speeds = sorted(r["tokens_per_s"] for r in self.history)
         return {
-            "method": self.config.method, "describe": self.method.describe(), "step": self.step,
+            "method": self.config.method, "describe": self.describe(), "step": self.step,
             "tokens": self.step * self.config.tokens_per_step,
             "final_val_loss": vals[-1]["val_loss"] if vals else None,
             "median_tokens_per_s": speeds[len(speeds) // 2] if speeds else None,
