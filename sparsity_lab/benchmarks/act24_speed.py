@@ -76,7 +76,7 @@ def build(variant: str, s: Settings) -> nn.Module:
         model.products = ReferenceProducts() if s.smoke else CusparseltProducts()
     backend = "torch" if s.smoke else "cusparselt"
     mvue = variant.endswith("_mvue")
-    method = sl.STE(transposable=True, mvue=mvue, backend="triton" if s.smoke and mvue else backend)
+    method = sl.STE(transposable=True, mvue=mvue, backend=backend)
     if variant.startswith("weights24") or variant.startswith("act24_w24"):
         sl.sparsify(model, method, select=["fc", "proj"])
     elif variant == "act24_fc24":
