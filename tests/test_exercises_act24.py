@@ -39,7 +39,9 @@ def test_natural_sparsity_wrong_answers():
                                                ((a != 0).reshape(-1, 4).sum(-1) < 2).float().mean().item()),
                                     show=False)
     assert strict.status == FAILED and "<= 2, not < 2" in strict.message
-    density = check_natural_sparsity(lambda a: ((a != 0).float().mean().item(), 1.0), show=False)
+    # the non-zero fraction instead of the zero fraction (the second value right): named as zero_fraction
+    density = check_natural_sparsity(lambda a: ((a != 0).float().mean().item(), solution.natural_sparsity(a)[1]),
+                                     show=False)
     assert density.status == FAILED and "zero_fraction" in density.message
     scalar = check_natural_sparsity(lambda a: 0.5, show=False)
     assert scalar.status == FAILED and "pair of numbers" in scalar.message
