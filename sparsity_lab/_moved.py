@@ -21,6 +21,10 @@ MOVED = {
     "sparsity_lab.backends.cusparselt_backend": "sparsity_lab.backends.cusparselt.backend",
     "sparsity_lab.integrations.architectures": "sparsity_lab.architectures",
     "sparsity_lab.integrations.conv1d": "sparsity_lab.conv1d",
+    "sparsity_lab.course_command": "sparsity_lab.course.command",
+    "sparsity_lab.course_workdir": "sparsity_lab.course.workdir",
+    "sparsity_lab.widget_snapshot": "sparsity_lab.course.widget_snapshot",
+    "sparsity_lab.book_page": "sparsity_lab.course.book_page",
 }
 
 
