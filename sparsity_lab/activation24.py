@@ -205,7 +205,7 @@ class _Act24DownFn(torch.autograd.Function):
 
 class _Act24SparseDownFn(torch.autograd.Function):
     """y = act24(h) S(W2)^T + b2, the backward through the 2:4 layer ``proj``'s own products
-    (``layers._products_backward`` with A24 as the layer's input)."""
+    (``layer_products.products_backward`` with A24 as the layer's input)."""
 
     @staticmethod
     def forward(ctx, h2, w2, b2, products, plan, sparse_w2):
@@ -221,11 +221,11 @@ class _Act24SparseDownFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        from .layers import _products_backward
+        from .layer_products import products_backward
 
         hc, a24, w2 = ctx.saved_tensors
         needs = (True, ctx.needs_input_grad[1], ctx.needs_input_grad[2])
-        grad_a24, dw2, db2 = _products_backward(ctx.plan, dy, a24, a24.shape, a24.dtype, w2, ctx.b2_dtype, needs)
+        grad_a24, dw2, db2 = products_backward(ctx.plan, dy, a24, a24.shape, a24.dtype, w2, ctx.b2_dtype, needs)
         with torch.autocast(dy.device.type, enabled=False):
             dh, _ = ctx.products.grad_h(hc, grad_a24.to(hc.dtype))
         return dh.to(ctx.h_dtype), dw2, db2, None, None, None
@@ -285,7 +285,7 @@ class Act24MLP(nn.Module):
             h = self.fc(x)
             h2 = h.reshape(-1, h.shape[-1])
             grad = torch.is_grad_enabled()
-            plan = self.proj._call_plan(h2, self.training and grad, grad and self.proj.weight.requires_grad, dtype)
+            plan = self.proj.call_plan(h2, self.training and grad, grad and self.proj.weight.requires_grad, dtype)
             if plan is not None:  # None: the weights' dense phase; the plain-weight path below runs
                 sparse_w2 = self.proj.sparse_weight().to(plan.dtype)
                 y = _Act24SparseDownFn.apply(h2, self.proj.weight, self.proj.bias, self.products, plan, sparse_w2)
