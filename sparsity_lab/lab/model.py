@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 FFN_KINDS = ("gelu", "swiglu", "geglu")
+ARCHS = ("gpt", "llama")  # the lab's models: this GPT, or the Hugging Face Llama of lab/llama.py
 
 
 def _round_up(x: float, multiple: int) -> int:
@@ -39,6 +40,7 @@ class GPTConfig:
     bias: bool = False
     dropout: float = 0.0
     tie_embeddings: bool = True
+    arch: str = "gpt"  # "gpt" (this file) or "llama" (transformers' LlamaForCausalLM, lab/llama.py)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context", "n_layer", "n_head", "d_model"):
@@ -54,6 +56,13 @@ class GPTConfig:
             raise ValueError(f"ffn_hidden must be a positive int or None, got {self.ffn_hidden!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.arch == "llama" and self.ffn_kind not in ("swiglu", "geglu"):
+            raise ValueError(f"arch='llama' has a gated MLP (gate_proj, up_proj, down_proj): ffn_kind must be "
+                             f"'swiglu' (Llama's) or 'geglu', got {self.ffn_kind!r}")
+        if self.arch == "llama" and self.dropout:
+            raise ValueError(f"arch='llama' has no dropout layers: dropout must be 0, got {self.dropout!r}")
 
     @property
     def hidden(self) -> int:
@@ -186,3 +195,12 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+
+def build_model(cfg: GPTConfig) -> nn.Module:
+    """The lab model ``cfg.arch`` names: this GPT, or ``LlamaLM`` (lab/llama.py; needs transformers).
+    Both take (idx, targets) and return (logits, loss)."""
+    if cfg.arch == "llama":
+        from .llama import LlamaLM
+        return LlamaLM(cfg)
+    return GPT(cfg)

@@ -1,4 +1,5 @@
-"""The pre-training loop: a GPT on bytes, made 2:4 by ``sparsify``, trained with AdamW.
+"""The pre-training loop: a GPT (or the Hugging Face Llama, lab/llama.py) on bytes, made 2:4 by ``sparsify``,
+trained with AdamW.
 
 One optimizer step:
     for each of grad_accum micro-batches:  loss = model(x, y) / grad_accum; loss.backward()
@@ -42,7 +43,7 @@ from ..sparsify import flip_report, sparsify, sparsity_summary
 from ..training_hooks import attach_optimizer, sparse_layers
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .data import DEFAULT_MAX_BYTES, BatchSampler, ByteCorpus, load_corpus
-from .model import GPT, GPTConfig
+from .model import GPTConfig, build_model
 from .runlog import RunLog, clean_row
 from .structures import STRUCTURES, structured_density
 
@@ -183,8 +184,10 @@ class Trainer:
         if self.is_24:
             cfg.model.check_nm(self.method.m, self.method.transposable)
         torch.manual_seed(cfg.seed)  # the same initial weights for every method
-        model = GPT(cfg.model).to(self.device)  # on the device first: masks are computed there
-        self.model = sparsify(model, self.method) if self.is_24 else self.method.apply(model)
+        model = build_model(cfg.model).to(self.device)  # on the device first: masks are computed there
+        # the Llama's MLP linears come from the Hugging Face selector table; the GPT's from the FFN names
+        select = getattr(model, "mlp_selector", None)
+        self.model = sparsify(model, self.method, select=select) if self.is_24 else self.method.apply(model)
         self.layers = sparse_layers(self.model)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
