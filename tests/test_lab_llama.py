@@ -125,3 +125,12 @@ def test_config_errors():
         GPTConfig(arch="bert")
     with pytest.raises(ValueError, match="no dropout layers"):
         GPTConfig(arch="llama", ffn_kind="swiglu", dropout=0.1)
+
+
+@pytest.mark.parametrize("structure,layer_type", [("dyad", "DyadLinear"), ("prune_regrow", "BlockSparseLinear")])
+def test_the_structures_replace_the_mlp_linears(corpus, structure, layer_type):
+    cfg = GPTConfig(arch="llama", ffn_kind="swiglu", n_layer=1, n_head=2, d_model=32, context=16)
+    trainer = Trainer(tiny_config(cfg, method=structure, steps=2, eval_interval=2), corpus=corpus)
+    replaced = [n for n, m in trainer.model.named_modules() if type(m).__name__ == layer_type]
+    assert replaced == [f"hf.model.layers.0.mlp.{p}" for p in ("gate_proj", "up_proj", "down_proj")]
+    assert trainer.run()["step"] == 2
