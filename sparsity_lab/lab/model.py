@@ -195,12 +195,3 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
-
-
-def build_model(cfg: GPTConfig) -> nn.Module:
-    """The lab model ``cfg.arch`` names: this GPT, or ``LlamaLM`` (lab/llama.py; needs transformers).
-    Both take (idx, targets) and return (logits, loss)."""
-    if cfg.arch == "llama":
-        from .llama import LlamaLM
-        return LlamaLM(cfg)
-    return GPT(cfg)

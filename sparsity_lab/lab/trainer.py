@@ -43,7 +43,8 @@ from ..sparsify import flip_report, sparsify, sparsity_summary
 from ..training_hooks import attach_optimizer, sparse_layers
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .data import DEFAULT_MAX_BYTES, BatchSampler, ByteCorpus, load_corpus
-from .model import GPTConfig, build_model
+from .model import GPTConfig
+from .models import build_model
 from .runlog import RunLog, clean_row
 from .structures import STRUCTURES, structured_density
 
