@@ -32,6 +32,9 @@ ONE_PROCESS = dict(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, wo
 
 @pytest.fixture(scope="module", autouse=True)
 def gloo_group(tmp_path_factory):
+    if dist.is_initialized():  # a group of the caller's: use it, leave it
+        yield
+        return
     store = tmp_path_factory.mktemp("pg") / "store"
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     yield
