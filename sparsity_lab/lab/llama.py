@@ -11,7 +11,7 @@ under the run's seed):
 
 Its MLP, y = down(act(gate(x)) * up(x)), has three linears, each (h, d) or (d, h): the 2:4 layers are
 the ones the Hugging Face selector table names for ``model_type="llama"``
-(``integrations/architectures.py``): ``mlp.gate_proj``, ``mlp.up_proj``, ``mlp.down_proj``.
+(``sparsity_lab/architectures.py``): ``mlp.gate_proj``, ``mlp.up_proj``, ``mlp.down_proj``.
 Attention, embeddings, norms and the head stay dense, as in the GPT.
 
 ``LlamaLM`` gives it the lab's interface, ``(idx, targets) -> (logits, loss)`` with the loss the GPT
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..integrations.architectures import ARCHITECTURES
+from ..architectures import ARCHITECTURES
 from .model import GPTConfig
 
 HIDDEN_ACT = {"swiglu": "silu", "geglu": "gelu"}  # ffn_kind -> LlamaConfig.hidden_act (gate activation)
