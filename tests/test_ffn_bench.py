@@ -7,8 +7,9 @@ import pytest
 
 import statistics
 
-from sparsity_lab.benchmarks.ffn_speed import (GPT_VARIANTS, GRAPH_VARIANTS, PAIRED_VARIANTS, PHASES, SMOKE, THRESHOLDS, VARIANTS,
-                                               judge_targets)
+from sparsity_lab.benchmarks.ffn.schema import GPT_VARIANTS, GRAPH_VARIANTS, PAIRED_VARIANTS, PHASES, VARIANTS
+from sparsity_lab.benchmarks.ffn.settings import SMOKE
+from sparsity_lab.benchmarks.ffn.targets import THRESHOLDS, judge_targets
 from sparsity_lab.cli import main
 
 ROW_KEYS = {"tokens", "d_model", "ffn", "variant", "phase", "ms", "speedup_vs_dense"}
