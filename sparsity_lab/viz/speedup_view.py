@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..benchmarks.ffn.schema import KNOWN_VARIANTS
 from ..provenance import RESULTS_DIR
 from ._optional import ipywidgets, plotly_go
 from ._provenance import provenance_line
@@ -33,11 +34,10 @@ __all__ = ["FFN_KEYS", "FFN_VARIANTS", "PHASES", "check_ffn_rows", "ffn_errors",
            "shape_label", "step_speedup", "wins_and_losses"]
 
 FFN_KEYS = ("tokens", "d_model", "ffn", "variant", "phase", "ms", "speedup_vs_dense")
-FFN_VARIANTS = ("dense", "ours_fixed_mask", "ours_mask_every_step", "ours_mvue", "ours_mvue_dense_products",
-                "ours_fp8", "pytorch_semi_structured", "auto")
+FFN_VARIANTS = KNOWN_VARIANTS  # the writer's schema: sparsity_lab/benchmarks/ffn/schema.py
 PHASES = ("fwd", "fwd_bwd")
 PHASE_TITLES = {"fwd": "forward", "fwd_bwd": "forward + backward"}
-COLORS = {"ours_fixed_mask": "#1f77b4", "ours_mask_every_step": "#2ca02c", "ours_mvue": "#9467bd",
+COLORS = {"ours_fixed_mask": "#1f77b4", "ours_mask_every_step": "#2ca02c", "ours_mvue": "#9467bd", "ours_mvue_refresh40": "#17becf",
           "ours_mvue_dense_products": "#bcbd22", "ours_fp8": "#8c564b", "pytorch_semi_structured": "#d62728",
           "auto": "#ff7f0e", "dense": "#7f7f7f"}
 

@@ -1,6 +1,7 @@
 """Timing one FFN variant at one shape, every measurement guarded (an error is recorded, the run goes on)."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import time
@@ -12,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .schema import NOTES, OURS, PHASES, VARIANTS, _row, fill_speedups
+from ..conditions import ConditionSampler
+from .schema import NOTES, OURS, PHASES, REFRESH, VARIANTS, _row, fill_speedups
 from .settings import Settings
 from .variants import SemiStructuredFFN, build_ffn, sparse_backend, train_step
 
@@ -32,11 +34,16 @@ def _cleanup(device: torch.device) -> None:
 class Recorder:
     """Errors, skipped work and the clock of one run."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, sampler: ConditionSampler | None = None) -> None:
         self.s = settings
         self.start = time.monotonic()
         self.errors: list[dict] = []
         self.skipped: list[dict] = []
+        self.sampler = sampler  # the GPU's clocks and power, per section (conditions.py)
+
+    def section(self, name: str):
+        """``with rec.section("paired 16384x4096"):`` marks the GPU-condition samples of that part."""
+        return self.sampler.section(name) if self.sampler is not None else contextlib.nullcontext()
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
@@ -85,6 +92,32 @@ def median_ms(fn: Callable[[], object], s: Settings) -> float:
     return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
+def cycle_ms(fn: Callable[[], object], s: Settings, cycle: int) -> float:
+    """Mean milliseconds per call over whole cycles of ``cycle`` calls (at least ``s.reps`` calls), after
+    ``s.warmup`` calls: one event pair around them all, so that a mask refresh due once per cycle is in
+    the figure (a median of single calls would drop it). cycle=1: ``median_ms``."""
+    if isinstance(cycle, bool) or not isinstance(cycle, int) or cycle < 1:
+        raise ValueError(f"cycle must be an int >= 1, got {cycle!r}")
+    if cycle == 1:
+        return median_ms(fn, s)
+    for _ in range(s.warmup):
+        fn()
+    calls = -(-s.reps // cycle) * cycle
+    if s.device.type != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - t0) * 1e3 / calls
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls
+
+
 class StatsWindow:
     """The backend's counters (compressions, padded_calls, copies, products) over a window, per step."""
 
@@ -108,6 +141,7 @@ def forward_rel_err(model: nn.Module, x: torch.Tensor) -> float:
             ref = F.linear(F.gelu(F.linear(x, w1)), w2)
         ref = ref.float()
         return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
 
 def measure_variant(variant: str, tokens: int, d: int, x: torch.Tensor, dy: torch.Tensor, s: Settings,
                     rec: Recorder, reports: dict) -> list[dict]:
@@ -138,13 +172,17 @@ def measure_variant(variant: str, tokens: int, d: int, x: torch.Tensor, dy: torc
         phases["fwd"] = forward
         for phase, fn in phases.items():
             window = StatsWindow(backend) if backend is not None else None
-            ms, err = rec.attempt(f"{label} {phase}", lambda fn=fn: median_ms(fn, s))
+            cycle = REFRESH.get(variant, 1) if phase == "fwd_bwd" else 1
+            ms, err = rec.attempt(f"{label} {phase}", lambda fn=fn, cycle=cycle: cycle_ms(fn, s, cycle))
             rows[phase]["ms"] = ms
+            if cycle > 1:
+                rows[phase]["timing"] = f"mean over whole cycles of {cycle} steps (NOTES['refresh'])"
             if err:
                 rows[phase]["error"] = err
             if window is not None:
-                rows[phase]["steps_counted"] = s.warmup + s.reps
-                rows[phase]["stats_per_step"] = window.per_step(s.warmup + s.reps)
+                counted = s.warmup + (-(-s.reps // cycle) * cycle)
+                rows[phase]["steps_counted"] = counted
+                rows[phase]["stats_per_step"] = window.per_step(counted)
         if variant != "dense":
             rel, err = rec.attempt(f"{label} forward check", lambda: forward_rel_err(model, x))
             rows["fwd"]["rel_err_vs_masked_dense"] = rel
@@ -155,6 +193,7 @@ def measure_variant(variant: str, tokens: int, d: int, x: torch.Tensor, dy: torc
         model = phases = None  # the step closures hold the model too: release both before the next variant
         _cleanup(s.device)
     return list(rows.values())
+
 
 def _inputs(tokens: int, d: int, s: Settings) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator(device=s.device).manual_seed(tokens + d)

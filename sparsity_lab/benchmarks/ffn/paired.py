@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from typing import Callable
 
 import torch
 from torch import nn
 
-from .measure import Recorder, _cleanup, _inputs, median_ms
-from .schema import MAX_ROUND_REPS, MIN_ROUND_MS, PAIRED_VARIANTS, PHASES, _row
+from .measure import Recorder, _cleanup, _inputs, cycle_ms, median_ms
+from .schema import MAX_ROUND_REPS, MIN_ROUND_MS, PAIRED_VARIANTS, PHASES, REFRESH, _row
 from .settings import Settings
 from .variants import build_ffn, train_step
 
@@ -48,8 +49,15 @@ def measure_paired(tokens: int, d: int, s: Settings, rec: Recorder) -> list[dict
                 rows[key]["error"] = e
             # each timing spans at least MIN_ROUND_MS: ten calls of a 0.4 ms step are host jitter
             reps = s.reps if s.smoke or not ms else max(s.reps, min(MAX_ROUND_REPS, math.ceil(MIN_ROUND_MS / ms)))
+            cycle = REFRESH.get(key[0], 1) if key[1] == "fwd_bwd" else 1
+            reps = -(-reps // cycle) * cycle  # whole refresh cycles (NOTES["refresh"])
             timing[key] = dataclasses.replace(s, warmup=0, reps=reps)
             rows[key]["reps_per_round"] = reps
+            if cycle > 1:
+                rows[key]["timing"] = f"mean over whole cycles of {cycle} steps (NOTES['refresh'])"
+        idle_s = s.idle_s if (tokens, d) == s.target else 0.0
+        for row in rows.values():
+            row["idle_s_before_turn"] = idle_s
         live = [k for k in steps if not rows[k].get("error")]
         for r in range(s.rounds):
             for phase in PHASES:
@@ -57,8 +65,12 @@ def measure_paired(tokens: int, d: int, s: Settings, rec: Recorder) -> list[dict
                 order = order[r % len(order):] + order[:r % len(order)] if order else order
                 here = {}
                 for v in order:
+                    if idle_s:  # every turn starts from the same idle GPU state (NOTES["paired"])
+                        torch.cuda.synchronize()
+                        time.sleep(idle_s)
+                    cycle = REFRESH.get(v, 1) if phase == "fwd_bwd" else 1
                     ms, e = rec.attempt(f"paired {tokens}x{d} {v} {phase} round {r}",
-                                        lambda v=v: median_ms(steps[(v, phase)], timing[(v, phase)]))
+                                        lambda v=v, cycle=cycle: cycle_ms(steps[(v, phase)], timing[(v, phase)], cycle))
                     if ms is not None:
                         here[v] = ms
                         rows[(v, phase)]["round_ms"].append(ms)

@@ -1,11 +1,13 @@
 """The printed table of a ``bench-ffn`` result, and one line per target."""
 from __future__ import annotations
 
+from ..conditions import format_conditions
 from .schema import PHASES, VARIANTS
 
 
 # --- printing -------------------------------------------------------------------------------------------------
 SHORT = {"ours_fixed_mask": "fixed_mask", "ours_mask_every_step": "every_step", "ours_mvue": "mvue",
+         "ours_mvue_refresh40": "mvue_refresh40",
          "ours_mvue_dense_products": "mvue_dense_mm", "pytorch_semi_structured": "pytorch", "auto": "auto"}
 
 
@@ -62,9 +64,18 @@ def format_table(result: dict) -> str:
                          f"{_fmt(r.get('speedup_vs_dense'), '.2f', 'x')}"
                          + (f"  ({r['error'][:120]})" if r.get("error") else ""))
         pair = gpt.get("paired") or {}
-        if pair.get("speedup_vs_dense") is not None:
-            lines.append(f"  paired rounds: ours_mvue {pair['speedup_vs_dense']:.2f}x of dense "
-                         f"[{pair['speedup_min']:.2f}, {pair['speedup_max']:.2f}]")
+        for variant, p in (pair.get("by_variant") or {}).items():
+            lines.append(f"  paired rounds: {variant} {p['speedup_vs_dense']:.2f}x of dense "
+                         f"[{p['speedup_min']:.2f}, {p['speedup_max']:.2f}]")
+    base = result.get("baseline") or {}
+    if base:
+        probe, end = base.get("products_probe") or {}, base.get("products_probe_end") or {}
+        lines.append(f"baseline at the target shape: six products as bare matmuls {_fmt(probe.get('ms'))} ms "
+                     f"({_fmt(probe.get('tflops'), '.0f')} TFLOP/s) at the start, {_fmt(end.get('ms'))} ms "
+                     f"({_fmt(end.get('tflops'), '.0f')} TFLOP/s) at the end; dense FFN step alone "
+                     f"{_fmt(base.get('dense_alone_ms'))} ms ({_fmt(base.get('dense_alone_tflops'), '.0f')} TFLOP/s)")
+    if result.get("conditions"):
+        lines.append(format_conditions(result["conditions"]))
     target = result["target_shape"]
     for variant, text in result["backend_report"].items():
         lines.append(f"backend report, {variant} at {target['tokens']} tokens x d_model {target['d_model']}:")
@@ -78,15 +89,26 @@ def format_table(result: dict) -> str:
 
 
 def target_lines(result: dict) -> list[str]:
+    """One line per target: the headline figure, its dense baseline (ms, TFLOP/s, which measurement),
+    the other ratios beside it, and the verdict (met / MISSED / FLAGGED / not measured)."""
     tag = " [SMOKE: not a figure]" if result["smoke"] else ""
+    verdicts = {"met": "met", "missed": "MISSED", "flagged": "FLAGGED (dense baseline below 90 % of the "
+                "start-of-run matmul rate: not recorded)", "not measured": "MISSED (not measured)"}
     lines = []
     for t in result["targets"].values():
         value = _fmt(t["measured"], ".2f", "x") if t["measured"] is not None else "not measured"
         if "grid_points" in t:
             value += f" (worst of {t['grid_points_measured']}/{t['grid_points']} grid points)"
-        if t.get("paired_min") is not None:
-            value += (f" ({t['source']}, range {t['paired_min']:.2f}-{t['paired_max']:.2f}; "
-                      f"unpaired {_fmt(t.get('unpaired'), '.2f', 'x')})")
+        if t.get("dense_ms") is not None:
+            value += (f" (dense {t['dense_ms']:.2f} ms, {t['dense_source']}, "
+                      f"{_fmt(t.get('dense_tflops'), '.0f')} TFLOP/s")
+            check = t.get("baseline_check") or {}
+            if check.get("fraction") is not None:
+                value += f", {check['fraction']:.0%} of the products probe"
+            value += ")"
+        if t.get("paired_ratio") is not None:
+            value += (f"; paired rounds {t['paired_ratio']:.2f}x [{t['paired_min']:.2f}, {t['paired_max']:.2f}]; "
+                      f"unpaired {_fmt(t.get('unpaired'), '.2f', 'x')}")
         lines.append(f"target {t['description']}: >= {t['threshold']:g}x, measured {value} -> "
-                     f"{'met' if t['met'] else 'MISSED'}{tag}")
+                     f"{verdicts[t['status']]}{tag}")
     return lines

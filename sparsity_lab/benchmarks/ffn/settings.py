@@ -11,6 +11,7 @@ FULL = dict(tokens=[4096, 16384], d_model=[1024, 2048, 4096, 8192], target=(1638
 SMOKE = dict(tokens=[32], d_model=[16, 32], target=(32, 32),
              gpt=dict(n_layer=1, n_head=2, d_model=32, context=16, batch=2))
 
+
 # --- settings ----------------------------------------------------------------------------------------
 @dataclass
 class Settings:
@@ -27,6 +28,7 @@ class Settings:
     gpt: dict | None  # None: no GPT step
     backends: dict[str, str]  # the backend each role runs on: "cusparselt", "cusparselt_auto", "dense_products"
     rounds: int = 5  # rounds of the paired section (0: no paired section)
+    idle_s: float = 0.0  # idle GPU before each paired turn at the target shape and in the GPT rounds
 
     @property
     def grid(self) -> list[tuple[int, int]]:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .schema import NEVER, OURS
+from .schema import NEVER, OURS, REFRESH
 from .settings import Settings
 
 
@@ -57,6 +57,8 @@ def method_for(variant: str, s: Settings):
         return sl.STE(transposable=True, backend=cslt)
     if variant == "ours_mvue":
         return sl.SSTE(mvue=True, transposable=True, backend=cslt)
+    if variant in REFRESH:
+        return sl.SSTE(mvue=True, transposable=True, backend=cslt, mask_refresh_interval=REFRESH[variant])
     if variant == "auto":
         return sl.SSTE(mvue=True, transposable=True, backend=auto)
     if variant == "ours_mvue_dense_products":
