@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-kernels": ("sparsity_lab.benchmarks.kernels", "the Triton kernels against the copy ceiling and baselines (GPU)"),
     "bench-ffn": ("sparsity_lab.benchmarks.ffn.cli", "2:4 FFN and GPT step on cuSPARSELt vs dense and PyTorch's path (GPU)"),
     "bench-cslt-calls": ("sparsity_lab.benchmarks.cusparselt_calls", "one cuSPARSELt product: PyTorch's call vs the direct binding (cached plan) vs dense (GPU)"),
+    "bench-lab-speed": ("sparsity_lab.benchmarks.lab_speed", "the lab's training loop, dense vs 2:4 tokens/s, eager and CUDA graph (GPU)"),
     "bench-dist": ("sparsity_lab.benchmarks.distributed_speed", "lab GPT dense vs 2:4 under DDP and FSDP2 on every GPU (run under torchrun; GPU)"),
     "train": ("sparsity_lab.lab.train", "pre-train the lab GPT on bytes with one method (dense, ste, srste, ...)"),
     "compare": ("sparsity_lab.lab.compare", "every method, same seed, data and token budget: table, claims, figures"),
