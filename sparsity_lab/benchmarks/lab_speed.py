@@ -179,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
             for name in variants:
                 print(f"{name} at width {width} ...", flush=True)
                 records.append(run_variant(name, width, args, corpus, sampler))
+                if args.out_dir:  # what is measured so far survives a killed run
+                    write_result((args.name or "lab_speed") + "_partial", {"records": records}, directory=args.out_dir)
         with sampler.section("matmul probe (end)"):
             probes["end"] = matmul_probe(8192, max(widths), 4 * max(widths), device, label="end")
     finally:
