@@ -90,7 +90,8 @@ def run_variant(name: str, width: int, args, corpus, sampler: ConditionSampler) 
             record["graph_captures"] = trainer.graph_step.recaptures
     except Exception as err:  # noqa: BLE001 - recorded, the benchmark goes on
         record["error"] = f"{type(err).__name__}: {err}"[:1000]
-        record["traceback"] = traceback.format_exc()[-2000:]
+        text = traceback.format_exc()  # the head names the first failing call of a chained error
+        record["traceback"] = text if len(text) <= 6000 else text[:3000] + "\n...\n" + text[-3000:]
         print(f"  error in {name} d{width}: {record['error'][:200]}", flush=True)
     finally:
         if trainer is not None:

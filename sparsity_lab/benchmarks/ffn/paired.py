@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .measure import Recorder, _cleanup, _inputs, cycle_ms, median_ms
+from .measure import Recorder, _cleanup, _inputs, cycle_ms
 from .schema import MAX_ROUND_REPS, MIN_ROUND_MS, PAIRED_VARIANTS, PHASES, REFRESH, _row
 from .settings import Settings
 from .variants import build_ffn, train_step
@@ -43,13 +43,14 @@ def measure_paired(tokens: int, d: int, s: Settings, rec: Recorder) -> list[dict
                     model(inputs[0])
             steps[(v, "fwd")] = forward
         timing: dict[tuple[str, str], Settings] = {}
-        for key, fn in steps.items():  # warm-up: algorithm searches, compiles, allocations
-            ms, e = rec.attempt(f"paired {tokens}x{d} {key} warm-up", lambda fn=fn: median_ms(fn, s))
+        for key, fn in steps.items():  # warm-up: algorithm searches, compiles, allocations, a first refresh
+            cycle = REFRESH.get(key[0], 1) if key[1] == "fwd_bwd" else 1
+            ms, e = rec.attempt(f"paired {tokens}x{d} {key} warm-up",
+                                lambda fn=fn, cycle=cycle: cycle_ms(fn, s, cycle))
             if e:
                 rows[key]["error"] = e
             # each timing spans at least MIN_ROUND_MS: ten calls of a 0.4 ms step are host jitter
             reps = s.reps if s.smoke or not ms else max(s.reps, min(MAX_ROUND_REPS, math.ceil(MIN_ROUND_MS / ms)))
-            cycle = REFRESH.get(key[0], 1) if key[1] == "fwd_bwd" else 1
             reps = -(-reps // cycle) * cycle  # whole refresh cycles (NOTES["refresh"])
             timing[key] = dataclasses.replace(s, warmup=0, reps=reps)
             rows[key]["reps_per_round"] = reps
