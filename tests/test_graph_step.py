@@ -59,9 +59,9 @@ def test_device_seeds_draw_what_eager_draws():
     for a, b in zip(eager.parameters(), seeded.parameters()):
         assert torch.equal(a, b)
     assert [l.mvue_calls for _, l in sl.sparse_layers(eager)] == [l.mvue_calls for l in layers] == [3, 3]
-    assert all(l._graph_calls == 3 for l in layers)
+    assert all(l.device_seed_uses == 3 for l in layers)
     release_device_seeds(layers)
-    assert all(l._graph_seed is None for l in layers)
+    assert all(l.device_seed is None for l in layers)
 
 
 @pytest.mark.triton
@@ -72,7 +72,7 @@ def test_a_wrong_seed_would_show():
     layers = mvue_layers(seeded)
     use_device_seeds(layers, torch.device("cpu"))
     for layer in layers:
-        layer._graph_seed.fill_(12345)
+        layer.device_seed.fill_(12345)
     for model in (eager, seeded):
         for _, layer in sl.sparse_layers(model):
             layer.attached_optimizer = True  # products only here: no optimizer, no warning
@@ -84,8 +84,9 @@ def test_a_wrong_seed_would_show():
 
 def test_host_drawing_backend_is_refused():
     layers = mvue_layers(_mlp("torch", "cpu"))
-    with pytest.raises(ValueError, match="backend triton / cusparselt"):
+    with pytest.raises(ValueError, match="reads_seed_from_device.*runs 'torch', which draws on the host"):
         use_device_seeds(layers, torch.device("cpu"))
+    assert all(layer.device_seed is None for layer in layers)
 
 
 def test_bad_arguments_and_no_gpu_are_named():
@@ -119,6 +120,29 @@ def test_graphed_training_equals_eager_on_gpu(backend):
     assert [l.mvue_calls for _, l in sl.sparse_layers(eager)] == [l.mvue_calls for _, l in sl.sparse_layers(graphed)]
     assert [l.mask_updates for _, l in sl.sparse_layers(eager)] == [l.mask_updates for _, l in sl.sparse_layers(graphed)]
     assert [l.flips_total for _, l in sl.sparse_layers(eager)] == [l.flips_total for _, l in sl.sparse_layers(graphed)]
+
+
+@pytest.mark.gpu
+def test_a_new_shape_after_a_capture_draws_what_eager_draws():
+    """Captured steps, then one eager step on a new shape (before its capture), then a replay of the
+    new shape: MVUE draws, losses and weights as in an all-eager run (the eager step in between
+    must write its own seed, not reuse the last replay's)."""
+    eager = _mlp("triton", "cuda", d=256).to(torch.bfloat16)
+    graphed = copy.deepcopy(eager)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+
+    def batch(tokens):
+        return (torch.randn(tokens, 256, device="cuda", generator=gen).to(torch.bfloat16),
+                torch.randn(tokens, 256, device="cuda", generator=gen).to(torch.bfloat16))
+    batches = [batch(512) for _ in range(4)] + [batch(256) for _ in range(3)]
+    step = CudaGraphStep(graphed, _loss, warmup_steps=2)
+    want = _train(eager, batches, _eager_step)
+    got = _train(graphed, batches, lambda model, x, y: step(x, y))
+    assert step.recaptures == 2
+    assert [l.mvue_calls for _, l in sl.sparse_layers(eager)] == [l.mvue_calls for _, l in sl.sparse_layers(graphed)]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-3, atol=1e-5)
+    for a, b in zip(eager.parameters(), graphed.parameters()):
+        torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-3)
 
 
 @pytest.mark.gpu

@@ -125,11 +125,12 @@ class StatsWindow:
 
     def __init__(self, backend) -> None:
         self.backend = backend
-        self.before = Counter(getattr(backend, "stats", {}) or {})
+        self.before = Counter(backend.stats)
 
     def per_step(self, steps: int) -> dict[str, float]:
-        delta = Counter(getattr(self.backend, "stats", {}) or {}) - self.before
+        delta = Counter(self.backend.stats) - self.before
         return {key: value / steps for key, value in sorted(delta.items())}
+
 
 def forward_rel_err(model: nn.Module, x: torch.Tensor) -> float:
     """||y - y_ref|| / ||y_ref||, y_ref the dense products of the same masked weights (a fast path
@@ -148,7 +149,7 @@ def forward_rel_err(model: nn.Module, x: torch.Tensor) -> float:
 def measure_variant(variant: str, tokens: int, d: int, x: torch.Tensor, dy: torch.Tensor, s: Settings,
                     rec: Recorder, reports: dict) -> list[dict]:
     """The fwd_bwd and fwd rows of one variant at one shape."""
-    from ...backends.auto_policy import backend_report, format_backend_report
+    from ...sparsify import backend_report, format_backend_report
 
     label = f"{tokens}x{d} {variant}"
     rows = {phase: _row(tokens, d, variant, phase) for phase in PHASES}
@@ -211,7 +212,7 @@ def _backend_marks(s: Settings, rec: Recorder) -> dict[str, tuple[int, int]]:
     marks = {}
     for name in sorted(set(s.backends.values())):
         backend, _ = rec.attempt(f"backend {name!r}", lambda name=name: get_backend(name))
-        if backend is not None and hasattr(backend, "summary"):
+        if backend is not None:
             summary = backend.summary()
             marks[name] = (len(summary["algorithms"]), len(summary["decisions"]))
     return marks
