@@ -112,6 +112,20 @@ def test_log_interval_logs_fewer_rows_with_the_same_trajectory(corpus):
         config(log_interval=0)
 
 
+def test_select_all_linears_makes_the_attention_projections_2_4_too(corpus):
+    from sparsity_lab.lab.compare import variant_config
+    ffn = Trainer(config(method="sste"), corpus=corpus)
+    every = Trainer(config(method="sste", select="all_linears"), corpus=corpus)
+    n_layer = ffn.config.model.n_layer
+    assert sorted({name.split(".", 2)[2] for name, _ in ffn.layers}) == ["mlp.fc", "mlp.proj"]
+    assert sorted({name.split(".", 2)[2] for name, _ in every.layers}) == ["attn.proj", "attn.qkv", "mlp.fc", "mlp.proj"]
+    assert len(every.layers) == 2 * len(ffn.layers) == 4 * n_layer  # never the LM head
+    assert variant_config(config(), "sste_mvue_all_linears", {}, None, None).select == "all_linears"
+    assert variant_config(config(), "sste_mvue", {}, None, None).select == "ffn"
+    with pytest.raises(ValueError, match="select"):
+        config(select="attention")
+
+
 def test_cuda_graph_needs_a_gpu_and_one_micro_batch(corpus):
     with pytest.raises(ValueError, match="grad_accum 1"):
         config(cuda_graph=True, grad_accum=2)

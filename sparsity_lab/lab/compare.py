@@ -48,12 +48,16 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "sste": ("sste", {}),
     "sste_mvue": ("sste", {"mvue": True}),
     "sste_mvue_fp8sim": ("sste", {"mvue": True}),  # FP8 numerics simulated (FP8_SIM_VARIANTS)
+    "sste_mvue_all_linears": ("sste", {"mvue": True}),  # attention projections 2:4 too (ALL_LINEAR_VARIANTS)
     # the seed systems that are not 2:4 (structures.py): same model, data and token budget
     "dyad": ("dyad", {}),  # DYAD-IT, 4 blocks: 1/2 of the FFN FLOPs
     "prune_regrow": ("prune_regrow", {}),  # 90 % sparse 16x16 blocks, pruned and regrown
 }
 # variants whose products run on the FP8 simulation around the chosen backend (torch -> torch_fp8sim)
 FP8_SIM_VARIANTS = ("sste_mvue_fp8sim",)
+# variants whose every block linear is 2:4 (attention qkv and proj too), not only the FFN's: the loss cost
+# of the faster step (bench-ffn's GPT section times it)
+ALL_LINEAR_VARIANTS = ("sste_mvue_all_linears",)
 DEFAULT_VARIANTS = ("dense", "ste", "srste", "masked_decay", "sste", "sste_mvue", "sste_mvue_fp8sim")
 EARLY, LATE = (0.10, 0.20), (0.70, 0.80)
 GAP_TOLERANCE = 0.02  # claim 5: within 2 % of dense
@@ -77,7 +81,9 @@ def variant_config(base: TrainConfig, variant: str, common: dict, decay: float |
         opts["decay"] = srste_decay
     if variant in FP8_SIM_VARIANTS:
         opts["backend"] = fp8_sim_backend_for(opts.get("backend", "torch"))
-    return replace(base, method=method, method_options=opts, track_flips=dense_flips and method == "dense")
+    select = "all_linears" if variant in ALL_LINEAR_VARIANTS else base.select
+    return replace(base, method=method, method_options=opts, track_flips=dense_flips and method == "dense",
+                   select=select)
 
 
 def _window_mean(history: list[dict], key: str, lo: float, hi: float, steps: int) -> float:

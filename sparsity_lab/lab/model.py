@@ -14,6 +14,7 @@ The gated kinds use one fused linear for gate and up (one product, then a split)
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,23 @@ import torch.nn.functional as F
 from torch import nn
 
 FFN_KINDS = ("gelu", "swiglu", "geglu")
+# what ``sparsify`` makes 2:4 in this GPT: "ffn" its FFN linears (mlp.fc, mlp.proj; sparsify's default),
+# "all_linears" every linear of a block (attention qkv and proj too); never the LM head, which may share
+# its weight with the token embedding
+SPARSE_SELECTIONS = ("ffn", "all_linears")
+BLOCK_LINEAR = re.compile(r"(^|\.)blocks\.\d+\.(attn\.(qkv|proj)|mlp\.(fc|proj))$")
+
+
+def is_block_linear(name: str, module=None) -> bool:
+    """A ``sparsify`` selector: every linear of a transformer block (attention qkv and proj, FFN fc and proj)."""
+    return bool(BLOCK_LINEAR.search(name))
+
+
+def sparse_selector(selection: str):
+    """The ``select`` argument of ``sparsify`` for one of SPARSE_SELECTIONS (None: sparsify's FFN default)."""
+    if selection not in SPARSE_SELECTIONS:
+        raise ValueError(f"select must be one of {SPARSE_SELECTIONS}, got {selection!r}")
+    return None if selection == "ffn" else is_block_linear
 
 
 def _round_up(x: float, multiple: int) -> int:

@@ -15,7 +15,7 @@ from dataclasses import MISSING, fields
 from ..backends import available_backends, get_backend
 from ..methods.config import METHODS
 from .checkpoint import CheckpointError
-from .model import FFN_KINDS, GPTConfig
+from .model import FFN_KINDS, SPARSE_SELECTIONS, GPTConfig
 from .structures import STRUCTURES
 from .trainer import TrainConfig, TrainingDiverged
 
@@ -33,8 +33,8 @@ TRAIN_OPTIONS = ("data", "data_max_bytes", "batch_size", "grad_accum", "steps", 
                  "device", "precision")
 # speed and logging options (TrainConfig fields too; they leave the trajectory alone)
 SPEED_OPTIONS = ("track_flips", "log_interval", "cuda_graph")
-TRAJECTORY_OPTIONS = (*MODEL_OPTIONS, *TRAIN_OPTIONS, "tokens", "transposable", "mask_refresh_interval", "backend",
-                      "method", "decay", "mvue", "fp8_sim", "dense_finetune_at")
+TRAJECTORY_OPTIONS = (*MODEL_OPTIONS, *TRAIN_OPTIONS, "select", "tokens", "transposable", "mask_refresh_interval",
+                      "backend", "method", "decay", "mvue", "fp8_sim", "dense_finetune_at")
 
 
 def fraction_or_none(text: str) -> float | None:
@@ -131,6 +131,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                    "computations (default 1: every step)")
     g.add_argument("--backend", default=S, help=f"how the 2:4 products run: one of {available_backends()} "
                    "(default torch, the reference)")
+    g.add_argument("--select", choices=SPARSE_SELECTIONS, default=S, help="which linears are 2:4: ffn (the FFN's, "
+                   "default) or all_linears (every linear of a block: attention qkv and proj too)")
 
 
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
@@ -175,7 +177,7 @@ def config_from_args(args: argparse.Namespace, **overrides) -> TrainConfig:
     """A TrainConfig from the parsed options; overrides win (e.g. method, method_options, paths)."""
     a = vars(args)
     model = GPTConfig(**model_options(args))
-    kw = {name: a[name] for name in TRAIN_OPTIONS + SPEED_OPTIONS if name in a}
+    kw = {name: a[name] for name in TRAIN_OPTIONS + SPEED_OPTIONS + ("select",) if name in a}
     if "tokens" in a:
         if not a["tokens"] >= 1:
             raise ValueError(f"--tokens must be >= 1, got {a['tokens']!r}")

@@ -54,7 +54,7 @@ from ..sparsify import flip_report, sparsify, sparsity_summary
 from ..training_hooks import attach_optimizer, sparse_layers
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .data import DEFAULT_MAX_BYTES, BatchSampler, ByteCorpus, load_corpus
-from .model import GPT, GPTConfig
+from .model import GPT, GPTConfig, sparse_selector
 from .runlog import RunLog, clean_row
 from .structures import STRUCTURES, structured_density
 
@@ -95,6 +95,7 @@ class TrainConfig:
     track_flips: bool = False  # dense only: compute the would-be 2:4 mask every step (the flip-rate curve)
     log_interval: int = 1  # steps between logged rows (an evaluation step and the last step are logged too)
     cuda_graph: bool = False  # forward + backward through CudaGraphStep (a CUDA GPU, grad_accum 1)
+    select: str = "ffn"  # which linears are 2:4: "ffn" or "all_linears" (attention projections too)
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
@@ -115,6 +116,7 @@ class TrainConfig:
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")
+        sparse_selector(self.select)  # ValueError naming the choices
         if self.cuda_graph and self.grad_accum != 1:
             raise ValueError(f"cuda_graph needs grad_accum 1 (a replay overwrites the gradients), got "
                              f"grad_accum={self.grad_accum}")
@@ -218,7 +220,8 @@ class Trainer:
         if self.plain_dense:
             self.model = model
         else:
-            self.model = sparsify(model, self.method) if self.is_24 else self.method.apply(model)
+            self.model = (sparsify(model, self.method, select=sparse_selector(cfg.select)) if self.is_24
+                          else self.method.apply(model))
         self.layers = sparse_layers(self.model)
 
         params = [p for p in self.model.parameters() if p.requires_grad]

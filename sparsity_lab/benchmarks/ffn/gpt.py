@@ -1,13 +1,13 @@
 """A GPT training step (the lab's model, AdamW included) dense against 2:4: tokens/s (``NOTES["gpt_step"]``)."""
 from __future__ import annotations
 
-import re
 import statistics
 import time
 
 import torch
 
 from .measure import Recorder, StatsWindow, _cleanup, median_ms
+from ...lab.model import is_block_linear
 from .schema import GPT_PAIRED_VARIANTS, GPT_VARIANTS
 from .settings import Settings
 from .variants import method_for, sparse_backend
@@ -41,15 +41,6 @@ def measure_gpt(s: Settings, rec: Recorder) -> dict:
         paired, err = rec.attempt("gpt paired rounds", lambda: _gpt_paired(cfg, g, s))
         result["paired"] = paired if paired is not None else {"error": err}
     return result
-
-
-BLOCK_LINEAR = re.compile(r"(^|\.)blocks\.\d+\.(attn\.(qkv|proj)|mlp\.(fc|proj))$")
-
-
-def is_block_linear(name: str, module) -> bool:
-    """Every linear of a transformer block (attention qkv and proj, FFN fc and proj); not the LM head,
-    which may share its weight with the token embedding."""
-    return bool(BLOCK_LINEAR.search(name))
 
 
 def variant_selection(variant: str):
