@@ -324,3 +324,24 @@ def test_spent_budget_skips_everything_and_says_so(tmp_path, capsys):
 def test_bad_arguments_name_the_flag(argv, message, tmp_path, capsys):
     assert main(["bench-ffn", "--smoke", "--out-dir", str(tmp_path), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_dense_baseline_experiment_runs_every_section(tmp_path, capsys):
+    """``python -m sparsity_lab.benchmarks.ffn.baseline --smoke``: every section, the per-turn order and the
+    first-call figures (the CPU numbers mean nothing)."""
+    from sparsity_lab.benchmarks.ffn.baseline import dense_ms_by_section, ffn_step_flops, main as baseline_main
+    assert baseline_main(["--smoke", "--calls", "2", "--rounds", "3", "--round-calls", "2",
+                          "--out-dir", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "ffn_baseline_smoke.json").read_text())
+    expected = {"probe_start", "alone_fresh", "sustained", "alone_resident", "alternation", "alternation_empty",
+                "alternation_idle", "alternation_long", "alone_after", "probe_end"}
+    assert set(result["sections"]) == expected and set(result["conditions"]["sections"]) == expected
+    alt = result["sections"]["alternation"]
+    assert set(alt) == {"dense", "ours_mvue", "ours_mvue_dense_products"}
+    assert alt["dense"]["position"] == [0, 2, 1]  # the order rotates every round
+    assert all(len(turn) == 2 for turn in alt["dense"]["turns"])
+    assert all(len(turn) == 10 for turn in result["sections"]["alternation_long"]["dense"]["turns"])
+    table = dense_ms_by_section(result)
+    assert table["alternation (first call of a turn)"] == statistics.median(t[0] for t in alt["dense"]["turns"])
+    assert result["step_flops"] == ffn_step_flops(32, 16, 64) == 12 * 32 * 16 * 64
+    assert "dense FFN step" in capsys.readouterr().out
