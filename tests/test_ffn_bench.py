@@ -345,3 +345,9 @@ def test_the_dense_baseline_experiment_runs_every_section(tmp_path, capsys):
     assert table["alternation (first call of a turn)"] == statistics.median(t[0] for t in alt["dense"]["turns"])
     assert result["step_flops"] == ffn_step_flops(32, 16, 64) == 12 * 32 * 16 * 64
     assert "dense FFN step" in capsys.readouterr().out
+
+
+def test_the_reader_knows_every_variant_the_writer_records():
+    from sparsity_lab.benchmarks.ffn.schema import KNOWN_VARIANTS
+    from sparsity_lab.viz.speedup_view import FFN_VARIANTS
+    assert set(FFN_VARIANTS) == set(KNOWN_VARIANTS) and len(FFN_VARIANTS) == len(KNOWN_VARIANTS)

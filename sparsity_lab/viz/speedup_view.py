@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..benchmarks.ffn.schema import KNOWN_VARIANTS
 from ..provenance import RESULTS_DIR
 from ._optional import ipywidgets, plotly_go
 from ._provenance import provenance_line
@@ -30,7 +29,10 @@ __all__ = ["FFN_KEYS", "FFN_VARIANTS", "PHASES", "check_ffn_rows", "ffn_errors",
            "shape_label", "step_speedup", "wins_and_losses"]
 
 FFN_KEYS = ("tokens", "d_model", "ffn", "variant", "phase", "ms", "speedup_vs_dense")
-FFN_VARIANTS = KNOWN_VARIANTS  # the writer's schema: sparsity_lab/benchmarks/ffn/schema.py
+# the writer's names (sparsity_lab/benchmarks/ffn/schema.py, KNOWN_VARIANTS; viz does not import the
+# benchmarks, and tests/test_ffn_bench.py checks that the two lists agree)
+FFN_VARIANTS = ("dense", "ours_fixed_mask", "ours_mask_every_step", "ours_mvue", "ours_mvue_refresh40",
+                "ours_mvue_dense_products", "pytorch_semi_structured", "auto", "ours_fp8")
 PHASES = ("fwd", "fwd_bwd")
 PHASE_TITLES = {"fwd": "forward", "fwd_bwd": "forward + backward"}
 COLORS = {"ours_fixed_mask": "#1f77b4", "ours_mask_every_step": "#2ca02c", "ours_mvue": "#9467bd", "ours_mvue_refresh40": "#17becf",
