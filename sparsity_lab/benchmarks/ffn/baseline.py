@@ -122,7 +122,8 @@ def alternation(steps: dict[str, Callable[[], None]], rounds: int, calls: int, b
         flat = [t for turn in rec["turns"] for t in turn]
         rec["median"] = statistics.median(flat)
         rec["median_first_call"] = statistics.median(turn[0] for turn in rec["turns"])
-        rec["median_later_calls"] = statistics.median(t for turn in rec["turns"] for t in turn[1:]) if calls > 1 else None
+        later = [t for turn in rec["turns"] for t in turn[1:]]
+        rec["median_later_calls"] = statistics.median(later) if later else None
     return out
 
 
@@ -224,7 +225,8 @@ def dense_ms_by_section(result: dict) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     from ...provenance import write_result
 
-    p = argparse.ArgumentParser(prog="python -m sparsity_lab.benchmarks.ffn.baseline", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m sparsity_lab.benchmarks.ffn.baseline",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--d-model", type=int, default=4096)
     p.add_argument("--calls", type=int, default=20, help="calls per timed block (alone)")

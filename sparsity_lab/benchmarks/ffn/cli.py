@@ -115,7 +115,8 @@ def measure_baseline(s: Settings, rec: Recorder) -> dict:
     (``NOTES["baseline_check"]``, ``NOTES["headline"]``)."""
     tokens, d = s.target
     out: dict = {}
-    probe, err = rec.attempt("baseline products probe", lambda: products_probe(tokens, d, device=s.device, dtype=s.dtype))
+    probe, err = rec.attempt("baseline products probe",
+                             lambda: products_probe(tokens, d, device=s.device, dtype=s.dtype))
     out["products_probe"] = probe if probe is not None else {"error": err}
     gemm, err = rec.attempt("baseline matmul probe",
                             lambda: matmul_probe(tokens, d, 4 * d, s.device, s.dtype, label="x W1^T"))

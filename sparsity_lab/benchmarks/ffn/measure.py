@@ -183,7 +183,8 @@ def measure_variant(variant: str, tokens: int, d: int, x: torch.Tensor, dy: torc
             if err:
                 rows[phase]["error"] = err
             if window is not None:
-                counted = (max(s.warmup, cycle + 1) if s.warmup and cycle > 1 else s.warmup) + (-(-s.reps // cycle) * cycle)
+                warm = max(s.warmup, cycle + 1) if s.warmup and cycle > 1 else s.warmup
+                counted = warm + (-(-s.reps // cycle) * cycle)
                 rows[phase]["steps_counted"] = counted
                 rows[phase]["stats_per_step"] = window.per_step(counted)
         if variant != "dense":

@@ -75,7 +75,8 @@ def judge_targets(rows: list[dict], gpt_step: dict | None, target: tuple[int, in
     tokens, d = target
     targets = {}
     for key, variant, phase, what in (
-            ("ffn_fwd_bwd_ours_mvue", "ours_mvue", "fwd_bwd", "S-STE + MVUE (all three products sparse), mask every step"),
+            ("ffn_fwd_bwd_ours_mvue", "ours_mvue", "fwd_bwd",
+             "S-STE + MVUE (all three products sparse), mask every step"),
             ("ffn_fwd_bwd_refresh40", "ours_mvue_refresh40", "fwd_bwd", "S-STE + MVUE, mask refresh interval 40"),
             ("ffn_fwd_ours", "ours_mvue", "fwd", "forward alone, operand prepared once")):
         value, extra, check = ffn_headline(variant, phase, rows, paired, target, baseline)
