@@ -1,4 +1,5 @@
-"""The pre-training loop: a GPT on bytes, made 2:4 by ``sparsify``, trained with AdamW.
+"""The pre-training loop: a GPT (or the Hugging Face Llama, lab/llama.py) on bytes, made 2:4 by ``sparsify``,
+trained with AdamW.
 
 One optimizer step:
     for each of grad_accum micro-batches:  loss = model(x, y) / grad_accum; loss.backward()
@@ -49,12 +50,15 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..activation24 import attach_activation_schedule, configure_activation_sparsity, weight_selector
+from ..activation_stats import ActivationSparsityTracker
 from ..methods.config import SparsityMethod, method_from_name
 from ..sparsify import flip_report, sparsify, sparsity_summary
 from ..training_hooks import attach_optimizer, sparse_layers
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .data import DEFAULT_MAX_BYTES, BatchSampler, ByteCorpus, load_corpus
-from .model import GPT, GPTConfig, sparse_selector
+from .model import GPTConfig, sparse_selector
+from .models import build_model
 from .runlog import RunLog, clean_row
 from .structures import STRUCTURES, structured_density
 
@@ -117,6 +121,9 @@ class TrainConfig:
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")
         sparse_selector(self.select)  # ValueError naming the choices
+        if self.cuda_graph and (self.model.ffn_kind == "relu2" or self.model.activation_sparsity != "none"):
+            raise ValueError("cuda_graph does not run with --ffn relu2 or 2:4 activations: their measurements and "
+                             "schedules run Python code in the forward, which a replay skips")
         if self.cuda_graph and self.grad_accum != 1:
             raise ValueError(f"cuda_graph needs grad_accum 1 (a replay overwrites the gradients), got "
                              f"grad_accum={self.grad_accum}")
@@ -209,26 +216,44 @@ class Trainer:
                              f"flips), got it with method {cfg.method!r}")
         self.method = build_method(cfg.method, options, cfg.steps)
         self.is_24 = isinstance(self.method, SparsityMethod)
+        act24 = cfg.model.activation_sparsity != "none"
+        if act24 and not self.is_24:
+            raise ValueError(f"activation sparsity {cfg.model.activation_sparsity} combines with the 2:4 weight methods "
+                             f"(dense included), not with the structure {cfg.method!r}")
         if self.is_24:
             cfg.model.check_nm(self.method.m, self.method.transposable)
         if cfg.cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph needs a CUDA GPU (this run is on {self.device.type}); drop --cuda-graph")
         torch.manual_seed(cfg.seed)  # the same initial weights for every method
-        model = GPT(cfg.model).to(self.device)  # on the device first: masks are computed there
-        # the plain dense GPT unless its flips are asked for (then Dense() computes the would-be masks)
-        self.plain_dense = is_dense and not self.method.track_flips
+        model = build_model(cfg.model).to(self.device)  # on the device first: masks are computed there
+        # the plain dense model unless its flips are asked for (then Dense() computes the would-be masks)
+        # or its activations are 2:4 (the products of Act24MLP run through sparsify)
+        self.plain_dense = is_dense and not self.method.track_flips and not act24
         if self.plain_dense:
             self.model = model
         else:
-            self.model = (sparsify(model, self.method, select=sparse_selector(cfg.select)) if self.is_24
-                          else self.method.apply(model))
+            # with 2:4 activations: 2:4 weights on both FFN linears (Act24MLP runs proj's products itself);
+            # --select all_linears: every block linear of the GPT; else the Llama's MLP linears from the
+            # Hugging Face selector table, the GPT's from the FFN names
+            if act24:
+                select = weight_selector
+            elif cfg.select != "ffn":
+                select = sparse_selector(cfg.select)
+            else:
+                select = getattr(model, "mlp_selector", None)
+            self.model = sparsify(model, self.method, select=select) if self.is_24 else self.method.apply(model)
         self.layers = sparse_layers(self.model)
+        if act24:
+            configure_activation_sparsity(self.model, self.method.backend, cfg.steps, self.method.dense_finetune_at)
+        # natural sparsity of squared-ReLU activations, measured at the evaluation steps
+        self.act_tracker = ActivationSparsityTracker(self.model) if cfg.model.ffn_kind == "relu2" else None
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
         self.hooks = attach_optimizer(self.model, self.optimizer) if self.is_24 and not self.plain_dense else None
+        self.act_hook = attach_activation_schedule(self.model, self.optimizer) if act24 else None
         # prune-and-regrow's schedule (None for 2:4 methods and DYAD); its state is checkpointed
         self.controller = None if self.is_24 else self.method.controller(self.model, self.optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -342,6 +367,8 @@ class Trainer:
             self._last_check = time.perf_counter()
         lr = self.optimizer.param_groups[0]["lr"]
         log = self._log_due(self.step + 1)
+        if self.act_tracker is not None:
+            self.act_tracker.armed = self._eval_due(self.step + 1)
         if self.graph_step is not None:
             x, y = self.sampler.sample(self.device)
             loss_sum = self.graph_step(x, y).detach().float()
@@ -371,6 +398,7 @@ class Trainer:
         row = {"step": self.step, "tokens": self.step * cfg.tokens_per_step, "loss": loss_value,
                "val_loss": None, "lr": lr, "grad_norm": norm_value}
         row.update(masks)
+        row.update(self._activation_stats())
         # the steps since the last row over the time between the checks that bound them
         row["tokens_per_s"] = self._since_row * cfg.tokens_per_step / max(self._row_seconds, 1e-9)
         self._since_row, self._row_seconds = 0, 0.0
@@ -407,6 +435,22 @@ class Trainer:
                 "density": sum(u * s for u, s in zip(used, sizes)) / sum(sizes),
                 "dense_phase": all(r["dense_now"] for r in rows)}
 
+    def _activation_stats(self) -> dict:
+        """Squared-ReLU activations at a measured step: per layer and mean, the fraction of zeros
+        (``act_zero``) and of groups of 4 with at most 2 non-zeros (``act_le2``)."""
+        if self.act_tracker is None or not self.act_tracker.armed:
+            return {}
+        self.act_tracker.armed = False
+        stats = self.act_tracker.read()
+        if not stats:
+            return {}
+        row = {}
+        for name, s in stats.items():
+            row[f"act_zero/{name}"], row[f"act_le2/{name}"] = s["zero_fraction"], s["at_most_2_fraction"]
+        row["act_zero"] = sum(s["zero_fraction"] for s in stats.values()) / len(stats)
+        row["act_le2"] = sum(s["at_most_2_fraction"] for s in stats.values()) / len(stats)
+        return row
+
     @torch.no_grad()
     def evaluate(self) -> float:
         """Mean cross-entropy (nats per byte) on the fixed validation windows."""
@@ -423,9 +467,9 @@ class Trainer:
         self.model.train()
         return (total / len(self.val_batches)).item()
 
-    def _eval_due(self) -> bool:
-        cfg = self.config
-        return self.step % cfg.eval_interval == 0 or self.step == cfg.steps or self.step in cfg.eval_at
+    def _eval_due(self, step: int | None = None) -> bool:
+        cfg, step = self.config, self.step if step is None else step
+        return step % cfg.eval_interval == 0 or step == cfg.steps or step in cfg.eval_at
 
     # --- the loop ----------------------------------------------------------------------------------
     def run(self, stop_at: int | None = None) -> dict:
@@ -462,11 +506,18 @@ class Trainer:
             self.log.flush()
         return self.summary()
 
+    def describe(self) -> str:
+        """The method's description, and the FFN's 2:4 activations when the model has them."""
+        text = self.method.describe()
+        if self.config.model.activation_sparsity != "none":
+            text += f"; {self.config.model.activation_sparsity} activations (squared ReLU, down projection)"
+        return text
+
     def summary(self) -> dict:
         vals = [r for r in self.history if r["val_loss"] is not None]
         speeds = sorted(r["tokens_per_s"] for r in self.history)
         return {
-            "method": self.config.method, "describe": self.method.describe(), "step": self.step,
+            "method": self.config.method, "describe": self.describe(), "step": self.step,
             "tokens": self.step * self.config.tokens_per_step,
             "final_val_loss": vals[-1]["val_loss"] if vals else None,
             "median_tokens_per_s": speeds[len(speeds) // 2] if speeds else None,
