@@ -351,3 +351,20 @@ def test_the_reader_knows_every_variant_the_writer_records():
     from sparsity_lab.benchmarks.ffn.schema import KNOWN_VARIANTS
     from sparsity_lab.viz.speedup_view import FFN_VARIANTS
     assert set(FFN_VARIANTS) == set(KNOWN_VARIANTS) and len(FFN_VARIANTS) == len(KNOWN_VARIANTS)
+
+
+def test_the_graphed_step_computes_dx_like_the_eager_step():
+    """CudaGraphStep detaches its inputs: bench-ffn's graphed step holds x as a parameter (InputHeld), so
+    its backward computes dx as the eager step does (checked here eagerly on the CPU, same module)."""
+    from sparsity_lab.benchmarks.ffn.graph import InputHeld
+    from sparsity_lab.benchmarks.ffn.variants import FFN
+    torch.manual_seed(0)
+    model = FFN(16, 64, torch.device("cpu"), torch.float64)
+    x, dy = torch.randn(8, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64)
+    held = InputHeld(model, x)
+    assert any(p is held.x for p in held.parameters())  # CudaGraphStep keeps the grads of parameters
+    held(dy).backward()
+    xx = x.clone().requires_grad_(True)
+    model.zero_grad()
+    model(xx).backward(dy)
+    assert torch.allclose(held.x.grad, xx.grad)

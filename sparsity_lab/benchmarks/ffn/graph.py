@@ -14,27 +14,42 @@ from .variants import build_ffn, train_step
 
 
 # --- eager against CUDA graph --------------------------------------------------------------------------
+class InputHeld(nn.Module):
+    """``model`` with the step's input x held as a parameter: ``CudaGraphStep`` detaches the tensors it
+    is called with, so an x passed as an input would get no gradient and the graphed step would skip
+    dx = dZ W, one of the six products the eager step computes. Held as a parameter, x's gradient is
+    part of the captured backward. forward(dy) -> the loss sum(model(x) * dy) (d loss / d y = dy)."""
+
+    def __init__(self, model: nn.Module, x: torch.Tensor) -> None:
+        super().__init__()
+        self.model = model
+        self.x = nn.Parameter(x.detach().clone())
+
+    def forward(self, dy: torch.Tensor) -> torch.Tensor:
+        return (self.model(self.x) * dy).sum()
+
+
 def graph_step_ms(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, s: Settings) -> float:
-    """Milliseconds per training step replayed by ``CudaGraphStep`` (see NOTES["graph"])."""
+    """Milliseconds per training step replayed by ``CudaGraphStep`` (see NOTES["graph"]): forward and
+    the backward's dx, dW1, dW2 (``InputHeld``), as in the eager step."""
     from ...graph_step import CudaGraphStep
     from ...training_hooks import advance_step, sparse_layers
 
     if s.device.type != "cuda":
         raise RuntimeError("CUDA graphs need a CUDA GPU (this run is on the CPU)")
     sparse = bool(sparse_layers(model))
-
-    def loss_fn(model: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-        return (model(x) * dy).sum()  # d loss / d y = dy, as y.backward(dy) in the eager step
-
-    graphed = CudaGraphStep(model, loss_fn, warmup_steps=max(2, s.warmup))
+    held = InputHeld(model, x)
+    graphed = CudaGraphStep(held, lambda held, dy: held(dy), warmup_steps=max(2, s.warmup))
 
     def step() -> None:
-        graphed(x, dy)
+        graphed(dy)
         if sparse:
             advance_step(model)  # what attach_optimizer's post-hook does after optimizer.step()
     for _ in range(graphed.warmup_steps + 1):  # eager warm-up steps, then the capture and a first replay
         step()
     torch.cuda.synchronize()
+    if held.x.grad is None:
+        raise RuntimeError("the graphed step computed no dx (x.grad is None): it would time five products, not six")
     try:
         return median_ms(step, _long_enough(step, s))
     finally:

@@ -39,7 +39,8 @@ NOTES = {
                                "to_sparse_semi_structured, never again; fwd_bwd computes the input gradient only "
                                "(no weight gradient), so it does less work than dense",
     "ffn_fwd": "the FFN forward: both products and the GELU (ours: operand prepared once, reused)",
-    "graph": "one fwd_bwd step (loss = sum(y * dy), so dy reaches y as in the eager step) through "
+    "graph": "one fwd_bwd step (loss = sum(y * dy), so dy reaches y as in the eager step; x held as a parameter "
+             "of the graphed module, so dx is computed as in the eager step) through "
              "sparsity_lab.CudaGraphStep: eager warm-up steps, one capture, then replays; the mask is refreshed "
              "eagerly before each replay when due, the operands (soft threshold, compression), products and MVUE "
              "replay inside the graph, each MVUE seed written to the device before the replay (the draws eager "
