@@ -17,6 +17,7 @@ ReLU, So et al. 2021, https://arxiv.org/abs/2109.08668) gives naturally sparse a
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -25,10 +26,28 @@ from torch import nn
 
 from ..ffn_width import default_ffn_hidden
 
+
 FFN_KINDS = ("gelu", "swiglu", "geglu", "relu2")
 GATED_KINDS = ("swiglu", "geglu")
 ACTIVATION_SPARSITY = ("none", "2:4")
 ARCHS = ("gpt", "llama")  # the lab's models: this GPT, or the Hugging Face Llama of lab/llama.py
+# what ``sparsify`` makes 2:4 in this GPT (--select): "ffn" its FFN linears (mlp.fc, mlp.proj; sparsify's
+# default), "all_linears" every linear of a block (attention qkv and proj too); never the LM head, which may share
+# its weight with the token embedding
+SPARSE_SELECTIONS = ("ffn", "all_linears")
+BLOCK_LINEAR = re.compile(r"(^|\.)blocks\.\d+\.(attn\.(qkv|proj)|mlp\.(fc|proj))$")
+
+
+def is_block_linear(name: str, module=None) -> bool:
+    """A ``sparsify`` selector: every linear of a transformer block (attention qkv and proj, FFN fc and proj)."""
+    return bool(BLOCK_LINEAR.search(name))
+
+
+def sparse_selector(selection: str):
+    """The ``select`` argument of ``sparsify`` for one of SPARSE_SELECTIONS (None: sparsify's FFN default)."""
+    if selection not in SPARSE_SELECTIONS:
+        raise ValueError(f"select must be one of {SPARSE_SELECTIONS}, got {selection!r}")
+    return None if selection == "ffn" else is_block_linear
 
 
 @dataclass

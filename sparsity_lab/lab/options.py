@@ -15,7 +15,7 @@ from dataclasses import MISSING, fields
 from ..backends import available_backends, get_backend
 from ..methods.config import METHODS
 from .checkpoint import CheckpointError
-from .model import ACTIVATION_SPARSITY, ARCHS, FFN_KINDS, GPTConfig
+from .model import ACTIVATION_SPARSITY, ARCHS, FFN_KINDS, SPARSE_SELECTIONS, GPTConfig
 from .structures import STRUCTURES
 from .trainer import TrainConfig, TrainingDiverged
 
@@ -32,8 +32,10 @@ MODEL_OPTIONS = {"layers": "n_layer", "heads": "n_head", "width": "d_model", "co
 TRAIN_OPTIONS = ("data", "data_max_bytes", "batch_size", "grad_accum", "steps", "lr", "min_lr_ratio",
                  "warmup_steps", "weight_decay", "grad_clip", "eval_interval", "eval_batches", "seed",
                  "device", "precision")
-TRAJECTORY_OPTIONS = (*MODEL_OPTIONS, *TRAIN_OPTIONS, "tokens", "transposable", "mask_refresh_interval", "backend",
-                      "method", "decay", "mvue", "fp8_sim", "dense_finetune_at")
+# speed and logging options (TrainConfig fields too; they leave the trajectory alone)
+SPEED_OPTIONS = ("track_flips", "log_interval", "cuda_graph")
+TRAJECTORY_OPTIONS = (*MODEL_OPTIONS, *TRAIN_OPTIONS, "select", "tokens", "transposable", "mask_refresh_interval",
+                      "backend", "method", "decay", "mvue", "fp8_sim", "dense_finetune_at")
 
 
 def fraction_or_none(text: str) -> float | None:
@@ -127,6 +129,13 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", choices=("auto", "bf16", "fp32"), default=S,
                    help="auto: bf16 autocast on a GPU, fp32 on the CPU")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = parser.add_argument_group("speed and logging")
+    g.add_argument("--log-interval", type=int, default=S, help="steps between logged rows (default 1); the "
+                   "rows' device reads (flip counts) run only on those steps")
+    g.add_argument("--cuda-graph", action="store_true", default=S, help="replay each step's forward and "
+                   "backward from a CUDA graph (CudaGraphStep; a CUDA GPU, --grad-accum 1)")
+    g.add_argument("--track-flips", action="store_true", default=S, help="dense only: compute the would-be "
+                   "2:4 masks every step for the reference flip-rate curve (slower; off by default)")
     g = parser.add_argument_group("2:4")
     g.add_argument("--transposable", action="store_true", default=S, help="transposable 2:4 masks (2:4 along "
                    "in and out: the input gradient can be sparse too)")
@@ -134,6 +143,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                    "computations (default 1: every step)")
     g.add_argument("--backend", default=S, help=f"how the 2:4 products run: one of {available_backends()} "
                    "(default torch, the reference)")
+    g.add_argument("--select", choices=SPARSE_SELECTIONS, default=S, help="which linears are 2:4: ffn (the FFN's, "
+                   "default) or all_linears (every linear of a block: attention qkv and proj too)")
 
 
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
@@ -184,7 +195,7 @@ def config_from_args(args: argparse.Namespace, **overrides) -> TrainConfig:
             require_transformers()
         except ImportError as err:
             raise ValueError(f"--model llama: {err}") from None
-    kw = {name: a[name] for name in TRAIN_OPTIONS if name in a}
+    kw = {name: a[name] for name in TRAIN_OPTIONS + SPEED_OPTIONS + ("select",) if name in a}
     if "tokens" in a:
         if not a["tokens"] >= 1:
             raise ValueError(f"--tokens must be >= 1, got {a['tokens']!r}")
