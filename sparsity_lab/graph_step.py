@@ -40,7 +40,7 @@ from torch import nn
 from .layers import SparseLinear
 from .training_hooks import sparse_layers
 
-DEVICE_SEED_BACKENDS = ("triton", "cusparselt", "cusparselt_auto")
+DEVICE_SEED_BACKENDS = ("triton", "cusparselt", "cusparselt_auto", "cusparselt_fp8", "fp8_dense", "fp8_reference")
 
 
 def mvue_layers(model: nn.Module) -> list[SparseLinear]:

@@ -163,6 +163,11 @@ class SparseLinear(nn.Linear):
             check_divisible(self.out_features, method.m, "out_features (transposable mask)", 0)
         self.method = method
         self.backend = get_backend(method.backend)
+        # a backend with per-layer state (the FP8 backends: scales and amax histories) hands each layer
+        # its own view, an nn.Module: the state is then in state_dict() (under "backend.") and follows .to()
+        for_layer = getattr(self.backend, "for_layer", None)
+        if for_layer is not None:
+            self.backend = for_layer(self)
         self._op_key = register_layer(self)  # how the torch.compile custom ops find this layer
         self.attached_optimizer = False
         self._operand_cache: tuple[tuple, Any] | None = None
@@ -304,6 +309,9 @@ class SparseLinear(nn.Linear):
         """Called after every optimizer step (``attach_optimizer`` does it)."""
         self.step += 1
         self._operand_cache = None
+        advance = getattr(self.backend, "advance_step", None)  # per-layer backend state (FP8 amax history)
+        if advance is not None:
+            advance()
 
     @torch.no_grad()
     def apply_masked_decay(self, grad_scale: float = 1.0) -> None:

@@ -1,5 +1,6 @@
 """Backends behind one interface: "torch" (reference) now; Triton and cuSPARSELt plug in here."""
 from .base import Backend, available_backends, get_backend, register_backend
+from .cusparselt_fp8_train import register_fp8_training
 from .fp8_sim import register_fp8_sim
 from .torch_reference import TorchBackend
 
@@ -25,5 +26,6 @@ register_backend("cusparselt", lambda: _cusparselt_backend(False))
 register_backend("cusparselt_auto", lambda: _cusparselt_backend(True))
 register_fp8_sim("torch")  # "torch_fp8sim": simulated FP8 products around any backend (fp8_sim.py)
 register_fp8_sim("triton")  # "triton_fp8sim"
+register_fp8_training()  # "cusparselt_fp8", "fp8_dense", "fp8_reference" (cusparselt_fp8_train.py)
 
 __all__ = ["Backend", "TorchBackend", "available_backends", "get_backend", "register_backend"]

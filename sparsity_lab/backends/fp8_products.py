@@ -1,0 +1,173 @@
+"""The three FP8 products of a training step, computed three ways (the "engines").
+
+For W (out, in), X (tokens, in), dZ (tokens, out), each operand already quantized with its
+per-tensor scale (q_t = fp8(t / s_t), ``sparsity_lab.fp8_scaling``):
+
+    forward          Z  = s_x s_w   q_x  q_w^T                 (tokens, out)
+    input gradient   dX = s_dz s_w  q_dz q_w                   (tokens, in)
+    weight gradient  dW = s_g s_x   q_g^T q_x                  (out, in)    q_g = q(MVUE(dZ)) or q(dZ)
+
+Engines:
+* ``reference``: float32 matmuls of the dequantized operands (any device): the ground truth;
+* ``scaled_mm``: dense FP8 tensor cores through ``torch._scaled_mm`` (the dense FP8 recipe an FP8
+  user would pick; the transposed operands it needs are copied, as Transformer Engine's cast-transpose does);
+* ``cusparselt``: sparse FP8 tensor cores (``cusparselt_fp8_direct``): q_w, q_w^T (transposable
+  mask) and q(MVUE(dZ))^T compressed by ``kernels/compress24.py``; the scales applied in the
+  product's float32 epilogue (alpha vector). A weight gradient without MVUE has no 2:4 operand: dense FP8.
+
+Every engine returns bfloat16 for bfloat16/float16 inputs and the input dtype otherwise (the
+reference on float32 CPU tensors returns float32).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .cusparselt_ops import AlgConfig
+
+ENGINES = ("reference", "scaled_mm", "cusparselt")
+TOKEN_MULTIPLE = 64  # tokens padded to this for the FP8 tensor-core products (zero rows change nothing)
+
+
+def dequantized(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale.float()
+
+
+# --- reference ------------------------------------------------------------------------------------------
+def reference_forward(q_x, s_x, q_w, s_w, out_dtype):
+    return (q_x.float() @ q_w.float().t() * (s_x * s_w)).to(out_dtype)
+
+
+def reference_grad_input(q_dz, s_dz, q_w, s_w, out_dtype):
+    return (q_dz.float() @ q_w.float() * (s_dz * s_w)).to(out_dtype)
+
+
+def reference_grad_weight(q_g, s_g, q_x, s_x, out_dtype):
+    return (q_g.float().t() @ q_x.float() * (s_g * s_x)).to(out_dtype)
+
+
+# --- dense FP8 (torch._scaled_mm: mat1 row-major, mat2 column-major) ----------------------------------------
+def _mm(a, b, s_a, s_b):
+    return torch._scaled_mm(a, b, scale_a=s_a.float().reshape(()), scale_b=s_b.float().reshape(()),
+                            out_dtype=torch.bfloat16)
+
+
+def scaled_mm_forward(q_x, s_x, q_w, s_w):
+    return _mm(q_x, q_w.t(), s_x, s_w)  # q_w (out, in) contiguous: .t() is column-major
+
+
+def scaled_mm_grad_input(q_dz, s_dz, q_w_t, s_w):
+    return _mm(q_dz, q_w_t.t(), s_dz, s_w)  # q_w_t = q_w^T contiguous (in, out): .t() is (out, in) column-major
+
+
+def scaled_mm_grad_weight(q_g, s_g, q_x, s_x):
+    return _mm(q_g.t().contiguous(), q_x.t().contiguous().t(), s_g, s_x)
+
+
+# --- sparse FP8 (cuSPARSELt) ------------------------------------------------------------------------------
+@dataclass
+class FP8Choice:
+    """The algorithm (and, for the weight gradient, the layout) chosen for one product key."""
+
+    config: AlgConfig
+    layout: tuple[bool, bool]  # (B passed transposed, result transposed)
+    ms: float
+    rel_err: float
+    tried: list[dict] = field(default_factory=list)
+
+
+class FP8SparseProducts:
+    """A (m, k) 2:4 E4M3 compressed times B: per product key, every algorithm id is tried once on
+    synthetic operands of that key, checked against the float32 product of the same values
+    (some ids return wrong results: pytorch/pytorch#155333) and timed; the fastest correct one is kept.
+    Never inside a CUDA-graph capture: the first (eager) step of each shape chooses."""
+
+    max_algorithms = 64
+    tolerance = 1e-2  # bfloat16 output: about 2e-3 expected
+
+    def __init__(self, ops=None, compress=None) -> None:
+        if ops is None:
+            from .cusparselt_fp8_direct import FP8DirectOps
+            ops = FP8DirectOps()
+        if compress is None:
+            from ..kernels import compress24 as compress
+        self.ops, self.compress = ops, compress
+        self.choices: dict[tuple, FP8Choice] = {}
+
+    def _synthetic(self, m, k, n, b_transposed, device):
+        gen = torch.Generator(device=device).manual_seed(m * 7 + k * 3 + n)
+        a = torch.randn(m, k, device=device, generator=gen)
+        keep = torch.rand(m, k // 4, 4, device=device, generator=gen).argsort(-1)[..., :2]
+        mask = torch.zeros(m, k // 4, 4, device=device, dtype=torch.bool).scatter_(-1, keep, True).reshape(m, k)
+        a = (a * mask * 50).to(torch.float8_e4m3fn)
+        b = (torch.randn(n, k, device=device, generator=gen) * 50).to(torch.float8_e4m3fn)
+        b_op = b.t() if b_transposed else b.t().contiguous()
+        alpha = torch.rand(m, device=device, generator=gen) + 0.5
+        ref = (a.float() @ b.float().t()) * alpha[:, None]
+        return self.compress(a), b_op, alpha, ref
+
+    def choose(self, m, k, n, layouts, device) -> FP8Choice:
+        key = (m, k, n, tuple(layouts))
+        found = self.choices.get(key)
+        if found is not None:
+            return found
+        tried, best = [], None
+        prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            for b_t, tr in layouts:
+                comp, b, alpha, ref = self._synthetic(m, k, n, b_t, device)
+                ref = ref.t() if tr else ref
+                failures = 0
+                for alg in range(self.max_algorithms):
+                    cfg = AlgConfig(alg)
+                    try:
+                        out = self.ops.mm(comp, b, alpha, tr, cfg)
+                    except Exception as err:  # an id or a layout this shape does not support
+                        tried.append({"alg": alg, "layout": [b_t, tr], "error": f"{type(err).__name__}: {err}"[:200]})
+                        failures += 1
+                        if failures >= 3 or alg == 0:
+                            break
+                        continue
+                    failures = 0
+                    rel = float((out.float() - ref).norm() / ref.norm())
+                    entry = {"alg": alg, "layout": [b_t, tr], "rel_err": rel}
+                    if rel < self.tolerance:
+                        entry["ms"] = self._time(lambda: self.ops.mm(comp, b, alpha, tr, cfg))
+                        if best is None or entry["ms"] < best.ms:
+                            best = FP8Choice(cfg, (b_t, tr), entry["ms"], rel)
+                    tried.append(entry)
+                if best is not None:
+                    break  # the first layout that works is the one used (the list is in order of preference)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+        if best is None:
+            raise RuntimeError(f"no cuSPARSELt FP8 algorithm computed A({m}x{k}) @ B({k}x{n}) correctly in layouts "
+                               f"{layouts}: {tried[:4]}")
+        best.tried = tried
+        self.choices[key] = best
+        return best
+
+    @staticmethod
+    def _time(fn, reps: int = 3) -> float:
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) * 1e3 / reps
+
+    def mm(self, compressed, b, alpha, layout, config):
+        return self.ops.mm(compressed, b, alpha, layout[1], config)
+
+    def summary(self) -> list[dict]:
+        return [{"m": k[0], "k": k[1], "n": k[2], "alg": c.config.alg_id, "layout": list(c.layout), "ms": c.ms,
+                 "rel_err": c.rel_err} for k, c in self.choices.items()]
+
+
+def alpha_vector(s_a: torch.Tensor, s_b: torch.Tensor, m: int) -> torch.Tensor:
+    """The float32 vector (m,) filled with s_a * s_b: both scales, applied per row of A @ B on the device."""
+    return (s_a.float() * s_b.float()).reshape(1).expand(m).contiguous()
