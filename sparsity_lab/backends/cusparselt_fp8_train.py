@@ -36,6 +36,7 @@ keeps what layers share (the cuSPARSELt plans and algorithm choices).
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +80,7 @@ class FP8Training:
         self._reference = TorchBackend()
         self._triton = None
         self._sparse: products.FP8SparseProducts | None = None
+        self.stats: Counter = Counter()  # e.g. "x_requantized": backward calls that could not reuse q(X)
 
     def __deepcopy__(self, memo):
         return self  # one per process (plans, algorithm choices): a deep-copied model shares it
@@ -271,6 +273,7 @@ class FP8LayerBackend(nn.Module):
         cached, self._x_cache = self._x_cache, None
         if (cached is not None and cached[0] is x and cached[1] == x._version and cached[2].shape[0] == rows):
             return cached[2], cached[3]
+        self.shared.stats["x_requantized"] += 1
         return self.quantize("x", self._pad(x, rows))
 
     def grad_weight(self, grad_out, x, mvue, generator):

@@ -262,6 +262,8 @@ def ffn_speed(tokens: int, d: int, rounds: int = 5, n: int = 10) -> dict:
                 out[f"fp8_24_vs_{base}"] = ms[base] / ms["fp8_24"]
                 # paired per round: the spread of the ratio
                 out[f"fp8_24_vs_{base}_rounds"] = [b / s for b, s in zip(times[base], times["fp8_24"])]
+    from ..backends import get_backend
+    out["fp8_backend_stats"] = dict(get_backend("cusparselt_fp8").stats)
     for _, g in steps.values():
         g.release()
     return out
