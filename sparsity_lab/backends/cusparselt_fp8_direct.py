@@ -30,6 +30,12 @@ from .cusparselt_ops import AlgConfig
 CUDA_R_8F_E4M3 = 28
 CUDA_R_16BF = 14
 MATMUL_ALPHA_VECTOR_SCALING = 5
+A_SCALE_MODE, B_SCALE_MODE, A_SCALE_POINTER, B_SCALE_POINTER, SCALE_SCALAR_32F = 10, 11, 15, 16, 1
+# how the two per-tensor scales reach the product, in order of preference (each checked numerically):
+# "scale_pointers": A/B scale pointers (device scalars, cuSPARSELt >= 0.7's matmul attributes);
+# "alpha_vector": alpha as a device vector of m floats (refused for FP8 by cuSPARSELt 0.8 on the H100);
+# "multiply_after": alpha 1, then one elementwise pass over D (bfloat16 product by the fp32 scale)
+SCALE_MODES = ("scale_pointers", "alpha_vector", "multiply_after")
 FP8_MULTIPLE = 32  # both dimensions of an fp8 sparse operand (cuSPARSELt's minimum, as PyTorch checks)
 
 
@@ -37,8 +43,10 @@ class _FP8Plan:
     """Descriptors, algorithm and plan of one FP8 product (kept alive together)."""
 
     def __init__(self, lib: CusparseltLibrary, set_attribute, handle: _Opaque, m: int, k: int, n: int,
-                 b_transposed: bool, transpose_result: bool, config: AlgConfig) -> None:
-        self.key = (m, k, n, b_transposed, transpose_result, config)
+                 b_transposed: bool, transpose_result: bool, config: AlgConfig, mode: str, device) -> None:
+        self.key = (m, k, n, b_transposed, transpose_result, config, mode)
+        self.mode = mode
+        self.scales = torch.ones(4, dtype=torch.float32, device=device)  # [s_a, s_b] at 16-byte aligned slots 0, 1
         self.a, self.b, self.d, self.matmul, self.alg, self.plan = (_Opaque() for _ in range(6))
         h, e4m3, bf16 = handle.ptr, CUDA_R_8F_E4M3, CUDA_R_16BF
         lib.check(lib.cusparseLtStructuredDescriptorInit(h, self.a.ptr, m, k, k, ALIGNMENT, e4m3, ORDER_ROW,
@@ -57,8 +65,17 @@ class _FP8Plan:
                                                      self.a.ptr, self.b.ptr, self.d.ptr, self.d.ptr, COMPUTE_32F),
                   "fp8 matmul descriptor")
         on = ctypes.c_int(1)
-        lib.check(set_attribute(h, self.matmul.ptr, MATMUL_ALPHA_VECTOR_SCALING, ctypes.byref(on), ctypes.sizeof(on)),
-                  "alpha vector scaling")
+        if mode == "alpha_vector":
+            lib.check(set_attribute(h, self.matmul.ptr, MATMUL_ALPHA_VECTOR_SCALING, ctypes.byref(on),
+                                    ctypes.sizeof(on)), "alpha vector scaling")
+        elif mode == "scale_pointers":
+            scalar = ctypes.c_int(SCALE_SCALAR_32F)
+            for attr, what in ((A_SCALE_MODE, "A scale mode"), (B_SCALE_MODE, "B scale mode")):
+                lib.check(set_attribute(h, self.matmul.ptr, attr, ctypes.byref(scalar), ctypes.sizeof(scalar)), what)
+            self._ptrs = [ctypes.c_void_p(self.scales.data_ptr()), ctypes.c_void_p(self.scales.data_ptr() + 4)]
+            for attr, ptr, what in ((A_SCALE_POINTER, self._ptrs[0], "A scale pointer"),
+                                    (B_SCALE_POINTER, self._ptrs[1], "B scale pointer")):
+                lib.check(set_attribute(h, self.matmul.ptr, attr, ctypes.byref(ptr), ctypes.sizeof(ptr)), what)
         lib.check(lib.cusparseLtMatmulAlgSelectionInit(h, self.alg.ptr, self.matmul.ptr, ALG_DEFAULT),
                   "algorithm selection")
         self._set(lib, h, ALG_CONFIG_ID, config.alg_id, "algorithm id")
@@ -115,43 +132,53 @@ class FP8DirectOps:
         self._beta = ctypes.c_float(0.0)
         self._beta_p = ctypes.addressof(self._beta)
 
-    def plan(self, m, k, n, b_transposed, transpose_result, config: AlgConfig) -> _FP8Plan:
-        key = (m, k, n, b_transposed, transpose_result, config)
+    def plan(self, m, k, n, b_transposed, transpose_result, config: AlgConfig, mode: str, device) -> _FP8Plan:
+        key = (m, k, n, b_transposed, transpose_result, config, mode)
         plan = self.plans.get(key)
         if plan is None:
             plan = self.plans[key] = _FP8Plan(self.lib, self._set_attribute, self.handle, m, k, n, b_transposed,
-                                              transpose_result, config)
+                                              transpose_result, config, mode, device)
         return plan
 
-    def mm(self, compressed: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, transpose_result: bool,
-           config: AlgConfig) -> torch.Tensor:
-        """``diag(alpha) (A @ B)`` as bfloat16 (m, n), or its transpose (n, m) contiguous.
-        alpha: float32, m elements, contiguous, on b's device."""
+    def mm(self, compressed: torch.Tensor, b: torch.Tensor, s_a: torch.Tensor, s_b: torch.Tensor,
+           transpose_result: bool, config: AlgConfig, mode: str = "scale_pointers") -> torch.Tensor:
+        """``s_a s_b (A @ B)`` as bfloat16 (m, n), or its transpose (n, m) contiguous. s_a, s_b: float32
+        one-element tensors on b's device (the per-tensor dequantization scales of A and B)."""
         m, k, n, b_t = fp8_operand_shape(compressed, b)
-        if alpha.dtype != torch.float32 or alpha.numel() != m or not alpha.is_contiguous():
-            raise ValueError(f"alpha must be a contiguous float32 vector of m={m} elements, got "
-                             f"{alpha.dtype} with {alpha.numel()}")
-        if not (b.is_cuda and compressed.device == b.device == alpha.device):
-            raise ValueError("compressed, b and alpha must be on one CUDA device")
+        if mode not in SCALE_MODES:
+            raise ValueError(f"mode must be one of {SCALE_MODES}, got {mode!r}")
+        if not (b.is_cuda and compressed.device == b.device == s_a.device == s_b.device):
+            raise ValueError("compressed, b and the scales must be on one CUDA device")
         for t in (compressed, b):
             if t.data_ptr() % ALIGNMENT:
                 raise ValueError("fp8 operands must be 16-byte aligned (a fresh tensor, not a view into another)")
-        plan = self.plan(m, k, n, b_t, transpose_result, config)
+        plan = self.plan(m, k, n, b_t, transpose_result, config, mode, b.device)
+        alpha_host = ctypes.c_float(1.0)
+        if mode == "scale_pointers":
+            plan.scales[0:2].copy_(torch.stack((s_a.float().reshape(()), s_b.float().reshape(()))))
+            alpha_p = ctypes.addressof(alpha_host)
+        elif mode == "alpha_vector":
+            alpha = (s_a.float() * s_b.float()).reshape(1).expand(m).contiguous()
+            alpha_p = alpha.data_ptr()
+        else:
+            alpha_p = ctypes.addressof(alpha_host)
         out = torch.empty((n, m) if transpose_result else (m, n), dtype=torch.bfloat16, device=b.device)
         workspace = (torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=b.device)
                      if plan.workspace_bytes else None)
         stream = ctypes.c_void_p(_raw_stream(b.device.index))
         status = self.lib.cusparseLtMatmul(
-            self.handle.ptr, plan.plan.ptr, ctypes.c_void_p(alpha.data_ptr()), compressed.data_ptr(), b.data_ptr(),
+            self.handle.ptr, plan.plan.ptr, ctypes.c_void_p(alpha_p), compressed.data_ptr(), b.data_ptr(),
             self._beta_p, out.data_ptr(), out.data_ptr(),
             workspace.data_ptr() if workspace is not None else None, ctypes.byref(stream), 1)
         self.lib.check(status, f"cusparseLtMatmul fp8 {plan.key}")
         self.stats["products"] += 1
+        if mode == "multiply_after":
+            out.mul_(s_a.float() * s_b.float())
         return out
 
 
 def torch_fp8_mm(compressed: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, transpose_result: bool,
-                 config: AlgConfig) -> torch.Tensor:
+                 config: AlgConfig) -> torch.Tensor:  # alpha: (m,) float32 on the device
     """The same product through ``torch._cslt_sparse_mm`` (a plan per call): the check for the binding."""
     kwargs = {"split_k": config.split_k, "split_k_mode": config.split_k_mode} if config.split_k != 1 else {}
     return torch._cslt_sparse_mm(compressed, b, alpha=alpha, out_dtype=torch.bfloat16,

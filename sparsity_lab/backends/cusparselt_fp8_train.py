@@ -233,8 +233,7 @@ class FP8LayerBackend(nn.Module):
             if operand.compressed is None:
                 operand.compressed = self.shared.kernels().compress24(operand.q)
             choice = self.shared.sparse.choose(out_f, operand.shape[1], rows, [(True, True)], x.device)
-            alpha = products.alpha_vector(s_x, operand.scale, out_f)
-            z = self.shared.sparse.mm(operand.compressed, q_x.t(), alpha, choice.layout, choice.config)
+            z = self.shared.sparse.mm(operand.compressed, q_x.t(), operand.scale, s_x, choice)
         z = z[:tokens].to(x.dtype)
         return z if bias is None else z + bias.to(z.dtype)
 
@@ -254,8 +253,7 @@ class FP8LayerBackend(nn.Module):
             if operand.compressed_t is None:  # q(S(W))^T: 2:4 along out (transposable mask), read strided
                 operand.compressed_t = self.shared.kernels().compress24(operand.q.t())
             choice = self.shared.sparse.choose(in_f, operand.shape[0], rows, [(True, True)], grad_out.device)
-            alpha = products.alpha_vector(s_dz, operand.scale, in_f)
-            dx = self.shared.sparse.mm(operand.compressed_t, q_dz.t(), alpha, choice.layout, choice.config)
+            dx = self.shared.sparse.mm(operand.compressed_t, q_dz.t(), operand.scale, s_dz, choice)
         return dx[:tokens].to(grad_out.dtype)
 
     def _mvue(self, dz: torch.Tensor, generator) -> torch.Tensor:
@@ -293,10 +291,9 @@ class FP8LayerBackend(nn.Module):
         out_f, in_f = q_g.shape[1], q_x.shape[1]
         a = self.shared.kernels().compress24(q_g.t())  # q(MVUE(dZ))^T (out, rows), 2:4 along the tokens
         choice = self.shared.sparse.choose(out_f, rows, in_f, [(False, False), (True, True)], grad_out.device)
-        alpha = products.alpha_vector(s_g, s_x, out_f)
         b_transposed, transpose_result = choice.layout
         b = q_x.t().contiguous().t() if b_transposed else q_x
-        dw = self.shared.sparse.mm(a, b, alpha, choice.layout, choice.config)
+        dw = self.shared.sparse.mm(a, b, s_g, s_x, choice)
         return (dw.t() if transpose_result else dw).to(grad_out.dtype)
 
 

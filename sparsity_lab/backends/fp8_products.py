@@ -13,7 +13,7 @@ Engines:
   user would pick; the transposed operands it needs are copied, as Transformer Engine's cast-transpose does);
 * ``cusparselt``: sparse FP8 tensor cores (``cusparselt_fp8_direct``): q_w, q_w^T (transposable
   mask) and q(MVUE(dZ))^T compressed by ``kernels/compress24.py``; the scales applied in the
-  product's float32 epilogue (alpha vector). A weight gradient without MVUE has no 2:4 operand: dense FP8.
+  product where cuSPARSELt allows (``cusparselt_fp8_direct.SCALE_MODES``). A weight gradient without MVUE has no 2:4 operand: dense FP8.
 
 Every engine returns bfloat16 for bfloat16/float16 inputs and the input dtype otherwise (the
 reference on float32 CPU tensors returns float32).
@@ -73,6 +73,7 @@ class FP8Choice:
 
     config: AlgConfig
     layout: tuple[bool, bool]  # (B passed transposed, result transposed)
+    mode: str  # how the scales reach the product (cusparselt_fp8_direct.SCALE_MODES)
     ms: float
     rel_err: float
     tried: list[dict] = field(default_factory=list)
@@ -87,7 +88,8 @@ class FP8SparseProducts:
     max_algorithms = 64
     tolerance = 1e-2  # bfloat16 output: about 2e-3 expected
 
-    def __init__(self, ops=None, compress=None) -> None:
+    def __init__(self, ops=None, compress=None, modes: tuple[str, ...] | None = None) -> None:
+        self.modes = modes
         if ops is None:
             from .cusparselt_fp8_direct import FP8DirectOps
             ops = FP8DirectOps()
@@ -104,9 +106,10 @@ class FP8SparseProducts:
         a = (a * mask * 50).to(torch.float8_e4m3fn)
         b = (torch.randn(n, k, device=device, generator=gen) * 50).to(torch.float8_e4m3fn)
         b_op = b.t() if b_transposed else b.t().contiguous()
-        alpha = torch.rand(m, device=device, generator=gen) + 0.5
-        ref = (a.float() @ b.float().t()) * alpha[:, None]
-        return self.compress(a), b_op, alpha, ref
+        s_a, s_b = torch.rand(2, device=device, generator=gen).unbind() 
+        s_a, s_b = s_a + 0.5, s_b + 0.5
+        ref = (a.float() @ b.float().t()) * (s_a * s_b)
+        return self.compress(a), b_op, (s_a.clone(), s_b.clone()), ref
 
     def choose(self, m, k, n, layouts, device) -> FP8Choice:
         key = (m, k, n, tuple(layouts))
@@ -117,30 +120,33 @@ class FP8SparseProducts:
         prev_tf32 = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = False
         try:
-            for b_t, tr in layouts:
-                comp, b, alpha, ref = self._synthetic(m, k, n, b_t, device)
+            from .cusparselt_fp8_direct import SCALE_MODES
+            combos = [(mode, b_t, tr) for mode in self.modes or SCALE_MODES for b_t, tr in layouts]
+            for mode, b_t, tr in combos:
+                comp, b, (s_a, s_b), ref = self._synthetic(m, k, n, b_t, device)
                 ref = ref.t() if tr else ref
                 failures = 0
                 for alg in range(self.max_algorithms):
                     cfg = AlgConfig(alg)
                     try:
-                        out = self.ops.mm(comp, b, alpha, tr, cfg)
-                    except Exception as err:  # an id or a layout this shape does not support
-                        tried.append({"alg": alg, "layout": [b_t, tr], "error": f"{type(err).__name__}: {err}"[:200]})
+                        out = self.ops.mm(comp, b, s_a, s_b, tr, cfg, mode)
+                    except Exception as err:  # an id, a layout or a scale mode this shape does not support
+                        tried.append({"alg": alg, "layout": [b_t, tr], "mode": mode,
+                                      "error": f"{type(err).__name__}: {err}"[:200]})
                         failures += 1
                         if failures >= 3 or alg == 0:
                             break
                         continue
                     failures = 0
                     rel = float((out.float() - ref).norm() / ref.norm())
-                    entry = {"alg": alg, "layout": [b_t, tr], "rel_err": rel}
+                    entry = {"alg": alg, "layout": [b_t, tr], "mode": mode, "rel_err": rel}
                     if rel < self.tolerance:
-                        entry["ms"] = self._time(lambda: self.ops.mm(comp, b, alpha, tr, cfg))
+                        entry["ms"] = self._time(lambda: self.ops.mm(comp, b, s_a, s_b, tr, cfg, mode))
                         if best is None or entry["ms"] < best.ms:
-                            best = FP8Choice(cfg, (b_t, tr), entry["ms"], rel)
+                            best = FP8Choice(cfg, (b_t, tr), mode, entry["ms"], rel)
                     tried.append(entry)
                 if best is not None:
-                    break  # the first layout that works is the one used (the list is in order of preference)
+                    break  # the first (mode, layout) that works is the one used: the lists are in order of preference
         finally:
             torch.backends.cuda.matmul.allow_tf32 = prev_tf32
         if best is None:
@@ -160,14 +166,10 @@ class FP8SparseProducts:
         torch.cuda.synchronize()
         return (time.perf_counter() - t0) * 1e3 / reps
 
-    def mm(self, compressed, b, alpha, layout, config):
-        return self.ops.mm(compressed, b, alpha, layout[1], config)
+    def mm(self, compressed, b, s_a, s_b, choice: FP8Choice):
+        return self.ops.mm(compressed, b, s_a, s_b, choice.layout[1], choice.config, choice.mode)
 
     def summary(self) -> list[dict]:
-        return [{"m": k[0], "k": k[1], "n": k[2], "alg": c.config.alg_id, "layout": list(c.layout), "ms": c.ms,
-                 "rel_err": c.rel_err} for k, c in self.choices.items()]
-
-
-def alpha_vector(s_a: torch.Tensor, s_b: torch.Tensor, m: int) -> torch.Tensor:
-    """The float32 vector (m,) filled with s_a * s_b: both scales, applied per row of A @ B on the device."""
-    return (s_a.float() * s_b.float()).reshape(1).expand(m).contiguous()
+        return [{"m": k[0], "k": k[1], "n": k[2], "alg": c.config.alg_id, "layout": list(c.layout), "mode": c.mode,
+                 "ms": c.ms, "rel_err": c.rel_err, "refused": [t for t in c.tried if "error" in t][:6]}
+                for k, c in self.choices.items()]

@@ -68,9 +68,34 @@ def dx_error(tokens: int = 4096, d_in: int = 4096, d_out: int = 4096, device: st
     return out
 
 
+# --- 0. what torch._scaled_mm accepts here ------------------------------------------------------------------
+def scaled_mm_probe() -> dict:
+    """Which operand/scale sources ``torch._scaled_mm`` takes on this machine (a failed call is recorded)."""
+    from ..fp8 import quantize_fp8
+    from ..kernels import quantize_fp8 as kernel_quantize
+    x = torch.randn(256, 512, device="cuda")
+    w = torch.randn(128, 512, device="cuda")
+    out = {}
+    cases = {
+        "torch cast, 0-d scales": (quantize_fp8(x), quantize_fp8(w)),
+        "kernel cast, 0-d scales": (kernel_quantize(x), kernel_quantize(w)),
+        "kernel cast from bf16": (kernel_quantize(x.bfloat16()), kernel_quantize(w.bfloat16())),
+    }
+    for name, ((qx, sx), (qw, sw)) in cases.items():
+        for sname, (a, b) in {"0-d": (sx, sw), "(1,)": (sx.reshape(1), sw.reshape(1)),
+                              "views of one buffer": tuple(torch.stack((sx, sw)).unbind())}.items():
+            try:
+                torch._scaled_mm(qx, qw.t(), scale_a=a.float(), scale_b=b.float(), out_dtype=torch.bfloat16)
+                out[f"{name}; scales {sname}"] = "ok"
+            except Exception as err:
+                out[f"{name}; scales {sname}"] = f"{type(err).__name__}: {str(err)[:160]}"
+    out["kernel q dtype/strides"] = [str(cases["kernel cast, 0-d scales"][0][0].dtype),
+                                     list(cases["kernel cast, 0-d scales"][0][0].stride())]
+    return out
+
+
 # --- 2. forward products ---------------------------------------------------------------------------------
 def product_row(tokens: int, d_in: int, d_out: int, sparse) -> dict:
-    from ..backends.fp8_products import alpha_vector
     from ..fp8 import quantize_fp8
     from ..kernels import compress24, transposable_mask24
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -83,16 +108,15 @@ def product_row(tokens: int, d_in: int, d_out: int, sparse) -> dict:
     x_bf, w_bf = x.to(torch.bfloat16), w.to(torch.bfloat16)
     comp = compress24(q_w)
     choice = sparse.choose(d_out, d_in, tokens, [(True, True)], x.device)
-    alpha = alpha_vector(s_x, s_w, d_out)
     flop = 2.0 * tokens * d_in * d_out
     ref = (q_x.float() @ q_w.float().t()) * (s_x * s_w)
-    z = sparse.mm(comp, q_x.t(), alpha, choice.layout, choice.config)
-    row = {"tokens": tokens, "in": d_in, "out": d_out, "alg": choice.config.alg_id,
+    z = sparse.mm(comp, q_x.t(), s_w, s_x, choice)
+    row = {"tokens": tokens, "in": d_in, "out": d_out, "alg": choice.config.alg_id, "scale_mode": choice.mode,
            "fp8_24_rel_err": float((z.float() - ref).norm() / ref.norm())}
     row["bf16_dense_ms"] = graph_ms(lambda: F.linear(x_bf, w_bf))
     row["fp8_dense_ms"] = graph_ms(lambda: torch._scaled_mm(q_x, wq_dense.t(), scale_a=s_x, scale_b=s_wd,
                                                             out_dtype=torch.bfloat16))
-    row["fp8_24_ms"] = graph_ms(lambda: sparse.mm(comp, q_x.t(), alpha, choice.layout, choice.config))
+    row["fp8_24_ms"] = graph_ms(lambda: sparse.mm(comp, q_x.t(), s_w, s_x, choice))
     for k in ("bf16_dense", "fp8_dense", "fp8_24"):
         row[f"{k}_tflops"] = tflops(flop, row[f"{k}_ms"])  # dense-equivalent FLOPs for the 2:4 product
     row["fp8_24_vs_fp8_dense"] = row["fp8_dense_ms"] / row["fp8_24_ms"]
@@ -103,7 +127,6 @@ def product_row(tokens: int, d_in: int, d_out: int, sparse) -> dict:
 
 # --- 3. the pieces of one FP8 2:4 FFN step ------------------------------------------------------------------
 def ffn_parts(tokens: int, d: int, sparse) -> dict:
-    from ..backends.fp8_products import alpha_vector
     from ..kernels import (amax, compress24, mvue24, quantize_fp8_with_scale, soft_threshold24,
                            transposable_mask24)
     ffn = 4 * d
@@ -128,7 +151,6 @@ def ffn_parts(tokens: int, d: int, sparse) -> dict:
         dxc = sparse.choose(i, o, tokens, [(True, True)], x.device)
         dwc = sparse.choose(o, tokens, i, [(False, False), (True, True)], x.device)
         b_dw = q_x.t().contiguous().t() if dwc.layout[0] else q_x
-        a_o, a_i = alpha_vector(one, one, o), alpha_vector(one, one, i)
         pieces = {
             "mask (transposable)": lambda: transposable_mask24(w, pruned=False),
             "soft threshold -> bf16": lambda: soft_threshold24(w, mask, beta, out_dtype=torch.bfloat16),
@@ -141,9 +163,9 @@ def ffn_parts(tokens: int, d: int, sparse) -> dict:
             "cast MVUE(dZ)": lambda: quantize_fp8_with_scale(mv, inv),
             "compress MVUE(dZ)^T": lambda: compress24(q_g.t()),
             "transpose q(X) (dW layout)": (lambda: q_x.t().contiguous()) if dwc.layout[0] else None,
-            "product forward": lambda: sparse.mm(c_w, q_x.t(), a_o, fwd.layout, fwd.config),
-            "product dX": lambda: sparse.mm(c_wt, q_dz.t(), a_i, dxc.layout, dxc.config),
-            "product dW": lambda: sparse.mm(c_g, b_dw, a_o, dwc.layout, dwc.config),
+            "product forward": lambda: sparse.mm(c_w, q_x.t(), one, one, fwd),
+            "product dX": lambda: sparse.mm(c_wt, q_dz.t(), one, one, dxc),
+            "product dW": lambda: sparse.mm(c_g, b_dw, one, one, dwc),
         }
         parts[name] = {k: graph_ms(fn) for k, fn in pieces.items() if fn is not None}
         parts[name]["dW layout (B transposed, result transposed)"] = list(dwc.layout)
@@ -276,7 +298,7 @@ def main(argv=None) -> int:
     p.add_argument("--out-dir", default="results")
     p.add_argument("--name", default="fp8_training_h100")
     p.add_argument("--budget-s", type=float, default=240.0, help="no new section starts after this many seconds")
-    p.add_argument("--sections", default="dx_error,products,ffn,ffn_parts")
+    p.add_argument("--sections", default="probe,dx_error,products,ffn,ffn_parts")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     result = {"targets": TARGETS, "errors": {}, "skipped": []}
@@ -286,7 +308,10 @@ def main(argv=None) -> int:
             result["skipped"].append(section)
             continue
         try:
-            if section == "dx_error":
+            if section == "probe":
+                result["scaled_mm_probe"] = scaled_mm_probe()
+                print("scaled_mm probe:", result["scaled_mm_probe"], flush=True)
+            elif section == "dx_error":
                 result["dx_error"] = dx_error()
                 print("dx error:", result["dx_error"], flush=True)
             elif section == "products":
