@@ -50,7 +50,9 @@ def reference_grad_weight(q_g, s_g, q_x, s_x, out_dtype):
 
 # --- dense FP8 (torch._scaled_mm: mat1 row-major, mat2 column-major) ----------------------------------------
 def _mm(a, b, s_a, s_b):
-    return torch._scaled_mm(a, b, scale_a=s_a.float().reshape(()), scale_b=s_b.float().reshape(()),
+    # cuBLASLt refuses a scale that is a view at an unaligned offset of a larger buffer (the delayed
+    # scales are entries of one (4,) buffer): CUBLAS_STATUS_NOT_SUPPORTED on the H100. A copy is aligned.
+    return torch._scaled_mm(a, b, scale_a=s_a.float().reshape(()).clone(), scale_b=s_b.float().reshape(()).clone(),
                             out_dtype=torch.bfloat16)
 
 
