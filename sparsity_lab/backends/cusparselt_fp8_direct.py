@@ -4,12 +4,16 @@
 
 Why a binding of its own: ``torch._cslt_sparse_mm`` builds a plan per call (0.2-0.7 ms of host time,
 ``results/cusparselt_NOTES.md``); ``cusparselt_direct`` caches plans but describes 16-bit operands only.
-Here the plan describes E4M3 A and B, bfloat16 C and D, float32 compute, and turns on
-``CUSPARSELT_MATMUL_ALPHA_VECTOR_SCALING``: alpha is then a *device* vector of m floats, one per row of
-D (PyTorch's ``_cslt_sparse_mm`` does the same for an ``alpha`` of more than one element, in
-``aten/src/ATen/native/sparse/cuda/cuSPARSELtOps.cpp``). Filled with ``s_a * s_b`` it applies both
-per-tensor dequantization scales in the float32 epilogue, before the rounding to bfloat16: no host
-sync (a scalar alpha is a host value: ``.item()``), capturable in a CUDA graph, one rounding only.
+Here the plan describes E4M3 A and B, bfloat16 C and D, float32 compute.
+
+The scales must stay on the device (no ``.item()``, capturable in a CUDA graph). Three ways are tried
+per product, in ``SCALE_MODES`` order, each checked numerically by ``fp8_products.FP8SparseProducts``.
+Measured on the H100 with cuSPARSELt 0.8.0 (``results/fp8_training_h100.json``, "algorithm_choices"):
+``ALPHA_VECTOR_SCALING`` (a device vector of m alphas, what PyTorch's ``_cslt_sparse_mm`` uses for an
+``alpha`` of several elements) is refused for FP8 ("operation not supported"); the A/B scale pointers
+are accepted but the products come out unscaled (wrong: rejected by the check); so the product runs with
+alpha 1 and one elementwise pass multiplies D by ``s_a s_b`` afterwards ("multiply_after": a read and a
+write of D, part of the time the recorded products take).
 
 Layouts are the ones ``cusparselt_direct`` describes (B contiguous, or the ``.t()`` of a contiguous
 (n, k); D row-major, or with ``transpose_result`` the (n, m) row-major memory of a column-major D).

@@ -13,7 +13,7 @@ Engines:
   user would pick; the transposed operands it needs are copied, as Transformer Engine's cast-transpose does);
 * ``cusparselt``: sparse FP8 tensor cores (``cusparselt_fp8_direct``): q_w, q_w^T (transposable
   mask) and q(MVUE(dZ))^T compressed by ``kernels/compress24.py``; the scales applied in the
-  product where cuSPARSELt allows (``cusparselt_fp8_direct.SCALE_MODES``). A weight gradient without MVUE has no 2:4 operand: dense FP8.
+  product where cuSPARSELt allows it, else by one multiply after it (``cusparselt_fp8_direct.SCALE_MODES``). A weight gradient without MVUE has no 2:4 operand: dense FP8.
 
 Every engine returns bfloat16 for bfloat16/float16 inputs and the input dtype otherwise (the
 reference on float32 CPU tensors returns float32).
