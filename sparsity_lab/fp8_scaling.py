@@ -33,12 +33,13 @@ buffers and extra state: it is in the layer's ``state_dict()`` and a resumed run
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .fp8 import AMAX_FLOOR, amax as amax_of, fp8_format, quantize_with_inv_scale
+from .references.fp8 import AMAX_FLOOR, amax as amax_of, fp8_format, quantize_with_inv_scale
 
 TENSORS = ("x", "w", "dz", "dz_mvue")
 SCALINGS = ("delayed", "current")
@@ -168,6 +169,27 @@ class FP8ScalingState(nn.Module):
             raise ValueError(f"FP8ScalingState extra state must be a 1-element int64 tensor (the update count), "
                              f"got {state!r}")
         self.updates = int(state[0])
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        # a checkpoint saved by a backend without scaling state (e.g. "cusparselt", "torch") loaded into an
+        # FP8 layer: none of this state's keys are there. The state starts fresh (current scaling for the
+        # first step, then the history), said in a warning, instead of failing the whole load.
+        own = [prefix + name for name in ("amax_history", "scale", "inv_scale", "_extra_state")]
+        if not any(k in state_dict for k in own):
+            warnings.warn(f"{prefix}*: the checkpoint holds no FP8 scaling state (saved by a backend without one?); "
+                          f"this layer's scales and amax history start fresh ({self.extra_repr()})",
+                          UserWarning, stacklevel=4)
+            return
+        if prefix + "amax_history" in state_dict:
+            saved = state_dict[prefix + "amax_history"]
+            if saved.shape != self.amax_history.shape:
+                error_msgs.append(f"{prefix}amax_history: the checkpoint's history has shape {tuple(saved.shape)}, this "
+                                  f"layer's recipe {tuple(self.amax_history.shape)} (history_len, tensors): load it into "
+                                  f"a layer with FP8Recipe(history_len={saved.shape[0]}) (set_fp8_recipe)")
+                return
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def history_of(self, tensor: str) -> torch.Tensor:
         """The amaxes of the completed steps in the window, oldest first (rows 1..L-1; row 0 is the

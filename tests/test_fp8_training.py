@@ -10,9 +10,10 @@ import torch
 
 from sparsity_lab import SRSTE, SSTE, STE, MaskedDecay, SparseLinear, attach_optimizer
 from sparsity_lab.backends import get_backend
-from sparsity_lab.backends.cusparselt_fp8_train import FP8LayerBackend, FP8Training, set_fp8_recipe
+from sparsity_lab.backends.base import Backend
+from sparsity_lab.backends.cusparselt.fp8_train import FP8Backend, FP8Engine, set_fp8_recipe
 from sparsity_lab.backends.fp8_sim import fake_fp8
-from sparsity_lab.fp8 import quantize_fp8
+from sparsity_lab.references.fp8 import quantize_fp8
 from sparsity_lab.fp8_scaling import TENSORS, FP8Recipe, FP8ScalingState, quantize_reference
 
 CUDA = torch.cuda.is_available()
@@ -191,8 +192,7 @@ def test_every_method_trains_close_to_the_exact_products(method):
 def test_reference_backend_equals_the_simulation_under_its_recipe():
     """With current scaling and dZ in E5M2 the products are torch_fp8sim's (same rounding, float32)."""
     torch.manual_seed(3)
-    backend = FP8Training("fp8_reference", "reference", FP8Recipe(scaling="current", grad_format="e5m2"))
-    layer_backend = backend.for_layer(torch.nn.Linear(64, 32))
+    layer_backend = FP8Backend(FP8Engine("fp8_reference", "reference"), FP8Recipe(scaling="current", grad_format="e5m2"))
     sim = get_backend("torch_fp8sim")
     x, w, dz = torch.randn(24, 64), torch.randn(32, 64) * 0.1, torch.randn(24, 32) * 1e-3
     op, sim_op = layer_backend.prepare(w), sim.prepare(w)
@@ -218,16 +218,16 @@ def test_e4m3_gradient_error_is_below_e5m2s():
 @pytest.mark.parametrize("name", ["cusparselt_fp8", "fp8_dense"])
 def test_gpu_names_fall_back_to_the_reference_with_a_warning(name):
     from sparsity_lab.backends import base
-    from sparsity_lab.backends.cusparselt_backend import BackendFallbackWarning
+    from sparsity_lab.backends.cusparselt.backend import BackendFallbackWarning
     base._INSTANCES.pop(name, None)
     with pytest.warns(BackendFallbackWarning, match=name):
         layer = SparseLinear(64, 64, method=STE(transposable=True, backend=name))
-    assert layer.backend.shared.engine == "reference" and "no CUDA GPU" in layer.backend.fallback_reason
+    assert layer.backend.engine.engine == "reference" and "no CUDA GPU" in layer.backend.fallback_reason
     assert layer.backend.name == f"fp8_reference (fallback for {name})"
 
 
 def test_sparse_engine_refuses_masks_and_shapes_it_cannot_run():
-    be = FP8Training("cusparselt_fp8", "cusparselt").for_layer(torch.nn.Linear(64, 64))
+    be = FP8Backend(FP8Engine("cusparselt_fp8", "cusparselt")).for_layer(torch.nn.Linear(64, 64))
     with pytest.raises(ValueError, match="transposable 2:4"):
         be.mask(torch.randn(64, 64), 2, 4, False)
     with pytest.raises(ValueError, match="multiples of 64"):
@@ -235,7 +235,65 @@ def test_sparse_engine_refuses_masks_and_shapes_it_cannot_run():
     with pytest.raises(ValueError, match="CUDA tensors"):
         be.prepare(torch.randn(64, 64))
     with pytest.raises(ValueError, match="engine must be one of"):
-        FP8Training("x", "tensor_cores")
+        FP8Engine("x", "tensor_cores")
+
+
+# --- the backend interface: declared methods, X's amax, q(X) reused ---------------------------------------------
+def test_fp8_backends_declare_per_layer_state_through_the_interface():
+    shared = get_backend("fp8_reference")
+    assert isinstance(shared, Backend) and shared.reads_seed_from_device
+    a = SparseLinear(64, 32, method=STE(backend="fp8_reference"))
+    b = SparseLinear(64, 32, method=STE(backend="fp8_reference"))
+    assert isinstance(a.backend, FP8Backend) and a.backend is not b.backend and a.backend is not shared
+    assert a.backend.engine is b.backend.engine is shared.engine  # what the layers share
+    plain = SparseLinear(64, 32, method=STE())
+    assert plain.backend is get_backend("torch")  # the default for_layer: the shared object
+    assert "backend" not in dict(plain.named_children())
+
+
+def test_training_records_xs_amax_and_reuses_the_forwards_q_x():
+    """X's amax reaches the history (the forward runs with grad disabled inside autograd: it cannot
+    tell training from evaluation, so the backward records it) and the backward casts X no second time."""
+    layer = SparseLinear(64, 32, method=STE(mvue=True, backend="fp8_reference"))
+    before = layer.backend.stats["x_requantized"]
+    x = (torch.randn(24, 64) * 7).requires_grad_(True)  # dX asked for too: dZ is quantized for it
+    opt = torch.optim.SGD(layer.parameters(), lr=0.0)
+    attach_optimizer(layer, opt)
+    layer(x).sum().backward()
+    row0 = layer.backend.scaling.amax_history[0]
+    assert float(row0[col("x")]) == float(x.detach().abs().max())
+    assert float(row0[col("dz")]) == 1.0 and float(row0[col("dz_mvue")]) > 0  # dZ = ones
+    assert layer.backend.stats["x_requantized"] == before
+    opt.step()
+    assert float(layer.backend.scaling.scale[col("x")]) == pytest.approx(float(x.detach().abs().max()) / 448)
+
+
+def test_a_checkpoint_of_another_backend_loads_with_a_fresh_scaling_state_and_a_warning():
+    torch.manual_seed(6)
+    plain = SparseLinear(64, 32, method=STE(backend="torch"))
+    _train(plain, [torch.randn(16, 64)])
+    fp8 = SparseLinear(64, 32, method=STE(backend="fp8_reference"))
+    with pytest.warns(UserWarning, match="no FP8 scaling state.*start fresh"):
+        fp8.load_state_dict(plain.state_dict())
+    assert torch.equal(fp8.weight, plain.weight) and torch.equal(fp8.mask, plain.mask) and fp8.step == 1
+    assert fp8.backend.scaling.updates == 0 and not fp8.backend.scaling.amax_history.any()
+    # and the other way: the FP8 state has nowhere to go, said in a warning
+    _train(fp8, [torch.randn(16, 64)])
+    back = SparseLinear(64, 32, method=STE(backend="torch"))
+    with pytest.warns(UserWarning, match="keeps none: that state is ignored"):
+        back.load_state_dict(fp8.state_dict())
+    assert torch.equal(back.weight, fp8.weight)
+
+
+def test_a_checkpoint_with_another_history_length_is_refused_clearly():
+    a = SparseLinear(64, 32, method=STE(backend="fp8_reference"))
+    b = SparseLinear(64, 32, method=STE(backend="fp8_reference"))
+    set_fp8_recipe(b, FP8Recipe(history_len=4))
+    with pytest.raises(RuntimeError, match=r"history_len=16"):
+        b.load_state_dict(a.state_dict())
+    partial = {k: v for k, v in a.state_dict().items() if k != "backend.scaling.scale"}
+    with pytest.raises(RuntimeError, match="backend.scaling.scale"):
+        a.load_state_dict(partial)
 
 
 # --- the real paths (GPU) --------------------------------------------------------------------------------------------

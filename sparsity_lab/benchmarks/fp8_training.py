@@ -39,14 +39,14 @@ def tflops(flop: float, ms: float) -> float:
 
 
 def graph_ms(fn, reps: int = 10) -> float:
-    from ..backends.cusparselt_backend import graph_time_ms
+    from ..backends.cusparselt.backend import graph_time_ms
     return graph_time_ms(fn, reps=reps, warmup=2)
 
 
 # --- 1. dX error ------------------------------------------------------------------------------------------
 def dx_error(tokens: int = 4096, d_in: int = 4096, d_out: int = 4096, device: str = "cuda") -> dict:
     """Relative Frobenius error of dX = dZ S(W) against float64, dZ heavy-tailed (Student t, 3 dof)."""
-    from ..fp8 import dequantize_fp8, quantize_fp8
+    from ..references.fp8 import dequantize_fp8, quantize_fp8
     gen = torch.Generator(device=device).manual_seed(0)
     torch.manual_seed(0)
     w = torch.randn(d_out, d_in, device=device, generator=gen) * 0.02
@@ -71,7 +71,7 @@ def dx_error(tokens: int = 4096, d_in: int = 4096, d_out: int = 4096, device: st
 # --- 0. what torch._scaled_mm accepts here ------------------------------------------------------------------
 def scaled_mm_probe() -> dict:
     """Which operand/scale sources ``torch._scaled_mm`` takes on this machine (a failed call is recorded)."""
-    from ..fp8 import quantize_fp8
+    from ..references.fp8 import quantize_fp8
     from ..kernels import quantize_fp8 as kernel_quantize
     x = torch.randn(256, 512, device="cuda")
     w = torch.randn(128, 512, device="cuda")
@@ -96,7 +96,7 @@ def scaled_mm_probe() -> dict:
 
 # --- 2. forward products ---------------------------------------------------------------------------------
 def product_row(tokens: int, d_in: int, d_out: int, sparse) -> dict:
-    from ..fp8 import quantize_fp8
+    from ..references.fp8 import quantize_fp8
     from ..kernels import compress24, transposable_mask24
     gen = torch.Generator(device="cuda").manual_seed(1)
     w = torch.randn(d_out, d_in, device="cuda", generator=gen) * 0.02
@@ -292,7 +292,7 @@ def ffn_speed(tokens: int, d: int, rounds: int = 5, n: int = 10) -> dict:
 
 
 def main(argv=None) -> int:
-    from ..backends.fp8_products import FP8SparseProducts
+    from ..backends.cusparselt.fp8_algorithms import FP8SparseProducts
     from ..provenance import write_result
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out-dir", default="results")

@@ -1,22 +1,12 @@
-"""The three FP8 products of a training step, computed three ways (the "engines").
+"""Per-shape choice of cuSPARSELt's FP8 (E4M3) 2:4 algorithm, each candidate checked first.
 
-For W (out, in), X (tokens, in), dZ (tokens, out), each operand already quantized with its
-per-tensor scale (q_t = fp8(t / s_t), ``sparsity_lab.fp8_scaling``):
-
-    forward          Z  = s_x s_w   q_x  q_w^T                 (tokens, out)
-    input gradient   dX = s_dz s_w  q_dz q_w                   (tokens, in)
-    weight gradient  dW = s_g s_x   q_g^T q_x                  (out, in)    q_g = q(MVUE(dZ)) or q(dZ)
-
-Engines:
-* ``reference``: float32 matmuls of the dequantized operands (any device): the ground truth;
-* ``scaled_mm``: dense FP8 tensor cores through ``torch._scaled_mm`` (the dense FP8 recipe an FP8
-  user would pick; the transposed operands it needs are copied, as Transformer Engine's cast-transpose does);
-* ``cusparselt``: sparse FP8 tensor cores (``cusparselt_fp8_direct``): q_w, q_w^T (transposable
-  mask) and q(MVUE(dZ))^T compressed by ``kernels/compress24.py``; the scales applied in the
-  product where cuSPARSELt allows it, else by one multiply after it (``cusparselt_fp8_direct.SCALE_MODES``). A weight gradient without MVUE has no 2:4 operand: dense FP8.
-
-Every engine returns bfloat16 for bfloat16/float16 inputs and the input dtype otherwise (the
-reference on float32 CPU tensors returns float32).
+``FP8SparseProducts`` runs ``A (m, k) @ B (k, n)`` for a compressed 2:4 E4M3 A through the direct
+FP8 binding (``fp8_direct``). Per product key (shape and layouts), once, on synthetic operands of
+that key: every algorithm id (split-k 1), then split-k 2, 3, 4 (one kernel and two kernels) for the
+fastest ids, each checked against the float32 product of the same FP8 values (some ids return wrong
+results: https://github.com/pytorch/pytorch/issues/155333) and timed; the fastest correct one is
+kept with the whole table (``summary``). Never inside a CUDA-graph capture: the first (eager) step of
+each shape chooses.
 """
 from __future__ import annotations
 
@@ -25,57 +15,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .cusparselt_ops import AlgConfig
+from .ops import AlgConfig
 
-ENGINES = ("reference", "scaled_mm", "cusparselt")
-TOKEN_MULTIPLE = 64  # tokens padded to this for the FP8 tensor-core products (zero rows change nothing)
-
-
-def dequantized(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return q.float() * scale.float()
+SPLIT_K = ((2, 0), (2, 1), (3, 0), (3, 1), (4, 0), (4, 1))  # (split_k, split_k_mode) tried on the best ids
+SPLIT_K_IDS = 3  # how many of the fastest ids get the split-k candidates
 
 
-# --- reference ------------------------------------------------------------------------------------------
-def reference_forward(q_x, s_x, q_w, s_w, out_dtype):
-    return (q_x.float() @ q_w.float().t() * (s_x * s_w)).to(out_dtype)
-
-
-def reference_grad_input(q_dz, s_dz, q_w, s_w, out_dtype):
-    return (q_dz.float() @ q_w.float() * (s_dz * s_w)).to(out_dtype)
-
-
-def reference_grad_weight(q_g, s_g, q_x, s_x, out_dtype):
-    return (q_g.float().t() @ q_x.float() * (s_g * s_x)).to(out_dtype)
-
-
-# --- dense FP8 (torch._scaled_mm: mat1 row-major, mat2 column-major) ----------------------------------------
-def _mm(a, b, s_a, s_b):
-    # cuBLASLt refuses a scale that is a view at an unaligned offset of a larger buffer (the delayed
-    # scales are entries of one (4,) buffer): CUBLAS_STATUS_NOT_SUPPORTED on the H100. A copy is aligned.
-    return torch._scaled_mm(a, b, scale_a=s_a.float().reshape(()).clone(), scale_b=s_b.float().reshape(()).clone(),
-                            out_dtype=torch.bfloat16)
-
-
-def scaled_mm_forward(q_x, s_x, q_w, s_w):
-    return _mm(q_x, q_w.t(), s_x, s_w)  # q_w (out, in) contiguous: .t() is column-major
-
-
-def scaled_mm_grad_input(q_dz, s_dz, q_w_t, s_w):
-    return _mm(q_dz, q_w_t.t(), s_dz, s_w)  # q_w_t = q_w^T contiguous (in, out): .t() is (out, in) column-major
-
-
-def scaled_mm_grad_weight(q_g, s_g, q_x, s_x):
-    return _mm(q_g.t().contiguous(), q_x.t().contiguous().t(), s_g, s_x)
-
-
-# --- sparse FP8 (cuSPARSELt) ------------------------------------------------------------------------------
 @dataclass
 class FP8Choice:
     """The algorithm (and, for the weight gradient, the layout) chosen for one product key."""
 
     config: AlgConfig
     layout: tuple[bool, bool]  # (B passed transposed, result transposed)
-    mode: str  # how the scales reach the product (cusparselt_fp8_direct.SCALE_MODES)
+    mode: str  # how the scales reach the product (fp8_direct.SCALE_MODES)
     ms: float
     rel_err: float
     tried: list[dict] = field(default_factory=list)
@@ -93,10 +45,10 @@ class FP8SparseProducts:
     def __init__(self, ops=None, compress=None, modes: tuple[str, ...] | None = None) -> None:
         self.modes = modes
         if ops is None:
-            from .cusparselt_fp8_direct import FP8DirectOps
+            from .fp8_direct import FP8DirectOps
             ops = FP8DirectOps()
         if compress is None:
-            from ..kernels import compress24 as compress
+            from ...kernels import compress24 as compress
         self.ops, self.compress = ops, compress
         self.choices: dict[tuple, FP8Choice] = {}
 
@@ -122,7 +74,7 @@ class FP8SparseProducts:
         prev_tf32 = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = False
         try:
-            from .cusparselt_fp8_direct import SCALE_MODES
+            from .fp8_direct import SCALE_MODES
             combos = [(mode, b_t, tr) for mode in self.modes or SCALE_MODES for b_t, tr in layouts]
             for mode, b_t, tr in combos:
                 comp, b, (s_a, s_b), ref = self._synthetic(m, k, n, b_t, device)

@@ -3,11 +3,11 @@
     D = diag(alpha) (A @ B)      A: E4M3 compressed (m, k), 2:4 along k;  B: E4M3 (k, n);  D: bfloat16
 
 Why a binding of its own: ``torch._cslt_sparse_mm`` builds a plan per call (0.2-0.7 ms of host time,
-``results/cusparselt_NOTES.md``); ``cusparselt_direct`` caches plans but describes 16-bit operands only.
+``results/cusparselt_NOTES.md``); ``direct`` caches plans but describes 16-bit operands only.
 Here the plan describes E4M3 A and B, bfloat16 C and D, float32 compute.
 
 The scales must stay on the device (no ``.item()``, capturable in a CUDA graph). Three ways are tried
-per product, in ``SCALE_MODES`` order, each checked numerically by ``fp8_products.FP8SparseProducts``.
+per product, in ``SCALE_MODES`` order, each checked numerically by ``fp8_algorithms.FP8SparseProducts``.
 Measured on the H100 with cuSPARSELt 0.8.0 (``results/fp8_training_h100.json``, "algorithm_choices"):
 ``ALPHA_VECTOR_SCALING`` (a device vector of m alphas, what PyTorch's ``_cslt_sparse_mm`` uses for an
 ``alpha`` of several elements) is refused for FP8 ("operation not supported"); the A/B scale pointers
@@ -15,7 +15,7 @@ are accepted but the products come out unscaled (wrong: rejected by the check); 
 alpha 1 and one elementwise pass multiplies D by ``s_a s_b`` afterwards ("multiply_after": a read and a
 write of D, part of the time the recorded products take).
 
-Layouts are the ones ``cusparselt_direct`` describes (B contiguous, or the ``.t()`` of a contiguous
+Layouts are the ones ``direct`` describes (B contiguous, or the ``.t()`` of a contiguous
 (n, k); D row-major, or with ``transpose_result`` the (n, m) row-major memory of a column-major D).
 Enum values from cuSPARSELt's header (``cusparseLt.h``; ``library_types.h`` for the CUDA types):
 ``CUDA_R_8F_E4M3 = 28``, ``CUDA_R_16BF = 14``, matmul attribute ``ALPHA_VECTOR_SCALING = 5``.
@@ -27,9 +27,9 @@ from collections import Counter
 
 import torch
 
-from .cusparselt_direct import (ALG_CONFIG_ID, ALG_DEFAULT, ALG_SPLIT_K, ALG_SPLIT_K_MODE, ALIGNMENT, COMPUTE_32F,
+from .direct import (ALG_CONFIG_ID, ALG_DEFAULT, ALG_SPLIT_K, ALG_SPLIT_K_MODE, ALIGNMENT, COMPUTE_32F,
                                 OP_N, OP_T, ORDER_COL, ORDER_ROW, SPARSITY_50, CusparseltLibrary, _Opaque, _raw_stream)
-from .cusparselt_ops import AlgConfig
+from .ops import AlgConfig
 
 CUDA_R_8F_E4M3 = 28
 CUDA_R_16BF = 14
