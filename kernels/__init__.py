@@ -16,12 +16,14 @@ package (named in its docstring) and a test against it (tests/test_kernels_*.py)
     count_flips        9. entries where two masks differ, counted on the device
     mvue_compress24   10. MVUE 2:4 of dZ along the tokens, written straight into cuSPARSELt's layout
     prepare24         11. S(W) and S(W)^T (soft threshold or mask) compressed straight from W, one pass
+    fp8_cast_transpose 12. FP8 cast writing q and q^T in one pass (the weight gradient reads q(X)^T)
 
 Importing this package imports triton: set TRITON_INTERPRET=1 first to run on a CPU.
 """
 from .compress24 import compress24
 from .count_flips import count_flips
 from .fp8_cast import amax, dequantize_fp8, quantize_fp8, quantize_fp8_with_scale
+from .fp8_cast_transpose import quantize_fp8_transposed
 from .gated import gated_backward, gated_forward
 from .masked_decay import masked_decay_
 from .mvue24 import mvue24
@@ -33,6 +35,6 @@ from .transposable24 import transposable_mask24
 
 __all__ = [
     "amax", "compress24", "count_flips", "dequantize_fp8", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "mvue_compress24", "pack_mask24",
-    "prepare24", "prune24", "quantize_fp8", "quantize_fp8_with_scale", "soft_threshold24", "transposable_mask24",
+    "prepare24", "prune24", "quantize_fp8", "quantize_fp8_transposed", "quantize_fp8_with_scale", "soft_threshold24", "transposable_mask24",
     "unpack_mask24",
 ]
