@@ -373,3 +373,31 @@ def test_gpu_graph_step_replays_the_eager_fp8_steps():
     torch.testing.assert_close(model[0].backend.scaling.amax_history, eager[0].backend.scaling.amax_history,
                                rtol=1e-3, atol=0)
     torch.testing.assert_close(model[0].weight.float(), eager[0].weight.float(), rtol=2e-2, atol=1e-3)
+
+
+def test_fp8_algorithm_search_checks_every_id_then_split_k_and_skips_wrong_ones():
+    """The search on the CPU with a stand-in for the binding: ids past 5 raise, id 1 is wrong, split-k
+    candidates run for the fastest correct ids, and the choice is a correct configuration."""
+    from sparsity_lab.backends.cusparselt.fp8_algorithms import SPLIT_K, FP8SparseProducts
+
+    class Ops:
+        calls = []
+
+        def mm(self, a, b, s_a, s_b, transpose_result, config, mode):
+            self.calls.append((config, mode))
+            if mode != "multiply_after" or config.alg_id > 5:
+                raise RuntimeError("not supported")
+            out = (a.float() @ b.float()) * (s_a * s_b)
+            out = out.t() if transpose_result else out
+            return (out * 3 if config.alg_id == 1 else out).to(torch.bfloat16)  # id 1 returns wrong results
+
+    search = FP8SparseProducts(ops=Ops(), compress=lambda a: a)
+    choice = search.choose(64, 128, 32, [(True, True)], torch.device("cpu"))
+    assert choice.mode == "multiply_after" and choice.config.alg_id in (0, 2, 3, 4, 5)
+    tried = choice.tried
+    assert any(t["alg"] == 1 and "ms" not in t and t["rel_err"] > 0.5 for t in tried)  # checked, not used
+    split = [t for t in tried if t.get("split_k", 1) != 1]
+    assert len(split) == 3 * len(SPLIT_K)  # every split-k setting for the 3 fastest correct ids
+    assert {t["alg"] for t in split} <= {0, 2, 3, 4, 5}
+    summary = search.summary()[0]
+    assert summary["alg"] == choice.config.alg_id and summary["timed"]
