@@ -17,6 +17,7 @@ package (named in its docstring) and a test against it (tests/test_kernels_*.py)
     mvue_compress24   10. MVUE 2:4 of dZ along the tokens, written straight into cuSPARSELt's layout
     prepare24         11. S(W) and S(W)^T (soft threshold or mask) compressed straight from W, one pass
     fp8_cast_transpose 12. FP8 cast writing q and q^T in one pass (the weight gradient reads q(X)^T)
+    scale_product     13. a product multiplied in place by two per-tensor scales read on the device
 
 Importing this package imports triton: set TRITON_INTERPRET=1 first to run on a CPU.
 """
@@ -30,11 +31,12 @@ from .mvue24 import mvue24
 from .mvue_compress24 import mvue_compress24
 from .prepare24 import prepare24
 from .prune24 import pack_mask24, prune24, unpack_mask24
+from .scale_product import scale_product_
 from .soft_threshold24 import soft_threshold24
 from .transposable24 import transposable_mask24
 
 __all__ = [
     "amax", "compress24", "count_flips", "dequantize_fp8", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "mvue_compress24", "pack_mask24",
-    "prepare24", "prune24", "quantize_fp8", "quantize_fp8_transposed", "quantize_fp8_with_scale", "soft_threshold24", "transposable_mask24",
+    "prepare24", "prune24", "quantize_fp8", "quantize_fp8_transposed", "quantize_fp8_with_scale", "scale_product_", "soft_threshold24", "transposable_mask24",
     "unpack_mask24",
 ]

@@ -13,7 +13,7 @@ Measured on the H100 with cuSPARSELt 0.8.0 (``results/fp8_training_h100.json``, 
 ``alpha`` of several elements) is refused for FP8 ("operation not supported"); the A/B scale pointers
 are accepted but the products come out unscaled (wrong: rejected by the check); so the product runs with
 alpha 1 and one elementwise pass multiplies D by ``s_a s_b`` afterwards ("multiply_after": a read and a
-write of D, part of the time the recorded products take).
+write of D by ``kernels/scale_product.py``, part of the time the recorded products take).
 
 Layouts are the ones ``direct`` describes (B contiguous, or the ``.t()`` of a contiguous
 (n, k); D row-major, or with ``transpose_result`` the (n, m) row-major memory of a column-major D).
@@ -177,7 +177,8 @@ class FP8DirectOps:
         self.lib.check(status, f"cusparseLtMatmul fp8 {plan.key}")
         self.stats["products"] += 1
         if mode == "multiply_after":
-            out.mul_(s_a.float() * s_b.float())
+            from ...kernels import scale_product_  # one pass at the copy bandwidth (kernels/scale_product.py)
+            scale_product_(out, s_a.float(), s_b.float())
         return out
 
 
