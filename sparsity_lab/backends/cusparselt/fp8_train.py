@@ -31,6 +31,9 @@ Compared with the simulation "torch_fp8sim" (S-STE's recipe: current scaling, dZ
 ``FP8Recipe(scaling="current", grad_format="e5m2")`` the forward and input-gradient products equal
 the simulation's.
 
+Each sparse product's two scales are applied by one pass over its output (``kernels/scale_product.py``):
+cuSPARSELt 0.8 applies none inside an FP8 2:4 product on the H100 (``fp8_direct``).
+
 q(X) is made once, in the forward, by one cast kernel that also writes q(X)^T (the layout the weight
 gradient's product reads, ``kernels/fp8_cast_transpose.py``): the backward reuses both (no second
 cast, no transpose copy). X's amax enters the history when its backward runs, so an evaluation
