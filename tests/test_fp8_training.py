@@ -14,7 +14,7 @@ from sparsity_lab.backends.base import Backend
 from sparsity_lab.backends.cusparselt.fp8_train import FP8Backend, FP8Engine, set_fp8_recipe
 from sparsity_lab.backends.fp8_sim import fake_fp8
 from sparsity_lab.references.fp8 import quantize_fp8
-from sparsity_lab.fp8_scaling import TENSORS, FP8Recipe, FP8ScalingState, quantize_reference
+from sparsity_lab.methods.fp8_scaling import TENSORS, FP8Recipe, FP8ScalingState, quantize_reference
 
 CUDA = torch.cuda.is_available()
 

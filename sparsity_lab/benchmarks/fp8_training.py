@@ -214,7 +214,7 @@ class _FP8DenseFn(torch.autograd.Function):
 
 class FP8DenseLinear(nn.Module):
     """The dense FP8 recipe an FP8 user would pick: ``nn.Linear`` whose three products run on
-    ``torch._scaled_mm`` with the scaling recipe of ``fp8_scaling`` (no mask). Benchmark baseline;
+    ``torch._scaled_mm`` with the scaling recipe of ``methods.fp8_scaling`` (no mask). Benchmark baseline;
     call ``advance_step()`` after each optimizer step."""
 
     def __init__(self, linear: nn.Linear) -> None:

@@ -3,7 +3,7 @@ r"""Exercise of notebook 06, section 6: delayed FP8 scaling (the amax-history re
 ``scales_fn(amaxes, history_len, margin, fp8_max)`` gets the amax recorded at each optimizer step
 $h_1, \dots, h_T$ and returns the scale after each step: $s_{t+1} = \frac{a_t}{\text{fp8\_max}} 2^{\text{margin}}$
 with $a_t = \max(h_{t-L+1}, \dots, h_t)$ (the current step included); an $a_t$ that is 0 or not finite keeps
-the previous scale (1 before the first). Checked against ``sparsity_lab.fp8_scaling.FP8ScalingState``.
+the previous scale (1 before the first). Checked against ``sparsity_lab.methods.fp8_scaling.FP8ScalingState``.
 Worked solution: ``sparsity_lab/exercises/solutions/fp8_scaling.py``.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import secrets
 
 import torch
 
-from ..fp8_scaling import FP8Recipe, FP8ScalingState
+from ..methods.fp8_scaling import FP8Recipe, FP8ScalingState
 from .checking import CheckResult, ExerciseReport, run_check
 
 SOLUTION = "fp8_scaling"

@@ -1,7 +1,7 @@
 """The three FP8 products of a training step in float32 arithmetic: the ground truth of the FP8 backends.
 
 For W (out, in), X (tokens, in), dZ (tokens, out), each operand quantized with its per-tensor scale
-(``q_t = fp8(t / s_t)``, ``sparsity_lab.fp8_scaling``):
+(``q_t = fp8(t / s_t)``, ``sparsity_lab.methods.fp8_scaling``):
 
     forward          Z  = s_x s_w   q_x  q_w^T                 (tokens, out)
     input gradient   dX = s_dz s_w  q_dz q_w                   (tokens, in)

@@ -3,12 +3,12 @@
 ``scaling_figure`` draws what a training loop recorded per step (rows of dicts: ``step``, ``amax_x``
 the largest |X| of the step, ``range_x`` the largest magnitude the step's X scale can represent,
 ``fp8_max * s_x``, and ``scales`` the layer's four scales after the step, in
-``sparsity_lab.fp8_scaling.TENSORS`` order) for one or more recipes side by side.
+``sparsity_lab.methods.fp8_scaling.TENSORS`` order) for one or more recipes side by side.
 ``recorded_summary`` reads the figures of ``results/fp8_training_h100.json`` that the course quotes.
 """
 from __future__ import annotations
 
-from ..fp8_scaling import TENSORS
+from ..methods.fp8_scaling import TENSORS
 from ._optional import plotly_go
 from ._provenance import provenance_line
 

@@ -1,7 +1,7 @@
 """FP8 training backends for SparseLinear: "cusparselt_fp8" (FP8 2:4), "fp8_dense" and "fp8_reference".
 
 Per training step of a layer W (out, in), X (tokens, in), dZ (tokens, out), every product operand is
-E4M3 with a per-tensor scale from the layer's recipe (``sparsity_lab.fp8_scaling``: delayed or
+E4M3 with a per-tensor scale from the layer's recipe (``sparsity_lab.methods.fp8_scaling``: delayed or
 current scaling, state in the layer's ``state_dict``):
 
     forward          Z  = s_x s_w   q(X) q(S(W))^T        q(S(W)): once per optimizer step
@@ -41,7 +41,7 @@ forward (no backward) records nothing; the price is that q(X) and q(X)^T of the 
 alive until the next forward or backward of the layer.
 
 Each layer gets its own :class:`FP8Backend` (``Backend.for_layer``): an ``nn.Module`` holding the
-layer's :class:`~sparsity_lab.fp8_scaling.FP8ScalingState`, so the state is in the layer's
+layer's :class:`~sparsity_lab.methods.fp8_scaling.FP8ScalingState`, so the state is in the layer's
 ``state_dict`` (under ``backend.scaling.``); the :class:`FP8Engine` it points to holds what the layers
 of one backend name share (the cuSPARSELt plans and algorithm choices, counters).
 """
@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...fp8_scaling import FP8Recipe, FP8ScalingState, quantize_reference
+from ...methods.fp8_scaling import FP8Recipe, FP8ScalingState, quantize_reference
 from ...methods.flip_rate import mask_flips_tensor
 from ...references import fp8_products as reference
 from ...references.fp8 import amax as amax_of, quantize_with_inv_scale

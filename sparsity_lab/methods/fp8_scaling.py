@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .references.fp8 import AMAX_FLOOR, amax as amax_of, fp8_format, quantize_with_inv_scale
+from ..references.fp8 import AMAX_FLOOR, amax as amax_of, fp8_format, quantize_with_inv_scale
 
 TENSORS = ("x", "w", "dz", "dz_mvue")
 SCALINGS = ("delayed", "current")
