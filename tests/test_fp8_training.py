@@ -401,3 +401,5 @@ def test_fp8_algorithm_search_checks_every_id_then_split_k_and_skips_wrong_ones(
     assert {t["alg"] for t in split} <= {0, 2, 3, 4, 5}
     summary = search.summary()[0]
     assert summary["alg"] == choice.config.alg_id and summary["timed"]
+    assert summary["split_k"]["tried"] == summary["split_k"]["timed"] == 3 * len(SPLIT_K)
+    assert summary["split_k"]["raised"] == summary["split_k"]["wrong"] == 0 and summary["split_k"]["fastest"]

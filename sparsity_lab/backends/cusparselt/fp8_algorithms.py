@@ -151,5 +151,16 @@ class FP8SparseProducts:
                  "split_k_mode": c.config.split_k_mode, "layout": list(c.layout), "mode": c.mode, "ms": c.ms,
                  "rel_err": c.rel_err, "refused": [t for t in c.tried if "error" in t][:6],
                  "timed": sorted(({kk: t[kk] for kk in ("alg", "split_k", "split_k_mode", "ms") if kk in t}
-                                  for t in c.tried if "ms" in t), key=lambda t: t["ms"])[:12]}
+                                  for t in c.tried if "ms" in t), key=lambda t: t["ms"])[:12],
+                 "split_k": self._split_k_summary(c.tried)}
                 for k, c in self.choices.items()]
+
+    @staticmethod
+    def _split_k_summary(tried: list[dict]) -> dict:
+        """How the split-k candidates fared: how many ran correctly, were wrong or raised, and the fastest."""
+        split = [t for t in tried if t.get("split_k", 1) != 1]
+        timed = sorted((t for t in split if "ms" in t), key=lambda t: t["ms"])
+        return {"tried": len(split), "timed": len(timed), "raised": sum("error" in t for t in split),
+                "wrong": sum("error" not in t and "ms" not in t for t in split),
+                "fastest": {kk: timed[0][kk] for kk in ("alg", "split_k", "split_k_mode", "ms")} if timed else None,
+                "first_error": next((t["error"] for t in split if "error" in t), None)}
