@@ -1,4 +1,4 @@
-"""Kernel 12: FP8 cast that writes q and its transpose q^T in one pass (a cast-transpose).
+"""Kernel 14: FP8 cast that writes q and its transpose q^T in one pass (a cast-transpose).
 
 The idea
     The weight gradient of an FP8 layer, dW = s_g s_x q(G)^T q(X), reads q(X) transposed:

@@ -1,4 +1,4 @@
-"""Kernel 13: multiply a product in place by two per-tensor scales read on the device.
+"""Kernel 15: multiply a product in place by two per-tensor scales read on the device.
 
 The idea
     An FP8 product computes ``q_a q_b`` and must return ``s_a s_b q_a q_b``. cuSPARSELt 0.8 applies

@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-dyad": ("sparsity_lab.benchmarks.dyad", "DYAD layers against nn.Linear, forward+backward (GPU)"),
     "bench-kernels": ("sparsity_lab.benchmarks.kernels", "the Triton kernels against the copy ceiling and baselines (GPU)"),
     "bench-ffn": ("sparsity_lab.benchmarks.ffn_speed", "2:4 FFN and GPT step on cuSPARSELt vs dense and PyTorch's path (GPU)"),
+    "bench-act24": ("sparsity_lab.benchmarks.act24_speed", "squared-ReLU FFN: dense vs 2:4 activations, alone and with 2:4 weights (GPU)"),
     "bench-cslt-calls": ("sparsity_lab.benchmarks.cusparselt_calls", "one cuSPARSELt product: PyTorch's call vs the direct binding (cached plan) vs dense (GPU)"),
     "bench-dist": ("sparsity_lab.benchmarks.distributed_speed", "lab GPT dense vs 2:4 under DDP and FSDP2 on every GPU (run under torchrun; GPU)"),
     "train": ("sparsity_lab.lab.train", "pre-train the lab GPT on bytes with one method (dense, ste, srste, ...)"),

@@ -403,3 +403,18 @@ def test_fp8_algorithm_search_checks_every_id_then_split_k_and_skips_wrong_ones(
     assert summary["alg"] == choice.config.alg_id and summary["timed"]
     assert summary["split_k"]["tried"] == summary["split_k"]["timed"] == 3 * len(SPLIT_K)
     assert summary["split_k"]["raised"] == summary["split_k"]["wrong"] == 0 and summary["split_k"]["fastest"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["bf16_dense", "fp8_dense", "fp8_24"])
+def test_gpu_graphed_ffn_benchmark_step_runs_all_six_products(variant):
+    """The benchmark's graphed FFN step gives its input a gradient (CudaGraphStep detaches the tensors a
+    step is given: passed as an input, the first layer's dX product would silently not run)."""
+    from sparsity_lab.benchmarks.fp8_training import build_ffn, graphed_step
+    x = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
+    step, graphed = graphed_step(build_ffn(variant, 64), x, dy)
+    step()
+    torch.cuda.synchronize()
+    assert graphed.model.x.grad is not None and float(graphed.model.x.grad.float().abs().sum()) > 0
+    graphed.release()

@@ -1,4 +1,4 @@
-"""Kernel 12 (FP8 cast writing q and q^T in one pass) against sparsity_lab.references.fp8, bit for bit."""
+"""Kernel 14 (FP8 cast writing q and q^T in one pass) against sparsity_lab.references.fp8, bit for bit."""
 import pytest
 import torch
 from _kernel_testing import DEVICE, DTYPES

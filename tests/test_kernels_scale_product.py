@@ -1,4 +1,4 @@
-"""Kernel 13 (a product scaled in place by two device scales) against the float32 reference."""
+"""Kernel 15 (a product scaled in place by two device scales) against the float32 reference."""
 import pytest
 import torch
 from _kernel_testing import DEVICE, DTYPES, assert_close_ulp

@@ -11,8 +11,8 @@ that dense's TFLOP/s beside it.
    dense (``torch._scaled_mm``), FP8 2:4 (cuSPARSELt, direct binding, best correct algorithm).
 3. ``ffn_parts``: at the target FFN shape, each piece of an FP8 2:4 step timed alone (casts,
    compressions, MVUE, the six sparse products): where the time goes.
-4. ``ffn``: FFN ``y = W2 gelu(W1 x)`` forward + backward, mask recomputed every step, MVUE weight
-   gradient, ``advance_step`` after each step, all variants graph-replayed (``CudaGraphStep``),
+4. ``ffn``: FFN ``y = W2 gelu(W1 x)`` forward + backward (all six products: x is a parameter, so the
+   first layer's dX runs too), mask recomputed every step, MVUE weight gradient, ``advance_step`` after each step, all variants graph-replayed (``CudaGraphStep``),
    paired rounds: bf16 dense, FP8 dense recipe (``FP8DenseLinear``: the same scaling recipe,
    ``torch._scaled_mm``, no mask), bf16 2:4 ("cusparselt"), FP8 2:4 ("cusparselt_fp8").
 """
@@ -180,7 +180,7 @@ def ffn_parts(tokens: int, d: int, sparse) -> dict:
             "transpose copy of q(X) (what the one-pass cast saves)": (lambda: q_x.t().contiguous()) if dwc.layout[0] else None,
             "product forward": lambda: sparse.mm(c_w, q_x.t(), one, one, fwd),
             "scale pass over Z, torch mul_ by a 0-d tensor": lambda: z_fwd.mul_(one),
-            "scale pass over Z, kernel 13 (in the products above)": lambda: scale_product_(z_fwd, one, one),
+            "scale pass over Z, kernels/scale_product.py (in the products above)": lambda: scale_product_(z_fwd, one, one),
             "product dX": lambda: sparse.mm(c_wt, q_dz.t(), one, one, dxc),
             "product dW": lambda: sparse.mm(c_g, b_dw, one, one, dwc),
         }
@@ -244,15 +244,31 @@ def build_ffn(variant: str, d: int):
     return model
 
 
+class WithInput(nn.Module):
+    """The FFN with its input held as a parameter, loss sum(FFN(x) * dy). CudaGraphStep detaches the
+    tensors a step is given, so an input passed to it would get no gradient and the first layer's
+    input-gradient product (one of the six) would not run in any variant."""
+
+    def __init__(self, model: nn.Module, x: torch.Tensor) -> None:
+        super().__init__()
+        self.model = model
+        self.x = nn.Parameter(x.detach().clone())
+
+    def forward(self, dy: torch.Tensor) -> torch.Tensor:
+        return (self.model(self.x) * dy).sum()
+
+
 def graphed_step(model: nn.Module, x: torch.Tensor, dy: torch.Tensor):
+    """(step, the CudaGraphStep): one replayed forward + backward of the FFN (all six products) and the
+    end-of-step updates (masks' schedule, FP8 histories); ``graphed.model.x.grad`` is dX."""
     from ..graph_step import CudaGraphStep
     from ..training_hooks import advance_step, sparse_layers
     sparse = bool(sparse_layers(model))
     fp8_dense = [m for m in model.modules() if isinstance(m, FP8DenseLinear)]
-    graphed = CudaGraphStep(model, lambda m, x, dy: (m(x) * dy).sum(), warmup_steps=2)
+    graphed = CudaGraphStep(WithInput(model, x), lambda m, dy: m(dy), warmup_steps=2)
 
     def step():
-        graphed(x, dy)
+        graphed(dy)
         if sparse:
             advance_step(model)
         for m in fp8_dense:

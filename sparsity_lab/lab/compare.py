@@ -324,7 +324,7 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
         flops = ffn_flops_fraction(trainer.method, cfg.steps)
         ffn = cfg.model
         # forward FFN multiply-adds x 2 (FLOPs) x 3 (forward + two backward products), per token
-        dense_ffn = 2 * 3 * ffn.n_layer * ffn.d_model * ffn.hidden * (3 if ffn.ffn_kind != "gelu" else 2)
+        dense_ffn = 2 * 3 * ffn.n_layer * ffn.d_model * ffn.hidden * (3 if ffn.ffn_kind in ("swiglu", "geglu") else 2)
         rows[variant] = {"variant": variant, "method": trainer.method.describe(), "status": status,
                          **metrics, "ffn_flops_fraction": flops,
                          "ffn_train_pflops": flops * dense_ffn * metrics["tokens"] / 1e15,

@@ -62,6 +62,9 @@ class DistributedTrainer(Trainer):
     def __init__(self, config: TrainConfig, parallel: str, corpus=None) -> None:
         if parallel not in PARALLEL:
             raise ValueError(f"parallel must be one of {PARALLEL}, got {parallel!r}")
+        if config.model.activation_sparsity != "none":  # Act24MLP reads proj's full weight and counts its own steps
+            raise ValueError(f"--activation-sparsity {config.model.activation_sparsity} runs on one process; "
+                             "drop --parallel (or the activation sparsity)")
         self.rank, self.world, _ = init_from_torchrun(config.device)
         if config.batch_size % self.world:
             raise ValueError(f"--batch-size {config.batch_size} is the global batch; it must be a multiple of the "

@@ -15,7 +15,7 @@ from dataclasses import MISSING, fields
 from ..backends import available_backends, get_backend
 from ..methods.config import METHODS
 from .checkpoint import CheckpointError
-from .model import FFN_KINDS, GPTConfig
+from .model import ACTIVATION_SPARSITY, FFN_KINDS, GPTConfig
 from .structures import STRUCTURES
 from .trainer import TrainConfig, TrainingDiverged
 
@@ -26,7 +26,8 @@ HEAD_WIDTH = 64  # the width of one attention head in GPT-2 and nanoGPT (and in 
 
 # option dest -> GPTConfig field
 MODEL_OPTIONS = {"layers": "n_layer", "heads": "n_head", "width": "d_model", "context": "context",
-                 "ffn": "ffn_kind", "ffn_hidden": "ffn_hidden"}
+                 "ffn": "ffn_kind", "ffn_hidden": "ffn_hidden",
+                 "activation_sparsity": "activation_sparsity"}
 # option dest -> TrainConfig field (same name)
 TRAIN_OPTIONS = ("data", "data_max_bytes", "batch_size", "grad_accum", "steps", "lr", "min_lr_ratio",
                  "warmup_steps", "weight_decay", "grad_clip", "eval_interval", "eval_batches", "seed",
@@ -85,8 +86,13 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"model width d, divisible by 4 for 2:4 (default {d['d_model']})")
     g.add_argument("--context", type=int, default=S, help=f"context length in bytes (default {d['context']})")
     g.add_argument("--ffn", choices=FFN_KINDS, default=S, help=f"FFN kind (default {d['ffn_kind']})")
-    g.add_argument("--ffn-hidden", type=int, default=S, help="FFN hidden width (default 4d for gelu, 8d/3 "
-                   "rounded up to 16 for gated kinds)")
+    g.add_argument("--ffn-hidden", type=int, default=S, help="FFN hidden width (default 4d for gelu and relu2, "
+                   "8d/3 rounded up to 16 for gated kinds)")
+    g.add_argument("--activation-sparsity", choices=ACTIVATION_SPARSITY, default=S,
+                   help="2:4: prune the squared-ReLU activation (needs --ffn relu2) to 2:4 along the hidden "
+                   "dimension and multiply it as the sparse operand of the down projection; --method then puts "
+                   "2:4 weights on both FFN linears (dense = activation sparsity alone), and "
+                   "--dense-finetune-at switches both to dense for the last steps (default none)")
     g = parser.add_argument_group("data")
     g.add_argument("--data", metavar="PATH", default=S, help="a text file or folder (default: the Python "
                    "standard library's own .py files, no download)")

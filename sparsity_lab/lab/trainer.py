@@ -37,6 +37,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..activation24 import attach_activation_schedule, configure_activation_sparsity, weight_selector
+from ..activation_stats import ActivationSparsityTracker
 from ..methods.config import SparsityMethod, method_from_name
 from ..sparsify import flip_report, sparsify, sparsity_summary
 from ..training_hooks import attach_optimizer, sparse_layers
@@ -180,18 +182,29 @@ class Trainer:
 
         self.method = build_method(cfg.method, cfg.method_options, cfg.steps)
         self.is_24 = isinstance(self.method, SparsityMethod)
+        act24 = cfg.model.activation_sparsity != "none"
+        if act24 and not self.is_24:
+            raise ValueError(f"activation sparsity {cfg.model.activation_sparsity} combines with the 2:4 weight methods "
+                             f"(dense included), not with the structure {cfg.method!r}")
         if self.is_24:
             cfg.model.check_nm(self.method.m, self.method.transposable)
         torch.manual_seed(cfg.seed)  # the same initial weights for every method
         model = GPT(cfg.model).to(self.device)  # on the device first: masks are computed there
-        self.model = sparsify(model, self.method) if self.is_24 else self.method.apply(model)
+        # with 2:4 activations: 2:4 weights on both FFN linears (Act24MLP runs proj's products itself)
+        select = weight_selector if act24 else None
+        self.model = sparsify(model, self.method, select) if self.is_24 else self.method.apply(model)
         self.layers = sparse_layers(self.model)
+        if act24:
+            configure_activation_sparsity(self.model, self.method.backend, cfg.steps, self.method.dense_finetune_at)
+        # natural sparsity of squared-ReLU activations, measured at the evaluation steps
+        self.act_tracker = ActivationSparsityTracker(self.model) if cfg.model.ffn_kind == "relu2" else None
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
         self.hooks = attach_optimizer(self.model, self.optimizer) if self.is_24 else None
+        self.act_hook = attach_activation_schedule(self.model, self.optimizer) if act24 else None
         # prune-and-regrow's schedule (None for 2:4 methods and DYAD); its state is checkpointed
         self.controller = None if self.is_24 else self.method.controller(self.model, self.optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -282,6 +295,8 @@ class Trainer:
         start = time.perf_counter()
         lr = self.optimizer.param_groups[0]["lr"]
         loss_sum = torch.zeros((), device=self.device)
+        if self.act_tracker is not None:
+            self.act_tracker.armed = self._eval_due(self.step + 1)
         for _ in range(cfg.grad_accum):
             x, y = self.sampler.sample(self.device)
             with self._autocast():
@@ -301,6 +316,7 @@ class Trainer:
         row = {"step": self.step, "tokens": self.step * cfg.tokens_per_step, "loss": loss_value,
                "val_loss": None, "lr": lr, "grad_norm": float(grad_norm)}
         row.update(masks)
+        row.update(self._activation_stats())
         row["tokens_per_s"] = cfg.tokens_per_step / seconds
         return clean_row(row)
 
@@ -333,6 +349,22 @@ class Trainer:
                 "density": sum(u * s for u, s in zip(used, sizes)) / sum(sizes),
                 "dense_phase": all(r["dense_now"] for r in rows)}
 
+    def _activation_stats(self) -> dict:
+        """Squared-ReLU activations at a measured step: per layer and mean, the fraction of zeros
+        (``act_zero``) and of groups of 4 with at most 2 non-zeros (``act_le2``)."""
+        if self.act_tracker is None or not self.act_tracker.armed:
+            return {}
+        self.act_tracker.armed = False
+        stats = self.act_tracker.read()
+        if not stats:
+            return {}
+        row = {}
+        for name, s in stats.items():
+            row[f"act_zero/{name}"], row[f"act_le2/{name}"] = s["zero_fraction"], s["at_most_2_fraction"]
+        row["act_zero"] = sum(s["zero_fraction"] for s in stats.values()) / len(stats)
+        row["act_le2"] = sum(s["at_most_2_fraction"] for s in stats.values()) / len(stats)
+        return row
+
     @torch.no_grad()
     def evaluate(self) -> float:
         """Mean cross-entropy (nats per byte) on the fixed validation windows."""
@@ -349,9 +381,9 @@ class Trainer:
         self.model.train()
         return (total / len(self.val_batches)).item()
 
-    def _eval_due(self) -> bool:
-        cfg = self.config
-        return self.step % cfg.eval_interval == 0 or self.step == cfg.steps or self.step in cfg.eval_at
+    def _eval_due(self, step: int | None = None) -> bool:
+        cfg, step = self.config, self.step if step is None else step
+        return step % cfg.eval_interval == 0 or step == cfg.steps or step in cfg.eval_at
 
     # --- the loop ----------------------------------------------------------------------------------
     def run(self, stop_at: int | None = None) -> dict:
@@ -386,11 +418,18 @@ class Trainer:
             self.log.flush()
         return self.summary()
 
+    def describe(self) -> str:
+        """The method's description, and the FFN's 2:4 activations when the model has them."""
+        text = self.method.describe()
+        if self.config.model.activation_sparsity != "none":
+            text += f"; {self.config.model.activation_sparsity} activations (squared ReLU, down projection)"
+        return text
+
     def summary(self) -> dict:
         vals = [r for r in self.history if r["val_loss"] is not None]
         speeds = sorted(r["tokens_per_s"] for r in self.history)
         return {
-            "method": self.config.method, "describe": self.method.describe(), "step": self.step,
+            "method": self.config.method, "describe": self.describe(), "step": self.step,
             "tokens": self.step * self.config.tokens_per_step,
             "final_val_loss": vals[-1]["val_loss"] if vals else None,
             "median_tokens_per_s": speeds[len(speeds) // 2] if speeds else None,
