@@ -36,3 +36,9 @@ def test_recorded_summary_reads_the_committed_result():
     assert set(s["targets"]) <= {"forward_fp8_24_vs_fp8_dense", "ffn_fp8_24_vs_fp8_dense", "ffn_fp8_24_vs_bf16_dense"}
     with pytest.raises(ValueError, match="provenance"):
         recorded_summary({})
+    ffn = recorded("fp8_training_ffn_h100")
+    assert ffn is not None, "results/fp8_training_ffn_h100.json is committed"
+    both = recorded_summary(data, ffn)
+    assert both["forward"] == s["forward"] and "H100" in both["ffn_where"]
+    assert both["ffn"]["fp8_24_vs_fp8_dense"] == ffn["ffn"]["fp8_24_vs_fp8_dense"]
+    assert both["targets"]["ffn_fp8_24_vs_fp8_dense"] == ffn["judged"]["ffn_fp8_24_vs_fp8_dense"]

@@ -53,12 +53,19 @@ def scaling_figure(runs: dict, delayed: str | None = None):
     return fig
 
 
-def recorded_summary(data: dict) -> dict:
+def recorded_summary(data: dict, ffn_data: dict | None = None) -> dict:
     """The figures the course quotes from a recorded ``fp8_training_h100`` result: where it was
-    recorded, the forward product at the target shape, the FFN step's ratios and the targets."""
-    if not isinstance(data, dict) or "provenance" not in data:
-        raise ValueError("data must be a recorded result (a dict with a 'provenance' block)")
-    out = {"where": provenance_line(data["provenance"]), "targets": data.get("judged", {})}
+    recorded, the forward product at the target shape, the FFN step's ratios and the targets.
+    ffn_data: a later run whose FFN section replaces data's (its FFN targets too); ``ffn_where`` says
+    where that one came from."""
+    for name, d in (("data", data), ("ffn_data", ffn_data)):
+        if d is not None and (not isinstance(d, dict) or "provenance" not in d):
+            raise ValueError(f"{name} must be a recorded result (a dict with a 'provenance' block)")
+    out = {"where": provenance_line(data["provenance"]), "targets": dict(data.get("judged", {}))}
+    if ffn_data is not None and ffn_data.get("ffn"):
+        out["ffn_where"] = provenance_line(ffn_data["provenance"])
+        out["targets"].update({k: v for k, v in ffn_data.get("judged", {}).items() if k.startswith("ffn_")})
+        data = {**data, "ffn": ffn_data["ffn"]}
     products = data.get("products") or []
     target = next((r for r in products if (r["tokens"], r["in"], r["out"]) == TARGET_SHAPE), None)
     out["forward"] = None if target is None else {
