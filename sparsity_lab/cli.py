@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-ffn": ("sparsity_lab.benchmarks.ffn_speed", "2:4 FFN and GPT step on cuSPARSELt vs dense and PyTorch's path (GPU)"),
     "bench-act24": ("sparsity_lab.benchmarks.act24_speed", "squared-ReLU FFN: dense vs 2:4 activations, alone and with 2:4 weights (GPU)"),
     "bench-cslt-calls": ("sparsity_lab.benchmarks.cusparselt_calls", "one cuSPARSELt product: PyTorch's call vs the direct binding (cached plan) vs dense (GPU)"),
+    "bench-compile": ("sparsity_lab.benchmarks.compile_speed", "torch.compile'd dense and 2:4 FFN and GPT training steps beside eager (GPU)"),
+    "bench-export": ("sparsity_lab.benchmarks.export_speed", "the exported lab GPT: prefill tokens/s and decode ms/token, 2:4 vs dense (GPU)"),
     "bench-dist": ("sparsity_lab.benchmarks.distributed_speed", "lab GPT dense vs 2:4 under DDP and FSDP2 on every GPU (run under torchrun; GPU)"),
     "train": ("sparsity_lab.lab.train", "pre-train the lab GPT on bytes with one method (dense, ste, srste, ...)"),
     "compare": ("sparsity_lab.lab.compare", "every method, same seed, data and token budget: table, claims, figures"),

@@ -28,6 +28,7 @@ from ..ffn_width import default_ffn_hidden
 FFN_KINDS = ("gelu", "swiglu", "geglu", "relu2")
 GATED_KINDS = ("swiglu", "geglu")
 ACTIVATION_SPARSITY = ("none", "2:4")
+ARCHS = ("gpt", "llama")  # the lab's models: this GPT, or the Hugging Face Llama of lab/llama.py
 
 
 @dataclass
@@ -43,6 +44,7 @@ class GPTConfig:
     bias: bool = False
     dropout: float = 0.0
     tie_embeddings: bool = True
+    arch: str = "gpt"  # "gpt" (this file) or "llama" (transformers' LlamaForCausalLM, lab/llama.py)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context", "n_layer", "n_head", "d_model"):
@@ -63,6 +65,13 @@ class GPTConfig:
                              f"whose activations are mostly zeros already), got ffn_kind={self.ffn_kind!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.arch == "llama" and self.ffn_kind not in ("swiglu", "geglu"):
+            raise ValueError(f"arch='llama' has a gated MLP (gate_proj, up_proj, down_proj): ffn_kind must be "
+                             f"'swiglu' (Llama's) or 'geglu', got {self.ffn_kind!r}")
+        if self.arch == "llama" and self.dropout:
+            raise ValueError(f"arch='llama' has no dropout layers: dropout must be 0, got {self.dropout!r}")
 
     @property
     def hidden(self) -> int:

@@ -15,7 +15,7 @@ from dataclasses import MISSING, fields
 from ..backends import available_backends, get_backend
 from ..methods.config import METHODS
 from .checkpoint import CheckpointError
-from .model import ACTIVATION_SPARSITY, FFN_KINDS, GPTConfig
+from .model import ACTIVATION_SPARSITY, ARCHS, FFN_KINDS, GPTConfig
 from .structures import STRUCTURES
 from .trainer import TrainConfig, TrainingDiverged
 
@@ -27,7 +27,7 @@ HEAD_WIDTH = 64  # the width of one attention head in GPT-2 and nanoGPT (and in 
 # option dest -> GPTConfig field
 MODEL_OPTIONS = {"layers": "n_layer", "heads": "n_head", "width": "d_model", "context": "context",
                  "ffn": "ffn_kind", "ffn_hidden": "ffn_hidden",
-                 "activation_sparsity": "activation_sparsity"}
+                 "activation_sparsity": "activation_sparsity", "model": "arch"}
 # option dest -> TrainConfig field (same name)
 TRAIN_OPTIONS = ("data", "data_max_bytes", "batch_size", "grad_accum", "steps", "lr", "min_lr_ratio",
                  "warmup_steps", "weight_decay", "grad_clip", "eval_interval", "eval_batches", "seed",
@@ -62,6 +62,8 @@ def model_options(args: argparse.Namespace) -> dict:
     width = kw.get("d_model", _MODEL_DEFAULTS["d_model"])
     if not isinstance(width, int) or width < 1:
         raise ValueError(f"--width must be a positive integer, got {width!r}")
+    if kw.get("arch") == "llama" and "ffn_kind" not in kw:
+        kw["ffn_kind"] = "swiglu"  # Llama's MLP
     if "n_head" not in kw:
         kw["n_head"] = default_heads(width)
     elif kw["n_head"] < 1:
@@ -77,7 +79,10 @@ def model_options(args: argparse.Namespace) -> dict:
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """Model, data, optimisation and 2:4 options (every command that trains)."""
     d, t = _MODEL_DEFAULTS, _TRAIN_DEFAULTS
-    g = parser.add_argument_group("model (a GPT on bytes)")
+    g = parser.add_argument_group("model (a GPT, or a Llama, on bytes)")
+    g.add_argument("--model", choices=ARCHS, default=S, help="gpt: the lab's GPT; llama: Hugging Face "
+                   "transformers' LlamaForCausalLM with these sizes, 2:4 on mlp.gate/up/down_proj (needs the "
+                   "hf extra: pip install -e \".[hf]\"; default gpt)")
     g.add_argument("--layers", type=int, default=S, help=f"transformer blocks (default {d['n_layer']})")
     g.add_argument("--heads", type=int, default=S, help=f"attention heads, must divide --width (default: heads "
                    f"of width {HEAD_WIDTH}, i.e. the largest divisor of the width that is at most width/{HEAD_WIDTH}, "
@@ -85,7 +90,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--width", type=int, default=S,
                    help=f"model width d, divisible by 4 for 2:4 (default {d['d_model']})")
     g.add_argument("--context", type=int, default=S, help=f"context length in bytes (default {d['context']})")
-    g.add_argument("--ffn", choices=FFN_KINDS, default=S, help=f"FFN kind (default {d['ffn_kind']})")
+    g.add_argument("--ffn", choices=FFN_KINDS, default=S, help=f"FFN kind (default {d['ffn_kind']}; "
+                   "swiglu with --model llama)")
     g.add_argument("--ffn-hidden", type=int, default=S, help="FFN hidden width (default 4d for gelu and relu2, "
                    "8d/3 rounded up to 16 for gated kinds)")
     g.add_argument("--activation-sparsity", choices=ACTIVATION_SPARSITY, default=S,
@@ -172,6 +178,12 @@ def config_from_args(args: argparse.Namespace, **overrides) -> TrainConfig:
     """A TrainConfig from the parsed options; overrides win (e.g. method, method_options, paths)."""
     a = vars(args)
     model = GPTConfig(**model_options(args))
+    if model.arch == "llama":  # a missing extra is a one-line error before any data is read
+        from .llama import require_transformers
+        try:
+            require_transformers()
+        except ImportError as err:
+            raise ValueError(f"--model llama: {err}") from None
     kw = {name: a[name] for name in TRAIN_OPTIONS if name in a}
     if "tokens" in a:
         if not a["tokens"] >= 1:

@@ -1,4 +1,5 @@
-"""The pre-training loop: a GPT on bytes, made 2:4 by ``sparsify``, trained with AdamW.
+"""The pre-training loop: a GPT (or the Hugging Face Llama, lab/llama.py) on bytes, made 2:4 by ``sparsify``,
+trained with AdamW.
 
 One optimizer step:
     for each of grad_accum micro-batches:  loss = model(x, y) / grad_accum; loss.backward()
@@ -44,7 +45,8 @@ from ..sparsify import flip_report, sparsify, sparsity_summary
 from ..training_hooks import attach_optimizer, sparse_layers
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .data import DEFAULT_MAX_BYTES, BatchSampler, ByteCorpus, load_corpus
-from .model import GPT, GPTConfig
+from .model import GPTConfig
+from .models import build_model
 from .runlog import RunLog, clean_row
 from .structures import STRUCTURES, structured_density
 
@@ -189,10 +191,11 @@ class Trainer:
         if self.is_24:
             cfg.model.check_nm(self.method.m, self.method.transposable)
         torch.manual_seed(cfg.seed)  # the same initial weights for every method
-        model = GPT(cfg.model).to(self.device)  # on the device first: masks are computed there
-        # with 2:4 activations: 2:4 weights on both FFN linears (Act24MLP runs proj's products itself)
-        select = weight_selector if act24 else None
-        self.model = sparsify(model, self.method, select) if self.is_24 else self.method.apply(model)
+        model = build_model(cfg.model).to(self.device)  # on the device first: masks are computed there
+        # with 2:4 activations: 2:4 weights on both FFN linears (Act24MLP runs proj's products itself);
+        # the Llama's MLP linears come from the Hugging Face selector table; the GPT's from the FFN names
+        select = weight_selector if act24 else getattr(model, "mlp_selector", None)
+        self.model = sparsify(model, self.method, select=select) if self.is_24 else self.method.apply(model)
         self.layers = sparse_layers(self.model)
         if act24:
             configure_activation_sparsity(self.model, self.method.backend, cfg.steps, self.method.dense_finetune_at)
