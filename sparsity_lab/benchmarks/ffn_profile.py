@@ -1,7 +1,7 @@
 """Where the GPU time of one FFN training step goes: torch.profiler's kernel table per variant.
 
 ``python -m sparsity_lab.benchmarks.ffn_profile --tokens 16384 --d-model 4096`` (GPU). Uses the
-FFN and the step of ``ffn_speed`` (same model, same step), profiles 3 steps after warm-up and
+FFN and the step of ``bench-ffn`` (``benchmarks/ffn/``) (same model, same step), profiles 3 steps after warm-up and
 prints the kernels sorted by total CUDA time, so a slow 2:4 step can be traced to its kernels.
 
 ``--host``: where the *host* time goes instead (small shapes, eager: the GPU waits for Python):

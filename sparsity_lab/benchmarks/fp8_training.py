@@ -235,7 +235,7 @@ class FP8DenseLinear(nn.Module):
 
 def build_ffn(variant: str, d: int):
     import sparsity_lab as sl
-    from .ffn_speed import FFN
+    from .ffn.variants import FFN
     torch.manual_seed(0)
     model = FFN(d, 4 * d, torch.device("cuda"), torch.bfloat16)
     if variant == "fp8_dense":
@@ -247,28 +247,15 @@ def build_ffn(variant: str, d: int):
     return model
 
 
-class WithInput(nn.Module):
-    """The FFN with its input held as a parameter, loss sum(FFN(x) * dy). CudaGraphStep detaches the
-    tensors a step is given, so an input passed to it would get no gradient and the first layer's
-    input-gradient product (one of the six) would not run in any variant."""
-
-    def __init__(self, model: nn.Module, x: torch.Tensor) -> None:
-        super().__init__()
-        self.model = model
-        self.x = nn.Parameter(x.detach().clone())
-
-    def forward(self, dy: torch.Tensor) -> torch.Tensor:
-        return (self.model(self.x) * dy).sum()
-
-
 def graphed_step(model: nn.Module, x: torch.Tensor, dy: torch.Tensor):
     """(step, the CudaGraphStep): one replayed forward + backward of the FFN (all six products) and the
     end-of-step updates (masks' schedule, FP8 histories); ``graphed.model.x.grad`` is dX."""
     from ..graph_step import CudaGraphStep
+    from .ffn.graph import InputHeld  # x held as a parameter: the captured backward computes dX
     from ..training_hooks import advance_step, sparse_layers
     sparse = bool(sparse_layers(model))
     fp8_dense = [m for m in model.modules() if isinstance(m, FP8DenseLinear)]
-    graphed = CudaGraphStep(WithInput(model, x), lambda m, dy: m(dy), warmup_steps=2)
+    graphed = CudaGraphStep(InputHeld(model, x), lambda m, dy: m(dy), warmup_steps=2)
 
     def step():
         graphed(dy)
