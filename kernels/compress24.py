@@ -4,7 +4,7 @@ The idea
     ``torch._cslt_compress`` is slow on the H100: 2.26 ms for a 16384 x 4096 bf16 weight, about
     60 GB/s of input (``results/kernels_h100.json``, the "8 compress24" row against
     ``_cslt_compress``), so about 9 ms for a 16384^2 weight, more than the sparse product saves.
-    Its output layout on sm90 was mapped by measurement (``sparsity_lab/backends/cusparselt_layout.py`` states it and holds the plain
+    Its output layout on sm90 was mapped by measurement (``sparsity_lab/references/cusparselt_layout.py`` states it and holds the plain
     PyTorch reference ``compress24_reference``): the kept values row-major, then one 4-bit code
     ``i | j << 2`` per group, placed by a bit permutation of (row, group) inside 64-row tiles.
     This kernel writes exactly those bytes in one pass.
@@ -106,7 +106,7 @@ def _compress24_kernel(a_ptr, vals_ptr, meta_ptr, stride_r, stride_c, half_cols,
 
 
 def _layout():  # the package's layout description (imported lazily: kernels never import backends at load)
-    from sparsity_lab.backends import cusparselt_layout
+    from sparsity_lab.references import cusparselt_layout
     return cusparselt_layout
 
 

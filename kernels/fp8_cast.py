@@ -1,7 +1,7 @@
 """Kernel 7: FP8 per-tensor quantization (amax, scale, cast to E4M3/E5M2) and dequantization.
 
 The idea
-    ``sparsity_lab.fp8`` is the reference and fixes the convention: ``scale = amax / fp8_max``
+    ``sparsity_lab.references.fp8`` is the reference and fixes the convention: ``scale = amax / fp8_max``
     (what ``torch._scaled_mm`` takes), ``q = fp8(clamp(x * (fp8_max / amax)))``, ``x ~= q * scale``.
 
     Current scaling needs the amax of the whole tensor before the first element can be cast, so it
@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sparsity_lab.fp8 import fp8_format, scales_from_amax
+from sparsity_lab.references.fp8 import fp8_format, scales_from_amax
 
 from ._common import HALF_AND_FLOAT, check_device, check_tensor, contiguous
 
@@ -116,7 +116,7 @@ def quantize_fp8(x: torch.Tensor, fmt: str = "e4m3", block: int = DEFAULT_BLOCK,
     """Current-amax per-tensor quantization: (q, scale) with x ~= q.float() * scale.
 
     x: float16/bfloat16/float32, any shape. q: float8_e4m3fn ("e4m3") or float8_e5m2 ("e5m2"),
-    shape of x; scale: float32 0-d tensor on x's device. Equal to ``sparsity_lab.fp8.quantize_fp8``.
+    shape of x; scale: float32 0-d tensor on x's device. Equal to ``sparsity_lab.references.fp8.quantize_fp8``.
     """
     fp8_format(fmt)
     check_tensor(x, "x", HALF_AND_FLOAT)

@@ -2,7 +2,7 @@
 
 The idea
     The FFN's up-projection output ``h`` holds the gate (first half of the features) and the value
-    (second half); ``sparsity_lab.gated`` is the reference and documents the layout and formulas.
+    (second half); ``sparsity_lab.references.gated`` is the reference and documents the layout and formulas.
     Unfused, PyTorch runs split (views), the activation (reads g, writes act(g)), and the product
     (reads act(g) and v, writes out): 3 reads and 2 writes of an (tokens, ffn) tensor forward, more
     backward. Fused, one pass reads g and v and writes out (forward), or reads g, v and dout and
@@ -80,7 +80,7 @@ def _gated_bwd_kernel(dout_ptr, h_ptr, dh_ptr, n_rows, n_cols, h_stride, value_o
 
 def _geometry(h: torch.Tensor, kind: str, split_dim: int):
     """(rows, cols, h_stride, value_offset, out_shape) of the unified row-major view."""
-    from sparsity_lab.gated import check_gated_args
+    from sparsity_lab.references.gated import check_gated_args
 
     dim = check_gated_args(h, kind, split_dim)
     if dim == h.dim() - 1:

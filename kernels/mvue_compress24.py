@@ -66,7 +66,7 @@ def mvue_compress24(dz: torch.Tensor, seed: int = 0, block_groups: int | None = 
     ``compress24(mvue24(dz, dim=0, seed=seed).t())`` (``mvue24``'s default variant, level_philox4).
     Returns ``cusparselt_layout.compressed_shape(out, tokens, dz.dtype)`` of dz's dtype.
     """
-    from sparsity_lab.backends import cusparselt_layout as layout
+    from sparsity_lab.references import cusparselt_layout as layout
 
     check_tensor(dz, "dz", (torch.bfloat16, torch.float16))
     if dz.dim() != 2:

@@ -114,7 +114,7 @@ def prepare24(w: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | float | 
     Returns ``(compress24(S), compress24(S.t()))`` bit for bit, S = the dense masked weight in
     out_dtype (``soft_threshold24(w, mask, beta, out_dtype=...)`` or ``w.to(out_dtype) * mask``).
     """
-    from sparsity_lab.backends import cusparselt_layout as layout
+    from sparsity_lab.references import cusparselt_layout as layout
 
     check_tensor(w, "w", HALF_AND_FLOAT)
     check_tensor(mask, "mask", (torch.bool,))

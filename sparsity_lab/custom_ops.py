@@ -12,7 +12,7 @@ whose fake (meta) implementations give only shapes and dtypes, so Dynamo traces 
 masks, counters, MVUE draws and products as without compile, on every backend (the Triton and
 cuSPARSELt kernels are called from inside the op, which the compiler does not look into).
 ``layer_key`` names the layer in a registry of weak references; ``ticket`` hands the forward's
-plan (operand, MVUE generator, decay) to its backward.
+plan (operand, MVUE seed, decay) to its backward.
 
 Both ops are tagged ``cudagraph_unsafe``: their Python bookkeeping must run at every call, so
 Inductor's CUDA graphs (``mode="reduce-overhead"``) must not capture them; for a graphed step use

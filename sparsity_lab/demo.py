@@ -13,7 +13,6 @@ import math
 import time
 
 import torch
-from torch import nn
 
 from .masks import EXACT_SOLVERS, SOLVERS, kept_fraction, nm_mask, transposable_mask
 from .methods.config import STE, Dense, MaskedDecay, SparsityMethod
@@ -48,15 +47,6 @@ def compare_solvers(size: int, seed: int) -> list[dict]:
         rows.append({"solver": name + (" (exact)" if name in EXACT_SOLVERS else ""),
                      "kept": kept_fraction(w, mask), "seconds": time.perf_counter() - start})
     return rows
-
-
-class TinyMLP(nn.Module):
-    def __init__(self, width: int = 64) -> None:
-        super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp(x)
 
 
 def flip_trace(method: SparsityMethod, steps: int, seed: int) -> tuple[list[float], float]:

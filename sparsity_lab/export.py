@@ -9,7 +9,7 @@
 layer's eval forward uses, S(W) = m * W (beta * soft_threshold(W) for S-STE):
 * on a CUDA GPU where cuSPARSELt runs (compute capability >= 8.0, bfloat16/float16 weights, shapes
   cuSPARSELt accepts) S(W) is compressed once, at export, and every call is one cuSPARSELt product
-  (the project's direct binding with a cached plan, ``backends/cusparselt_direct.py``);
+  (the project's direct binding with a cached plan, ``backends/cusparselt/direct.py``);
 * anywhere else (the CPU) the layer keeps S(W) dense, zeros included, and runs ``F.linear``: the same
   outputs, no speed-up. ``export`` says so with an ``ExportFallbackWarning`` naming the reason.
 A layer in its dense phase (``Dense``, or masked decay's dense fine-tune) is not 2:4 any more: it
@@ -40,7 +40,7 @@ def _cusparselt_problem(weight: torch.Tensor) -> str | None:
     """Why S(W) cannot be a cuSPARSELt operand here, or None."""
     if not weight.is_cuda:
         return f"the weights are on {weight.device.type}, and cuSPARSELt runs on CUDA GPUs"
-    from .backends.cusparselt_ops import sparse_shape_problem, unavailable_reason
+    from .backends.cusparselt.ops import sparse_shape_problem, unavailable_reason
 
     return unavailable_reason(weight.device) or sparse_shape_problem(*weight.shape, weight.dtype)
 
@@ -65,7 +65,7 @@ class Sparse24Linear(nn.Module):
         if kernel == "dense":
             self.register_buffer("weight", sparse_weight.detach().clone())
             return
-        from .backends.cusparselt_backend import CusparseltBackend
+        from .backends.cusparselt.backend import CusparseltBackend
 
         self._backend = CusparseltBackend()
         self._operand = self._backend.prepare(sparse_weight.detach().contiguous())

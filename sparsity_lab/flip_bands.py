@@ -1,6 +1,6 @@
 """The flip-rate phenomenon over several seeds, with error bands, on a CPU in seconds.
 
-A tiny MLP (``demo.TinyMLP``, its two linears 2:4) learns to imitate a fixed random teacher with
+A tiny MLP (``TinyMLP``, its two linears 2:4) learns to imitate a fixed random teacher with
 AdamW at a constant learning rate. Each method trains from the same initial weights on the same
 batches for a given seed; several seeds give a band per step. The flip rate (Hu et al. 2024,
 https://arxiv.org/abs/2404.01847) is
@@ -29,6 +29,7 @@ import statistics
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from .methods.config import SRSTE, STE, Dense, MaskedDecay, MaskedDecayOnWeights, SparsityMethod
 from .sparsify import flip_report, sparsify
@@ -48,12 +49,21 @@ def default_methods(decay: float = DEFAULT_DECAY) -> dict[str, SparsityMethod]:
             "masked_decay_weights": MaskedDecayOnWeights(decay=decay, dense_finetune_at=None)}
 
 
+class TinyMLP(nn.Module):
+    """Linear(width, 4 width), GELU, Linear(4 width, width): the student (and its teacher)."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x)
+
+
 def flip_run(method: SparsityMethod, steps: int, seed: int, lr: float = 3e-3, width: int = 64,
              batch: int = 64, max_norm: float = 1.0) -> tuple[list[float], list[float]]:
     """Train the student for ``steps`` AdamW steps; return its per-step overall flip rate (NaN at the
     first step, which has no previous mask) and its per-step training loss."""
-    from .demo import TinyMLP
-
     torch.manual_seed(seed)
     teacher, student = TinyMLP(width), TinyMLP(width)
     sparsify(student, method)

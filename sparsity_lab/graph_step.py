@@ -2,7 +2,7 @@
 
 Why: in eager mode every 2:4 layer launches its mask, flip-count, soft-threshold, MVUE and compression
 kernels from Python (and each ``torch._cslt_sparse_mm`` call costs 0.2-0.7 ms of host time; the backend's
-direct binding, ``backends/cusparselt_direct.py``, brings a product to ~0.01 ms), so small and medium
+direct binding, ``backends/cusparselt/direct.py``, brings a product to ~0.01 ms), so small and medium
 layers are host-bound (``results/cusparselt_NOTES.md``). A replay launches the whole captured step at once;
 under it the ``cusparselt_auto`` policy times its candidate products in CUDA graphs too (``graph_timing``).
 
@@ -25,8 +25,9 @@ Usage::
 Limits (each raises or is documented): CUDA tensors only; the inputs keep their shapes and dtypes
 (a new shape takes one eager step, where its decisions and searches run, then recaptures); every
 SparseLinear runs once per step; one micro-step per optimizer step (a replay overwrites the
-gradients, it does not add to them); MVUE needs backend "triton", "cusparselt" or "cusparselt_auto"
-(the reference backend draws on the host). Under autocast, use
+gradients, it does not add to them); MVUE needs a backend whose kernels read the seed on the device
+(``Backend.reads_seed_from_device``: "triton", "cusparselt", "cusparselt_auto"; the reference backend
+draws on the host). Under autocast, use
 ``torch.autocast(..., cache_enabled=False)`` inside ``loss_fn`` (PyTorch's rule for graphs). A change
 of phase (the dense fine-tune switch) recaptures. ``recaptures`` counts captures.
 """
@@ -40,9 +41,6 @@ from torch import nn
 from .layers import SparseLinear
 from .training_hooks import sparse_layers
 
-DEVICE_SEED_BACKENDS = ("triton", "cusparselt", "cusparselt_auto")
-
-
 def mvue_layers(model: nn.Module) -> list[SparseLinear]:
     return [layer for _, layer in sparse_layers(model) if layer.method.mvue]
 
@@ -50,28 +48,24 @@ def mvue_layers(model: nn.Module) -> list[SparseLinear]:
 def fill_seeds(layers: list[SparseLinear]) -> None:
     """Write each MVUE layer's seed for this step into its device seed tensor: the value the eager
     step would draw (the layer's generator for its next call, advancing ``mvue_calls`` as eager does)."""
-    from .backends.triton_backend import TritonBackend
-
     for layer in layers:
-        seed = TritonBackend._seed(layer._generator(layer._graph_seed.device))
-        layer._graph_seed.fill_(seed)
+        layer.fill_device_seed()
 
 
 def use_device_seeds(layers: list[SparseLinear], device: torch.device) -> None:
-    """Give every MVUE layer a device seed tensor (CUDA-graph mode); refuse backends that draw on the host."""
+    """Give every MVUE layer a device seed tensor (CUDA-graph mode). Checks every layer before changing
+    any: a layer whose backend draws on the host (``reads_seed_from_device`` False) is refused."""
+    host = [layer for layer in layers if not layer.backend.reads_seed_from_device]
+    if host:
+        host[0].use_device_seed(device)  # raises, naming the backend
     for layer in layers:
-        if layer.backend.name not in DEVICE_SEED_BACKENDS:
-            raise ValueError(
-                f"a CUDA-graph step needs the MVUE layers on backend {' / '.join(DEVICE_SEED_BACKENDS)} (their "
-                f"kernels read the seed on the device); this layer runs {layer.backend.name!r}")
-        if layer._graph_seed is None or layer._graph_seed.device != device:
-            layer._graph_seed = torch.zeros((), dtype=torch.int64, device=device)
+        layer.use_device_seed(device)
 
 
 def release_device_seeds(layers: list[SparseLinear]) -> None:
     """Back to eager mode: the layers draw from their host generators again."""
     for layer in layers:
-        layer._graph_seed = None
+        layer.release_device_seed()
 
 
 def refresh_due_masks(model: nn.Module) -> None:
@@ -90,7 +84,7 @@ class graph_timing:
 
     def __init__(self, model: nn.Module) -> None:
         self.backends = {id(layer.backend): layer.backend for _, layer in sparse_layers(model)
-                         if getattr(layer.backend, "policy", None) is not None and hasattr(layer.backend, "timing")}
+                         if layer.backend.measures_products}
         self._saved: dict[int, str] = {}
 
     def __enter__(self):
@@ -190,20 +184,19 @@ class CudaGraphStep:
         refresh_due_masks(self.model)
         self._static_inputs = tuple(t.detach().clone() for t in inputs)
         for _, layer in sparse_layers(self.model):
-            layer._operand_cache = None  # the operand must be prepared inside the graph
-            layer._graph_calls = 0
+            layer.clear_operand_cache()  # the operand must be prepared inside the graph
         for p in self._params:
             p.grad = None  # the backward allocates the gradients in the graph's pool
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph), graph_timing(self.model):
             loss = self.loss_fn(self.model, *self._static_inputs)
             loss.backward()
-        twice = [layer for layer in self._mvue if layer._graph_calls != 1]
+        twice = [layer for layer in self._mvue if layer.device_seed_uses != 1]
         if twice:
-            raise RuntimeError(f"{len(twice)} MVUE layer(s) ran {twice[0]._graph_calls} times in one captured step; "
+            raise RuntimeError(f"{len(twice)} MVUE layer(s) ran {twice[0].device_seed_uses} times in one captured step; "
                                "CudaGraphStep supports each SparseLinear running once per step")
         for _, layer in sparse_layers(self.model):
-            layer._operand_cache = None  # the captured operand's cache key must not serve an eager call
+            layer.clear_operand_cache()  # the captured operand's cache key must not serve an eager call
         self.graph, self._key, self._static_loss = graph, key, loss.detach()
         self._static_grads = [(p, p.grad) for p in self._params if p.grad is not None]
         self.recaptures += 1

@@ -26,10 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .backends import get_backend
-from .backends.base import Backend
+from .backends.base import Backend, MvueSeed
 from .custom_ops import register_layer
 from .methods.config import STE, SparsityMethod
-from .methods.flip_rate import mask_flips_tensor
 from .methods.soft_threshold import soft_threshold, sste_beta
 from .validation import check_divisible, check_float_tensor, check_has_values
 
@@ -59,7 +58,7 @@ class _BackwardPlan:
     mask: torch.Tensor
     decay: float
     mvue: bool
-    generator: torch.Generator | None
+    seed: MvueSeed | None  # the MVUE draw's generator (eager) or device seed tensor (CUDA-graph step)
     # when set, operand and mask were dropped after the forward and are rebuilt in the backward
     # (a sharded layer under FSDP2 with recompute_operands: nothing full-size lives in between)
     rebuild: Callable[[], tuple[Any, torch.Tensor]] | None = None
@@ -97,7 +96,7 @@ def _products_backward(plan: _BackwardPlan, grad_out: torch.Tensor, x2: torch.Te
         if needs[0]:
             grad_x = plan.backend.grad_input(dz, operand).to(x_dtype).reshape(x_shape)
         if needs[1]:
-            grad_w = plan.backend.grad_weight(dz, x2, plan.mvue, plan.generator).to(weight.dtype)
+            grad_w = plan.backend.grad_weight(dz, x2, plan.mvue, plan.seed).to(weight.dtype)
             if plan.decay:
                 plan.backend.masked_decay_(grad_w, weight, mask, plan.decay)
         if bias_dtype is not None and needs[2]:
@@ -170,9 +169,9 @@ class SparseLinear(nn.Linear):
         self._decayed_at_step = -1  # SR-STE: step whose backward already carries the decay
         self._pending_sum = self._pending_last = None  # flip counts still on the device
         # CUDA-graph step (sparsity_lab.graph_step): the MVUE seed lives in this 0-d int64 device tensor,
-        # written by the host before each replay; None in eager mode
-        self._graph_seed: torch.Tensor | None = None
-        self._graph_calls = 0  # forward calls that used _graph_seed (one per captured step is supported)
+        # written by the host before each replay; None in eager mode (see use_device_seed)
+        self._device_seed: torch.Tensor | None = None
+        self._device_seed_uses = 0  # forward calls that took _device_seed since use_device_seed
         self._last_flips = self._flips_total = 0
         # which process's MVUE stream to draw from; None: this process's torch.distributed rank (0 when
         # not distributed), so data-parallel ranks draw independently (not saved: it belongs to the process)
@@ -262,8 +261,7 @@ class SparseLinear(nn.Linear):
     # hooks that a sharded layer (sparsity_lab.distributed) overrides: the mask buffer may hold only
     # this process's part, while the products need the full mask
     def _count_flips(self, new: torch.Tensor) -> torch.Tensor:
-        count = getattr(self.backend, "mask_flips", mask_flips_tensor)  # a backend may count faster
-        return count(self.mask, new)
+        return self.backend.mask_flips(self.mask, new)
 
     def _set_mask(self, new: torch.Tensor) -> None:
         self.mask.copy_(new)
@@ -336,15 +334,6 @@ class SparseLinear(nn.Linear):
         beta = self.beta if m.soft_threshold else None
         return self.backend.sparse_weight(self.weight.detach(), self._mask_for_products(), beta, m.n, m.m)
 
-    def _sparse_weight_as(self, dtype: torch.dtype) -> torch.Tensor:
-        """``sparse_weight().to(dtype)``, in one pass where the backend offers ``sparse_weight_as``."""
-        as_dtype = getattr(self.backend, "sparse_weight_as", None)
-        if as_dtype is None or self.dense_now:
-            return self.sparse_weight().to(dtype)
-        m = self.method
-        beta = self.beta if m.soft_threshold else None
-        return as_dtype(self.weight.detach(), self._mask_for_products(), beta, m.n, m.m, dtype)
-
     def _operand(self, dtype: torch.dtype, backward: bool = True) -> Any:
         # one prepared (pruned, and for hardware backends compressed) weight per optimizer step,
         # reused by every gradient-accumulation micro-step; rebuilt when W, the mask or beta change
@@ -352,16 +341,17 @@ class SparseLinear(nn.Linear):
                dtype, self.weight.device)
         if self._operand_cache is None or self._operand_cache[0] != key:
             self.prepare_count += 1
-            prepare_masked = getattr(self.backend, "prepare_masked", None)  # straight from W and the mask
-            if prepare_masked is not None:
-                m = self.method
-                operand = prepare_masked(self.weight.detach(), self._mask_for_products(),
-                                         self.beta if m.soft_threshold else None,
-                                         m.n, m.m, dtype, backward=backward)
-            else:
-                operand = self.backend.prepare(self._sparse_weight_as(dtype))
+            m = self.method
+            operand = self.backend.prepare_masked(self.weight.detach(), self._mask_for_products(),
+                                                  self.beta if m.soft_threshold else None,
+                                                  m.n, m.m, dtype, backward=backward)
             self._operand_cache = (key, operand)
         return self._operand_cache[1]
+
+    def clear_operand_cache(self) -> None:
+        """Forget the prepared operand: the next forward prepares it again (a CUDA-graph capture must
+        prepare it inside the graph, and the captured one must not serve a later eager call)."""
+        self._operand_cache = None
 
     def _generator(self, device: torch.device) -> torch.Generator | None:
         if not self.method.mvue:
@@ -380,13 +370,55 @@ class SparseLinear(nn.Linear):
         dist = torch.distributed
         return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
-    def _seed_for_backward(self, device: torch.device):
+    def _seed_for_backward(self, device: torch.device) -> MvueSeed | None:
         """What the backend draws MVUE from: this call's CPU generator (eager), or under a CUDA-graph
-        step the device seed tensor that the step fills before each replay (``graph_step.fill_seeds``)."""
-        if self._graph_seed is None or not self.method.mvue:
+        step the device seed tensor that the step fills before each replay (``fill_device_seed``)."""
+        if self._device_seed is None or not self.method.mvue:
             return self._generator(device)
-        self._graph_calls += 1
-        return self._graph_seed
+        self._device_seed_uses += 1
+        return self._device_seed
+
+    # --- CUDA-graph mode: the MVUE seed read on the device (sparsity_lab.graph_step) -------------------
+    def use_device_seed(self, device: torch.device) -> None:
+        """From now on the backward draws MVUE from a 0-d int64 seed tensor on ``device`` that
+        ``fill_device_seed`` writes before each step (a CUDA graph replays the kernels that read it).
+        Refused for a layer without MVUE and for a backend that draws on the host
+        (``reads_seed_from_device`` False). Resets ``device_seed_uses``."""
+        if not self.method.mvue:
+            raise ValueError(f"use_device_seed is for MVUE layers; this layer's method is {self.method.describe()}")
+        if not self.backend.reads_seed_from_device:
+            raise ValueError(
+                f"a CUDA-graph step needs every MVUE layer on a backend whose kernels read the MVUE seed on the "
+                f"device (reads_seed_from_device: e.g. 'triton', 'cusparselt'); this layer runs "
+                f"{self.backend.name!r}, which draws on the host")
+        device = torch.device(device)
+        if self._device_seed is None or self._device_seed.device != device:
+            self._device_seed = torch.zeros((), dtype=torch.int64, device=device)
+        self._device_seed_uses = 0
+
+    def fill_device_seed(self) -> int:
+        """Write the next MVUE draw's seed into the device seed tensor: the value the eager step would
+        draw (the layer's counter-based generator for its next call; ``mvue_calls`` advances as in eager
+        mode). Returns the value written."""
+        if self._device_seed is None:
+            raise RuntimeError("fill_device_seed needs use_device_seed(device) first")
+        seed = self.backend.device_seed_value(self._generator(self._device_seed.device))
+        self._device_seed.fill_(seed)
+        return seed
+
+    def release_device_seed(self) -> None:
+        """Back to eager mode: the backward draws from a host generator again."""
+        self._device_seed = None
+
+    @property
+    def device_seed(self) -> torch.Tensor | None:
+        """The 0-d int64 device tensor the MVUE kernels read in CUDA-graph mode; None in eager mode."""
+        return self._device_seed
+
+    @property
+    def device_seed_uses(self) -> int:
+        """Forward calls that took the device seed since ``use_device_seed`` (one per captured step)."""
+        return self._device_seed_uses
 
     def _backward_decay(self) -> float:
         """SR-STE's decay, once per optimizer step: with k gradient-accumulation micro-steps (each
@@ -420,7 +452,7 @@ class SparseLinear(nn.Linear):
             backend=self.backend, operand=self._operand(dtype, backward=grad_needed), dtype=dtype,
             mask=self._mask_for_products(),
             decay=self._backward_decay() if grad_needed else 0.0, mvue=self.method.mvue,
-            generator=self._seed_for_backward(x.device) if grad_needed else None,
+            seed=self._seed_for_backward(x.device) if grad_needed else None,
         )
 
     def _after_forward(self, plan: _BackwardPlan) -> None:

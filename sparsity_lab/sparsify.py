@@ -2,11 +2,15 @@
 
 Like ``torchao.quantize_``: it walks the model and swaps modules in place, driven by a small
 method object; ``select`` picks the modules (by default the FFN/MLP linears of a transformer).
+
+Whole-model reports: ``flip_report``, ``sparsity_summary`` and ``backend_report`` (which backend
+runs each layer's products).
 """
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from torch import nn
@@ -127,3 +131,49 @@ def sparsity_summary(model: nn.Module) -> list[dict]:
             "step": layer.step, "beta": float(layer.beta),
         })
     return rows
+
+
+@dataclass
+class LayerBackendRow:
+    """One SparseLinear in :func:`backend_report`."""
+
+    name: str
+    out_features: int
+    in_features: int
+    requested: str  # method.backend
+    running: str  # backend.name of what runs the products
+    fallback_reason: str | None
+    products: dict[str, str]
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def backend_report(model) -> list[LayerBackendRow]:
+    """Which backend runs each SparseLinear, and per product whether it runs sparse (and why)."""
+    from .backends.base import PRODUCTS
+
+    rows = []
+    for name, layer in sparse_layers(model):
+        backend = layer.backend
+        if layer.dense_now:
+            products = {p: "dense W (dense phase of the method)" for p in PRODUCTS}
+        else:
+            products = backend.product_plan(layer.out_features, layer.in_features, layer.method.mvue)
+        rows.append(LayerBackendRow(name or "<model>", layer.out_features, layer.in_features, layer.method.backend,
+                                    backend.name, backend.fallback_reason, products))
+    return rows
+
+
+def format_backend_report(rows: list[LayerBackendRow]) -> str:
+    """The rows of :func:`backend_report` as text, one block per layer."""
+    from .backends.cusparselt.auto import PRODUCTS
+
+    lines = []
+    for r in rows:
+        head = f"{r.name} ({r.out_features}x{r.in_features}): asked {r.requested!r}, runs {r.running!r}"
+        if r.fallback_reason:
+            head += f" -- FALLBACK: {r.fallback_reason}"
+        lines.append(head)
+        lines.extend(f"    {p:<12} {r.products[p]}" for p in PRODUCTS)
+    return "\n".join(lines)

@@ -7,7 +7,7 @@ is installed but broken is not skipped: its tests fail.
 import pytest
 import torch
 
-from sparsity_lab.backends.triton_backend import triton_installed
+from sparsity_lab.backends.triton import triton_installed
 
 if not triton_installed():
     pytest.skip("needs the triton package (not installed; Linux wheels only): pip install triton",

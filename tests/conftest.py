@@ -20,7 +20,7 @@ if not HAS_GPU:
 
 
 def pytest_collection_modifyitems(config, items):
-    from sparsity_lab.backends.triton_backend import triton_installed
+    from sparsity_lab.backends.triton import triton_installed
 
     if not triton_installed():  # macOS / Windows: no triton wheels; the reference backend still runs
         skip_triton = pytest.mark.skip(reason="needs the triton package (not installed; Linux wheels only): "

@@ -2,7 +2,7 @@
 
 CPU tests drive the backend through ``FakeCusparselt``, a stand-in that implements the contract of
 ``torch._cslt_compress`` / ``torch._cslt_sparse_mm`` as read in PyTorch's source (see
-``sparsity_lab/backends/cusparselt_ops.py``): it refuses to compress anything that is not 2:4
+``sparsity_lab/backends/cusparselt/ops.py``): it refuses to compress anything that is not 2:4
 along its rows, refuses a dense operand that cuSPARSELt would misread, and records every call.
 Whether the real library follows that contract on the H100 is what the ``gpu`` tests check.
 """
@@ -20,17 +20,17 @@ from hypothesis import strategies as st
 
 import sparsity_lab as sl
 from sparsity_lab.backends import available_backends, base
-from sparsity_lab.backends.auto_policy import (AutoPolicy, ProductShape, backend_report,
-                                               format_backend_report)
-from sparsity_lab.backends.cusparselt_algorithms import (AlgorithmCache, ProductKey, check_product,
+from sparsity_lab.backends.cusparselt.algorithms import (AlgorithmCache, ProductKey, check_product,
                                                          choose_algorithm)
-from sparsity_lab.backends.cusparselt_backend import (BackendFallbackWarning, CusparseltBackend,
+from sparsity_lab.backends.cusparselt.auto import AutoPolicy, ProductShape
+from sparsity_lab.backends.cusparselt.backend import (BackendFallbackWarning, CusparseltBackend,
                                                       ReferenceFallback, cusparselt_backend)
-from sparsity_lab.backends.cusparselt_ops import (AlgConfig, CusparseltUnavailable, TorchCusparseltOps,
+from sparsity_lab.backends.cusparselt.ops import (AlgConfig, CusparseltUnavailable, TorchCusparseltOps,
                                                   check_sparse_shape, transposed_view, unavailable_reason)
 from sparsity_lab.benchmarks import cusparselt_probe as probe
-from sparsity_lab.backends.cusparselt_layout import decompress24_reference
 from sparsity_lab.layers import SparseLinear
+from sparsity_lab.references.cusparselt_layout import decompress24_reference
+from sparsity_lab.sparsify import backend_report, format_backend_report
 
 
 # --- a CPU stand-in for cuSPARSELt ----------------------------------------------------------------------
@@ -332,7 +332,7 @@ def test_operand_compressed_once_per_optimizer_step(registry):
 def test_fused_prepare_writes_both_operands_in_one_pass(registry, monkeypatch, method_cls, kwargs):
     """Kernel 11 (run by the interpreter on these CPU tensors): one pass per step writes S(W) and
     S(W)^T, the dense S(W) is never built, and the layer still matches the reference."""
-    from sparsity_lab.backends import cusparselt_backend as cb
+    from sparsity_lab.backends.cusparselt import backend as cb
 
     monkeypatch.setattr(cb, "_triton_device", lambda t: True)
     backend, ops = fake_backend()
@@ -678,7 +678,7 @@ def test_real_training_follows_the_reference():
 @pytest.mark.gpu
 def test_fused_mvue_compress_gives_the_same_weight_gradient_on_gpu():
     """Kernel 10 in place of MVUE + compress24: the same draws and bytes, so the same dW, bit for bit."""
-    from sparsity_lab.backends.cusparselt_backend import CusparseltBackend
+    from sparsity_lab.backends.cusparselt.backend import CusparseltBackend
 
     torch.manual_seed(0)
     dz = torch.randn(4096, 1024, device="cuda").to(torch.bfloat16)
@@ -696,7 +696,7 @@ def test_fused_mvue_compress_gives_the_same_weight_gradient_on_gpu():
 def test_fused_prepare_gives_the_same_products_on_gpu(soft):
     """Kernel 11's operand against prepare(sparse_weight_as(...)) at an FFN size, fp32 master weights:
     the same compressed bytes, so (one algorithm choice) the same forward and input gradient, bit for bit."""
-    from sparsity_lab.backends.cusparselt_backend import CusparseltBackend
+    from sparsity_lab.backends.cusparselt.backend import CusparseltBackend
 
     torch.manual_seed(0)
     w = torch.randn(1024, 4096, device="cuda")

@@ -1,4 +1,4 @@
-"""The direct cuSPARSELt binding (``backends/cusparselt_direct.py``).
+"""The direct cuSPARSELt binding (``backends/cusparselt/direct.py``).
 
 CPU: the operand checks, and the descriptors each layout gets, against a stand-in library that
 records the calls (the contract of ``cusparselt_ops``: PyTorch's descriptors). GPU (marker ``gpu``):
@@ -13,8 +13,8 @@ import warnings
 import pytest
 import torch
 
-from sparsity_lab.backends import cusparselt_direct as direct
-from sparsity_lab.backends.cusparselt_ops import AlgConfig, CusparseltUnavailable, TorchCusparseltOps
+from sparsity_lab.backends.cusparselt import direct
+from sparsity_lab.backends.cusparselt.ops import AlgConfig, CusparseltUnavailable, TorchCusparseltOps
 
 
 # --- operand checks (CPU tensors: only shapes, strides and dtypes are read) -------------------------
@@ -179,7 +179,7 @@ def test_default_falls_back_to_pytorchs_call_with_a_warning(monkeypatch):
 
 # --- GPU: the real library ----------------------------------------------------------------------------
 def _operands(m, k, n, b_transposed, seed=0):
-    from sparsity_lab.backends.cusparselt_algorithms import ProductKey, synthetic_operands
+    from sparsity_lab.backends.cusparselt.algorithms import ProductKey, synthetic_operands
     key = ProductKey(m, k, n, torch.bfloat16, b_transposed, False)
     return synthetic_operands(key, torch.device("cuda"), seed=seed)
 
@@ -189,7 +189,7 @@ def _operands(m, k, n, b_transposed, seed=0):
 @pytest.mark.parametrize("b_transposed", [False, True])
 @pytest.mark.parametrize("transpose_result", [False, True])
 def test_direct_product_is_pytorchs_product(m, k, n, b_transposed, transpose_result):
-    from sparsity_lab.backends.cusparselt_algorithms import check_product
+    from sparsity_lab.backends.cusparselt.algorithms import check_product
     ops, theirs = direct.DirectCusparseltOps(), TorchCusparseltOps()
     a, b, ref = _operands(m, k, n, b_transposed)
     compressed = theirs.compress(a)
@@ -246,7 +246,7 @@ def test_misaligned_operand_is_copied_aligned_and_counted():
 
 @pytest.mark.gpu
 def test_backend_uses_the_direct_binding_by_default(monkeypatch):
-    from sparsity_lab.backends.cusparselt_backend import CusparseltBackend
+    from sparsity_lab.backends.cusparselt.backend import CusparseltBackend
     monkeypatch.delenv("SPARSITY_LAB_CUSPARSELT_OPS", raising=False)
     backend = CusparseltBackend()
     assert backend.summary()["ops"] == "direct"

@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparsity_lab.dyad import DyadLinear
+from sparsity_lab.structures.dyad import DyadLinear
 
 
 @settings(max_examples=25, deadline=None)
@@ -90,7 +90,7 @@ def test_benchmark_runs_small_on_cpu_and_writes_json(tmp_path):
 def test_dyadify_swaps_only_ffn_linears_and_keeps_the_model_on_error():
     from torch import nn
 
-    from sparsity_lab.dyad import dyadify
+    from sparsity_lab.structures.dyad import dyadify
 
     model = nn.Sequential()
     model.add_module("attn", nn.Linear(16, 16))

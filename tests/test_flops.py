@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from sparsity_lab.dyad import DyadLinear
+from sparsity_lab.structures.dyad import DyadLinear
 from sparsity_lab.flops import (gpt_config_flops_per_token, linear_flops, matmul_flops, product_fractions,
                                 tflops)
 from sparsity_lab.lab.model import GPT, GPTConfig

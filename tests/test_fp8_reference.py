@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from sparsity_lab.fp8 import FP8_FORMATS, amax, dequantize_fp8, quantize_fp8, scales_from_amax
+from sparsity_lab.references.fp8 import FP8_FORMATS, amax, dequantize_fp8, quantize_fp8, scales_from_amax
 
 
 @pytest.mark.parametrize("fmt,fmax", [("e4m3", 448.0), ("e5m2", 57344.0)])

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparsity_lab.gated import activation, activation_grad, gated_backward, gated_forward
+from sparsity_lab.references.gated import activation, activation_grad, gated_backward, gated_forward
 
 TORCH_ACT = {"swiglu": F.silu, "geglu": F.gelu}
 

@@ -59,9 +59,9 @@ def test_device_seeds_draw_what_eager_draws():
     for a, b in zip(eager.parameters(), seeded.parameters()):
         assert torch.equal(a, b)
     assert [l.mvue_calls for _, l in sl.sparse_layers(eager)] == [l.mvue_calls for l in layers] == [3, 3]
-    assert all(l._graph_calls == 3 for l in layers)
+    assert all(l.device_seed_uses == 3 for l in layers)
     release_device_seeds(layers)
-    assert all(l._graph_seed is None for l in layers)
+    assert all(l.device_seed is None for l in layers)
 
 
 @pytest.mark.triton
@@ -72,7 +72,7 @@ def test_a_wrong_seed_would_show():
     layers = mvue_layers(seeded)
     use_device_seeds(layers, torch.device("cpu"))
     for layer in layers:
-        layer._graph_seed.fill_(12345)
+        layer.device_seed.fill_(12345)
     for model in (eager, seeded):
         for _, layer in sl.sparse_layers(model):
             layer.attached_optimizer = True  # products only here: no optimizer, no warning
@@ -84,8 +84,9 @@ def test_a_wrong_seed_would_show():
 
 def test_host_drawing_backend_is_refused():
     layers = mvue_layers(_mlp("torch", "cpu"))
-    with pytest.raises(ValueError, match="backend triton / cusparselt"):
+    with pytest.raises(ValueError, match="reads_seed_from_device.*runs 'torch', which draws on the host"):
         use_device_seeds(layers, torch.device("cpu"))
+    assert all(layer.device_seed is None for layer in layers)
 
 
 def test_bad_arguments_and_no_gpu_are_named():

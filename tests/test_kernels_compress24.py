@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from _kernel_testing import DEVICE
 
-from sparsity_lab.backends.cusparselt_layout import (CODES, compress24_reference, compressed_shape,
+from sparsity_lab.references.cusparselt_layout import (CODES, compress24_reference, compressed_shape,
                                                      decompress24_reference,
                                                      fast_layout_problem, kept_pairs, metadata_nibble_index)
 from sparsity_lab.kernels.compress24 import compress24

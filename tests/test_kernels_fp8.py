@@ -1,4 +1,4 @@
-"""Kernel 7 (FP8 per-tensor amax, scale, cast, and back) against sparsity_lab.fp8, bit for bit."""
+"""Kernel 7 (FP8 per-tensor amax, scale, cast, and back) against sparsity_lab.references.fp8, bit for bit."""
 import pytest
 import torch
 from hypothesis import given, settings

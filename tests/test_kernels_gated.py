@@ -1,4 +1,4 @@
-"""Kernel 6 (fused SwiGLU / GEGLU, forward and backward, both layouts) against sparsity_lab.gated."""
+"""Kernel 6 (fused SwiGLU / GEGLU, forward and backward, both layouts) against sparsity_lab.references.gated."""
 import pytest
 import torch
 from hypothesis import given, settings

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from _kernel_testing import DEVICE
 
-from sparsity_lab.backends.cusparselt_layout import compressed_shape, decompress24_reference
+from sparsity_lab.references.cusparselt_layout import compressed_shape, decompress24_reference
 from sparsity_lab.kernels import compress24, mvue24
 from sparsity_lab.kernels.mvue_compress24 import mvue_compress24
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from _kernel_testing import DEVICE
 
-from sparsity_lab.backends.cusparselt_layout import compressed_shape, decompress24_reference
+from sparsity_lab.references.cusparselt_layout import compressed_shape, decompress24_reference
 from sparsity_lab.kernels import compress24, soft_threshold24, transposable_mask24
 from sparsity_lab.kernels.prepare24 import prepare24
 from sparsity_lab.methods.soft_threshold import soft_threshold

@@ -14,8 +14,10 @@ from sparsity_lab.masks.tiles import to_tiles, validate_transposable_mask
 
 
 def test_the_written_out_patterns_are_the_reference_patterns_in_order():
-    assert transposable24.pattern_scoring_source() in inspect.getsource(transposable24)
+    assert transposable24.pattern_scoring_source(transposable_patterns(2, 4)) in inspect.getsource(transposable24)
     assert transposable_patterns(2, 4).shape[0] == 90
+    with pytest.raises(ValueError, match="90 transposable 2:4 patterns"):
+        transposable24.pattern_scoring_source(transposable_patterns(1, 4))  # 24 patterns: not the 2:4 ones
 
 
 def _check_outputs(w, mask, pruned, pruned_t):

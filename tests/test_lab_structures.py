@@ -5,12 +5,12 @@ import pytest
 import torch
 from _lab_testing import tiny_config, without_speed
 
-from sparsity_lab.dyad import DyadLinear
+from sparsity_lab.structures.dyad import DyadLinear
 from sparsity_lab.lab import GPTConfig, TrainConfig, Trainer, load_corpus
 from sparsity_lab.lab.compare import ffn_flops_fraction, judge_claims, run_comparison
 from sparsity_lab.lab.structures import DyadStructure, PruneRegrowStructure
 from sparsity_lab.methods.config import STE, Dense, MaskedDecay
-from sparsity_lab.prune_regrow import BlockSparseLinear
+from sparsity_lab.structures.prune_regrow import BlockSparseLinear
 
 TINY = GPTConfig(n_layer=2, n_head=2, d_model=32, context=16)
 

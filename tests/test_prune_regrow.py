@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from sparsity_lab.prune_regrow import BlockSparseLinear, PruneRegrow, block_sparsify, prune_fraction
+from sparsity_lab.structures.prune_regrow import BlockSparseLinear, PruneRegrow, block_sparsify, prune_fraction
 
 
 def _model(block=4, sparsity=0.75, seed=0, width=32):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 pytest.importorskip("plotly", reason="plotly is in the test extra; this file needs it")
 pytest.importorskip("ipywidgets", reason="ipywidgets is in the test extra; this file needs it")
 
-from sparsity_lab.fp8 import dequantize_fp8, fp8_format, quantize_fp8  # noqa: E402
+from sparsity_lab.references.fp8 import dequantize_fp8, fp8_format, quantize_fp8  # noqa: E402
 from sparsity_lab.masks.nm import nm_mask  # noqa: E402
 from sparsity_lab.methods.mvue import mvue_probabilities, sequential_probabilities  # noqa: E402
 from sparsity_lab.viz.fp8_view import (SAMPLES, format_facts, fp8_explorer, fp8_figure, fp8_grid,  # noqa: E402

@@ -9,10 +9,11 @@ import torch
 pytest.importorskip("plotly", reason="plotly is in the test extra; this file needs it")
 pytest.importorskip("ipywidgets", reason="ipywidgets is in the test extra; this file needs it")
 
+from sparsity_lab.benchmarks.ffn_live import measure_ffn  # noqa: E402
 from sparsity_lab.viz._provenance import provenance_line  # noqa: E402
 from sparsity_lab.viz.speedup_view import (check_ffn_rows, dyad_speedup_figure, ffn_explorer,  # noqa: E402
                                            ffn_speedup_figure, ffn_wins_heatmap, kernel_vs_pytorch_figure,
-                                           measure_ffn, mvue_variants_figure, ours_vs_pytorch, ours_vs_pytorch_figure, recorded, shape_label,
+                                           mvue_variants_figure, ours_vs_pytorch, ours_vs_pytorch_figure, recorded, shape_label,
                                            step_speedup, wins_and_losses)
 
 SHAPES = [(16384, 4096, 16384), (2048, 1024, 4096), (8192, 4096, 16384)]  # deliberately not in size order

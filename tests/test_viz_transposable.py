@@ -11,12 +11,13 @@ from hypothesis import strategies as st
 pytest.importorskip("plotly", reason="plotly is in the test extra; this file needs it")
 pytest.importorskip("ipywidgets", reason="ipywidgets is in the test extra; this file needs it")
 
+from sparsity_lab.benchmarks.mask_solvers import time_solvers  # noqa: E402
 from sparsity_lab.masks import is_transposable  # noqa: E402
 from sparsity_lab.masks.quality import ROWWISE, gaussian_weight  # noqa: E402
 from sparsity_lab.provenance import read_result  # noqa: E402
 from sparsity_lab.viz.tile_solver_view import (  # noqa: E402
     PRESETS, TILE_SOLVERS, diversity_figure, diversity_rows, recorded_case_rows, solver_bars, tile_editor,
-    at_most_n_gain, at_most_n_patterns, patterns_figure, tile_figure, tile_solutions, time_solvers,
+    at_most_n_gain, at_most_n_patterns, patterns_figure, tile_figure, tile_solutions,
 )
 
 REPO_TILE = [[10, 0, 0, 0], [0, .1, 5, 5], [0, 5, .1, 5], [0, 5, 5, .1]]

@@ -1,5 +1,6 @@
-"""Backends behind one interface: "torch" (reference) now; Triton and cuSPARSELt plug in here."""
-from .base import Backend, available_backends, get_backend, register_backend
+"""Backends behind one interface (``base.Backend``): "torch" (the reference), "triton", "cusparselt",
+"cusparselt_auto" and the FP8 simulations; a new one subclasses Backend and calls ``register_backend``."""
+from .base import Backend, MvueSeed, available_backends, get_backend, register_backend
 from .fp8_sim import register_fp8_sim
 from .torch_reference import TorchBackend
 
@@ -8,7 +9,7 @@ register_backend("torch", TorchBackend)
 
 def _triton_backend():
     # imported only when asked for: `import sparsity_lab` must not import triton
-    from .triton_backend import TritonBackend
+    from .triton import TritonBackend
     return TritonBackend()
 
 
@@ -17,7 +18,7 @@ register_backend("triton", _triton_backend)
 
 def _cusparselt_backend(auto: bool):
     # imported only when asked for; without a CUDA GPU it returns the reference with a warning
-    from .cusparselt_backend import cusparselt_backend
+    from .cusparselt.backend import cusparselt_backend
     return cusparselt_backend(auto=auto)
 
 
@@ -26,4 +27,4 @@ register_backend("cusparselt_auto", lambda: _cusparselt_backend(True))
 register_fp8_sim("torch")  # "torch_fp8sim": simulated FP8 products around any backend (fp8_sim.py)
 register_fp8_sim("triton")  # "triton_fp8sim"
 
-__all__ = ["Backend", "TorchBackend", "available_backends", "get_backend", "register_backend"]
+__all__ = ["Backend", "MvueSeed", "TorchBackend", "available_backends", "get_backend", "register_backend"]

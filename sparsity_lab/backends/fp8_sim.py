@@ -1,7 +1,7 @@
 """Simulated FP8 products around any backend: FP8-rounded operands, the inner backend's operations.
 
 S-STE's FP8 recipe (docs/algorithms.md, "FP8 per-tensor scaling"): each product operand is quantized
-to FP8 with a per-tensor current-amax scale and dequantized again (``sparsity_lab.fp8``); the product then runs on the inner
+to FP8 with a per-tensor current-amax scale and dequantized again (``sparsity_lab.references.fp8``); the product then runs on the inner
 backend in the usual dtype (float32 accumulation):
     forward          Z  = q4(X) q4(S(W))^T           q4: E4M3 (max 448, 3 mantissa bits)
     input gradient   dX = q5(dZ) q4(S(W))             q5: E5M2 (max 57344, 2 mantissa bits)
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from ..fp8 import dequantize_fp8, quantize_fp8
-from .base import available_backends, get_backend, register_backend
+from ..references.fp8 import dequantize_fp8, quantize_fp8
+from .base import Backend, available_backends, get_backend, register_backend
 
 SUFFIX = "_fp8sim"
 
@@ -40,7 +40,7 @@ def fake_fp8(x: torch.Tensor, fmt: str) -> torch.Tensor:
     return dequantize_fp8(q, scale, x.dtype)
 
 
-class FP8SimBackend:
+class FP8SimBackend(Backend):
     """Backend ``inner`` with every product operand rounded to FP8 first (see the module docstring)."""
 
     def __init__(self, inner: str) -> None:
@@ -69,8 +69,8 @@ class FP8SimBackend:
     def grad_input(self, grad_out, operand):
         return self.inner.grad_input(fake_fp8(grad_out, "e5m2"), operand)
 
-    def grad_weight(self, grad_out, x, mvue, generator):
-        return self.inner.grad_weight(fake_fp8(grad_out, "e5m2"), fake_fp8(x, "e4m3"), mvue, generator)
+    def grad_weight(self, grad_out, x, mvue, seed):
+        return self.inner.grad_weight(fake_fp8(grad_out, "e5m2"), fake_fp8(x, "e4m3"), mvue, seed)
 
     def masked_decay_(self, grad, weight, mask, decay):
         self.inner.masked_decay_(grad, weight, mask, decay)

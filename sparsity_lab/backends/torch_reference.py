@@ -7,18 +7,23 @@ from ..masks.nm import nm_mask
 from ..masks.transposable import transposable_mask
 from ..methods.mvue import mvue24
 from ..methods.soft_threshold import soft_threshold
+from .base import Backend, MvueSeed, is_device_seed
 
 
-def generator_on(device: torch.device, generator: torch.Generator | None) -> torch.Generator | None:
+def generator_on(device: torch.device, generator: MvueSeed | None) -> torch.Generator | None:
     """``generator`` if it lives on ``device``; else a generator there seeded by one draw from it
-    (a CPU draw: no host-device sync). Reproducible for a seeded generator."""
+    (a CPU draw: no host-device sync). Reproducible for a seeded generator. A device seed tensor is
+    refused: these draws happen on the host (backends that read a seed on the device run kernels)."""
+    if is_device_seed(generator):
+        raise TypeError("this MVUE draw runs on the host and needs a torch.Generator; a device seed tensor "
+                        "(CUDA-graph mode) is only for backends with reads_seed_from_device")
     if generator is None or generator.device == device:
         return generator
     seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
     return torch.Generator(device=device).manual_seed(seed)
 
 
-class TorchBackend:
+class TorchBackend(Backend):
     name = "torch"
 
     def mask(self, weight, n, m, transposable):
@@ -40,14 +45,14 @@ class TorchBackend:
     def grad_input(self, grad_out, operand):
         return grad_out @ operand
 
-    def grad_weight(self, grad_out, x, mvue, generator):
+    def grad_weight(self, grad_out, x, mvue, seed):
         if mvue:
             tokens = grad_out.shape[0]
             pad = (-tokens) % 4
             if pad:  # zero rows change nothing: an all-zero group stays zero, others stay unbiased
                 grad_out = torch.nn.functional.pad(grad_out, (0, 0, 0, pad))
                 x = torch.nn.functional.pad(x, (0, 0, 0, pad))
-            grad_out = mvue24(grad_out, dim=0, generator=generator_on(grad_out.device, generator), check=False)
+            grad_out = mvue24(grad_out, dim=0, generator=generator_on(grad_out.device, seed), check=False)
         return grad_out.t() @ x
 
     def masked_decay_(self, grad, weight, mask, decay):

@@ -1,5 +1,5 @@
 """One cuSPARSELt product, two ways to call it: PyTorch's ``_cslt_sparse_mm`` (a plan built per
-call) against the direct binding (``backends/cusparselt_direct.py``, the plan cached), and dense.
+call) against the direct binding (``backends/cusparselt/direct.py``, the plan cached), and dense.
 
 ``sparsity-lab bench-cslt-calls`` on a CUDA GPU. For the forward products of the FFN grid of
 ``sparsity-lab bench-ffn`` (``FULL`` in ``ffn_speed.py``)
@@ -74,7 +74,7 @@ def graph_ms(fn: Callable[[], object], per_graph: int = 10) -> float:
 
 def measure_product(m: int, k: int, n: int, torch_ops, direct_ops, algorithms) -> dict:
     """One forward product A (m, k) 2:4 @ X^T (k, n), result (n, m), both call paths and dense."""
-    from ..backends.cusparselt_algorithms import ProductKey, synthetic_operands
+    from ..backends.cusparselt.algorithms import ProductKey, synthetic_operands
 
     device = torch.device("cuda")
     key = ProductKey(m, k, n, torch.bfloat16, True, True)
@@ -104,9 +104,9 @@ def measure_product(m: int, k: int, n: int, torch_ops, direct_ops, algorithms) -
 
 
 def benchmark(tokens: list[int], d_models: list[int]) -> dict:
-    from ..backends.cusparselt_algorithms import AlgorithmCache
-    from ..backends.cusparselt_direct import DirectCusparseltOps
-    from ..backends.cusparselt_ops import TorchCusparseltOps
+    from ..backends.cusparselt.algorithms import AlgorithmCache
+    from ..backends.cusparselt.direct import DirectCusparseltOps
+    from ..backends.cusparselt.ops import TorchCusparseltOps
 
     torch_ops, direct_ops = TorchCusparseltOps(), DirectCusparseltOps()
     algorithms = AlgorithmCache(torch_ops)  # the backend's search, checked through PyTorch's call
@@ -132,7 +132,7 @@ def benchmark(tokens: list[int], d_models: list[int]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..backends.cusparselt_ops import unavailable_reason
+    from ..backends.cusparselt.ops import unavailable_reason
     from ..provenance import write_result
 
     reason = unavailable_reason()

@@ -139,7 +139,7 @@ def run_parts(parts: dict[str, Callable[[Context], dict]], ctx: Context) -> dict
 
 # --- helpers -----------------------------------------------------------------------------------------
 def _time_ms(fn: Callable[[], object], ctx: Context) -> float:
-    from ..backends.cusparselt_ops import TorchCusparseltOps
+    from ..backends.cusparselt.ops import TorchCusparseltOps
     return TorchCusparseltOps.time_ms(fn, reps=ctx.args.reps, warmup=ctx.args.warmup)
 
 
@@ -170,7 +170,7 @@ def _random_24(rows: int, cols: int, dtype: torch.dtype, seed: int = 0) -> tuple
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> dict:
-    from ..backends.cusparselt_algorithms import check_product
+    from ..backends.cusparselt.algorithms import check_product
     ok, rel = check_product(out, ref, dtype)
     return {"rel_err": rel, "within_bound": ok}
 
@@ -182,8 +182,8 @@ def _rel_plain(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # --- (a) correctness ---------------------------------------------------------------------------------
 def _check_products(backend, tokens: int, in_f: int, out_f: int) -> dict:
-    from ..backends.cusparselt_backend import _pad_rows
-    from ..backends.cusparselt_ops import padded
+    from ..backends.cusparselt.backend import _pad_rows
+    from ..backends.cusparselt.ops import padded
     from ..masks.nm import is_nm
 
     bf16 = torch.bfloat16
@@ -237,7 +237,7 @@ def _layer_pair(method_factory, backend_a: str, backend_b: str, tokens: int, in_
 
 def part_correctness(ctx: Context) -> dict:
     import sparsity_lab as sl
-    from ..backends.cusparselt_backend import CusparseltBackend
+    from ..backends.cusparselt.backend import CusparseltBackend
 
     backend = CusparseltBackend(sweep=not ctx.args.no_sweep)
     products = [guarded(f"{t}x{i}->{o}", lambda t=t, i=i, o=o: _check_products(backend, t, i, o), ctx)
@@ -355,8 +355,8 @@ def part_compress_layout(ctx: Context) -> dict:
 
 # --- (c) timings ---------------------------------------------------------------------------------------
 def _forward_product(ctx: Context, out_f: int, in_f: int, tokens: int) -> dict:
-    from ..backends.cusparselt_algorithms import AlgorithmCache, ProductKey
-    from ..backends.cusparselt_ops import AlgConfig, TorchCusparseltOps
+    from ..backends.cusparselt.algorithms import AlgorithmCache, ProductKey
+    from ..backends.cusparselt.ops import AlgConfig, TorchCusparseltOps
 
     bf16 = torch.bfloat16
     w, _ = _random_24(out_f, in_f, bf16)
@@ -394,8 +394,8 @@ def _forward_product(ctx: Context, out_f: int, in_f: int, tokens: int) -> dict:
 def _weight_grad_product(ctx: Context, out_f: int, in_f: int, tokens: int) -> dict:
     """dW = MVUE(dZ^T) X: dense against sparse with either result layout, and what the sparse path
     pays per call besides the product (the transpose copy of MVUE(dZ) and its compression)."""
-    from ..backends.cusparselt_algorithms import AlgorithmCache, ProductKey
-    from ..backends.cusparselt_ops import TorchCusparseltOps
+    from ..backends.cusparselt.algorithms import AlgorithmCache, ProductKey
+    from ..backends.cusparselt.ops import TorchCusparseltOps
 
     bf16 = torch.bfloat16
     a, _ = _random_24(out_f, tokens, bf16)  # MVUE(dZ^T) (out, tokens), 2:4 along the tokens

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..dyad import DyadLinear
+from ..structures.dyad import DyadLinear
 from ..provenance import write_result
 
 

@@ -394,7 +394,7 @@ def _row(tokens: int, d: int, variant: str, phase: str) -> dict:
 def measure_variant(variant: str, tokens: int, d: int, x: torch.Tensor, dy: torch.Tensor, s: Settings,
                     rec: Recorder, reports: dict) -> list[dict]:
     """The fwd_bwd and fwd rows of one variant at one shape."""
-    from ..backends.auto_policy import backend_report, format_backend_report
+    from ..sparsify import backend_report, format_backend_report
 
     label = f"{tokens}x{d} {variant}"
     rows = {phase: _row(tokens, d, variant, phase) for phase in PHASES}

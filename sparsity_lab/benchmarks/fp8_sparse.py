@@ -37,8 +37,8 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def measure(tokens: int, in_f: int, out_f: int) -> dict:
-    from sparsity_lab.backends.cusparselt_fp8 import fp8_sparse_linear, quantize_sparse_weight_e4m3, scaled_mm_dense
-    from sparsity_lab.fp8 import quantize_fp8
+    from sparsity_lab.backends.cusparselt.fp8 import fp8_sparse_linear, quantize_sparse_weight_e4m3, scaled_mm_dense
+    from sparsity_lab.references.fp8 import quantize_fp8
     from sparsity_lab.kernels import compress24, transposable_mask24
 
     gen = torch.Generator(device="cuda").manual_seed(0)

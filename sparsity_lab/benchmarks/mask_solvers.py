@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from ..masks import SOLVERS, nm_mask, transposable_mask
 from ..masks.patterns import pattern_count_small
 from ..masks.quality import ROWWISE, applicable_solvers, exact_agreement, gaussian_weight, quality_rows
+from ..masks.tiles import check_transposable_input
 from ..provenance import write_result
 
 
@@ -64,6 +65,27 @@ def time_call(fn, repeats: int, budget_s: float):
         if sum(times) >= budget_s:
             break
     return times, out
+
+
+def time_solvers(weight: torch.Tensor, n: int = 2, m: int = 4, solvers=None, repeats: int = 3,
+                 budget_s: float = 10.0) -> list[dict]:
+    """Every applicable solver (and row-wise N:M) on ``weight``, timed side by side, with its quality.
+
+    Returns masks.quality.quality_rows dicts plus median_s (median wall time of up to ``repeats``
+    runs; fewer once a solver's runs took ``budget_s``) and runs. Optimum: the exact mask of "auto".
+    """
+    check_transposable_input(weight, n, m)
+    solvers = applicable_solvers(n, m) if solvers is None else list(solvers)
+    for s in solvers:  # warm-up (imports, pattern tables), untimed
+        transposable_mask(weight[:m, :m], n, m, solver=s)
+    times, masks = {}, {}
+    times[ROWWISE], _ = time_call(lambda: nm_mask(weight, n, m, dim=1), repeats, budget_s)
+    for s in solvers:
+        times[s], masks[s] = time_call(lambda s=s: transposable_mask(weight, n, m, solver=s), repeats, budget_s)
+    rows = quality_rows(weight, masks, n, m)
+    for r in rows:
+        r.update({"median_s": statistics.median(times[r["solver"]]), "runs": len(times[r["solver"]])})
+    return rows
 
 
 def _warm_up(cases, solvers) -> None:

@@ -35,11 +35,12 @@ import os
 import sys
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from .timing import Timer, sync
+from .timing import Timer, copy_ceiling_gbps, sync
 
 MIB = 1 << 20
 DIMS = (0, -1)
@@ -215,6 +216,125 @@ def _compiled_kernel_info() -> list[dict]:
     return infos
 
 
+@dataclass
+class Results:
+    """The rows of the run (one per variant, dim and configuration) and the failures, in run order."""
+
+    nbytes: int  # bytes counted per call: x read once + the output written once
+    copy_gbps: float
+    rows: list = field(default_factory=list)
+    failures: list = field(default_factory=list)
+
+    def record(self, variant, dim, block, warps, ms, correct, checks, diagnostic=False, note="") -> None:
+        gbps = self.nbytes / ms / 1e6
+        label = f"{variant} constant u" if diagnostic else variant
+        instr, predicted = PREDICTIONS.get((label, dim), (None, ""))
+        self.rows.append({"variant": label, "dim": dim, "block": block, "num_warps": warps, "ms": ms, "gbps": gbps,
+                          "fraction_of_copy": gbps / self.copy_gbps, "correct": correct, "checks": checks,
+                          "diagnostic": diagnostic, "predicted_fraction": predicted,
+                          "offline_sass_instructions_per_group": instr, "note": note})
+
+    def best(self) -> dict:
+        """(variant, dim) -> the fastest correct row (diagnostics and errors left out)."""
+        best = {}
+        for r in self.rows:
+            if "error" not in r and r["correct"] and not r["diagnostic"]:
+                key = (r["variant"], r["dim"])
+                if key not in best or r["ms"] < best[key]["ms"]:
+                    best[key] = r
+        return best
+
+    def print_table(self) -> None:
+        print(f"\n{'variant':<24}{'dim':>4}{'block':>7}{'warps':>6}{'ms':>9}{'GB/s':>8}{'x copy':>8}  {'correct':<12}"
+              f"{'predicted':>11}{'SASS/grp':>9}")
+        for r in self.rows:
+            if "error" in r:
+                print(f"{r['variant']:<24}{r['dim']:>4}  ERROR {r['error']}")
+                continue
+            correct = "diagnostic" if r["diagnostic"] else ("yes" if r["correct"] else "NO")
+            print(f"{r['variant']:<24}{r['dim']:>4}{r['block']:>7}{r['num_warps']:>6}{r['ms']:>9.4f}{r['gbps']:>8.0f}"
+                  f"{r['fraction_of_copy']:>8.2f}  {correct:<12}{r['predicted_fraction']:>11}"
+                  f"{r['offline_sass_instructions_per_group'] or '':>9}")
+        print("\nbest correct configuration per variant and dim (fraction of the copy rate):")
+        for (variant, dim), r in sorted(self.best().items(), key=lambda kv: (kv[0][1], -kv[1]["fraction_of_copy"])):
+            print(f"  dim {dim:>2}  {variant:<24} {r['fraction_of_copy']:.2f}  ({r['ms']:.4f} ms, block {r['block']}, "
+                  f"{r['num_warps']} warps)")
+        if self.failures:
+            print("FAILED: " + " | ".join(self.failures))
+
+
+@dataclass
+class Reference:
+    """The benchmark tensor and the reference's probabilities on a slice of it, per group dim."""
+
+    x: torch.Tensor
+    slices: dict  # dim -> rows of x checked against the reference (1024 for dim 0, 256 for the last dim)
+    groups: dict  # dim -> (groups of the slice (n, 4) float64, their probabilities)
+
+    @classmethod
+    def of(cls, x: torch.Tensor, smoke: bool) -> "Reference":
+        from ..methods.mvue import mvue_probabilities
+
+        rows = x.shape[0]
+        slices = {0: min(rows, 16 if smoke else 1024), -1: min(rows, 8 if smoke else 256)}
+        groups = {}
+        for dim in DIMS:
+            gx = groups_of(x[:slices[dim]].double(), dim)
+            groups[dim] = (gx, mvue_probabilities(gx))
+        return cls(x, slices, groups)
+
+    def support_and_values(self, y: torch.Tensor, dim: int) -> tuple[bool, str]:
+        gx, p = self.groups[dim]
+        return check_support_and_values(gx, groups_of(y[:self.slices[dim]].double(), dim), p)
+
+
+def time_variant(M, ref: Reference, variant: str, dim: int, timer: Timer, device: torch.device, smoke: bool,
+                 results: Results) -> None:
+    """Check one variant along one dim (every configuration's output, the small-tensor statistics),
+    then time each configuration. An exception is recorded as the row's error, not raised."""
+    x = ref.x
+    configs = CONFIGS[(variant, dim)]
+    try:
+        outputs = []
+        for block, warps in configs:
+            outputs.append(M.mvue24(x, dim=dim, seed=3, block=block, num_warps=warps, variant=variant))
+        y = outputs[0]
+        checks = {"support_and_values": ref.support_and_values(y, dim)}
+        most = int((groups_of(y, dim) != 0).sum(1).max())
+        checks["at_most_2_everywhere"] = (most <= 2, "ok" if most <= 2 else f"a group keeps {most}")
+        if len(outputs) > 1:
+            same = all(torch.equal(y, other) for other in outputs[1:])
+            checks["same_output_every_config"] = (same, "ok" if same else "configurations disagree for one seed")
+        del outputs
+        checks.update(_small_checks(M, variant, dim, *configs[0], device, smoke))
+        correct = all(ok for ok, _ in checks.values())
+        for block, warps in configs:
+            ms = timer(lambda: M.mvue24(x, dim=dim, seed=3, block=block, num_warps=warps, variant=variant))
+            results.record(variant, dim, block, warps, ms, correct, {k: v[1] for k, v in checks.items()})
+        if not correct:
+            results.failures.append(f"{variant} dim {dim}: "
+                                    + "; ".join(f"{k}: {v[1]}" for k, v in checks.items() if not v[0]))
+    except Exception as err:  # one broken variant must not hide the others' numbers: recorded
+        results.failures.append(f"{variant} dim {dim}: {type(err).__name__}: {str(err).splitlines()[0][:300]}")
+        results.rows.append({"variant": variant, "dim": dim, "error": results.failures[-1]})
+
+
+def time_diagnostics(M, ref: Reference, variants, timer: Timer, results: Results) -> None:
+    """The same arithmetic without the RNG (u = 0.5 everywhere, not MVUE): what the random numbers cost."""
+    x = ref.x
+    for (variant, dim), (block, warps) in DIAGNOSTICS.items():
+        if variant not in variants:
+            continue
+        try:
+            y = M.mvue24_constant_u_for_timing(x, dim=dim, block=block, num_warps=warps, variant=variant)
+            ok, detail = ref.support_and_values(y, dim)
+            ms = timer(lambda: M.mvue24_constant_u_for_timing(x, dim=dim, block=block, num_warps=warps, variant=variant))
+            results.record(variant, dim, block, warps, ms, False, {"support_and_values": detail}, diagnostic=True,
+                           note="u = 0.5 everywhere: deterministic, NOT an MVUE; shows what the RNG costs")
+        except Exception as err:
+            results.rows.append({"variant": f"{variant} constant u", "dim": dim, "error": f"{type(err).__name__}: {err}"})
+
+
 def run(args: argparse.Namespace) -> int:
     start_time = time.perf_counter()
     if args.smoke:
@@ -226,7 +346,6 @@ def run(args: argparse.Namespace) -> int:
             return 2
         device = torch.device("cuda")
     M = importlib.import_module("sparsity_lab.kernels.mvue24")
-    from ..methods.mvue import mvue_probabilities
     from ..provenance import provenance
 
     variants = M.VARIANTS if args.variants is None else tuple(v.strip() for v in args.variants.split(","))
@@ -237,125 +356,46 @@ def run(args: argparse.Namespace) -> int:
     if rows % 4 or cols % 4:
         raise ValueError(f"--rows and --cols must be divisible by 4, got {rows} x {cols}")
     timer = Timer(args.smoke, args.rep_ms, warmup_ms=10)
-    bf16 = torch.bfloat16
 
     # 1. the ceiling
-    src = torch.randn(64 * MIB if not args.smoke else 4096, device=device, dtype=bf16)  # 128 MiB
-    dst = torch.empty_like(src)
-    copy_ms = timer(lambda: dst.copy_(src))
-    copy_gbps = 2 * src.numel() * 2 / copy_ms / 1e6
-    del src, dst
+    copy_gbps = copy_ceiling_gbps(timer, 64 * MIB if not args.smoke else 4096, device)  # 128 MiB
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (smoke)"
     print(f"device: {device_name}; copy ceiling {copy_gbps:.0f} GB/s (128 MiB read + 128 MiB written)")
 
+    # 2. every variant along each group dim, then the diagnostics
     torch.manual_seed(0)
-    x = torch.randn(rows, cols, device=device, dtype=bf16)
-    nbytes = 2 * 2 * x.numel()  # read once + written once
-    print(f"benchmark tensor {rows} x {cols} bf16 ({x.numel() * 2 / MIB:.0f} MiB); bytes counted {nbytes / 1e6:.0f} MB")
-    # reference probabilities on a slice: 1024 rows (dim 0) / 256 rows (last dim)
-    slices = {0: min(rows, 16 if args.smoke else 1024), -1: min(rows, 8 if args.smoke else 256)}
-    reference = {}
-    for dim in DIMS:
-        gx = groups_of(x[:slices[dim]].double(), dim)
-        reference[dim] = (gx, mvue_probabilities(gx))
-
-    results, failures = [], []
-
-    def record(variant, dim, block, warps, ms, correct, checks, diagnostic=False, note=""):
-        gbps = nbytes / ms / 1e6
-        label = f"{variant} constant u" if diagnostic else variant
-        instr, predicted = PREDICTIONS.get((label, dim), (None, ""))
-        results.append({"variant": label, "dim": dim, "block": block, "num_warps": warps, "ms": ms, "gbps": gbps,
-                        "fraction_of_copy": gbps / copy_gbps, "correct": correct, "checks": checks,
-                        "diagnostic": diagnostic, "predicted_fraction": predicted,
-                        "offline_sass_instructions_per_group": instr, "note": note})
-
+    ref = Reference.of(torch.randn(rows, cols, device=device, dtype=torch.bfloat16), args.smoke)
+    results = Results(nbytes=2 * 2 * ref.x.numel(), copy_gbps=copy_gbps)
+    print(f"benchmark tensor {rows} x {cols} bf16 ({ref.x.numel() * 2 / MIB:.0f} MiB); "
+          f"bytes counted {results.nbytes / 1e6:.0f} MB")
     for variant in variants:
         for dim in DIMS:
             if (variant, dim) in SAME_KERNEL:
                 print(f"{variant} dim {dim}: the {SAME_KERNEL[(variant, dim)]} kernel (not timed twice)")
                 continue
-            configs = CONFIGS[(variant, dim)]
             t0 = time.perf_counter()
-            try:
-                outputs = []
-                for block, warps in configs:
-                    outputs.append(M.mvue24(x, dim=dim, seed=3, block=block, num_warps=warps, variant=variant))
-                y = outputs[0]
-                gx, p = reference[dim]
-                checks = {"support_and_values": check_support_and_values(gx, groups_of(y[:slices[dim]].double(), dim), p)}
-                most = int((groups_of(y, dim) != 0).sum(1).max())
-                checks["at_most_2_everywhere"] = (most <= 2, "ok" if most <= 2 else f"a group keeps {most}")
-                if len(outputs) > 1:
-                    same = all(torch.equal(y, other) for other in outputs[1:])
-                    checks["same_output_every_config"] = (same, "ok" if same else "configurations disagree for one seed")
-                del outputs
-                checks.update(_small_checks(M, variant, dim, *configs[0], device, args.smoke))
-                correct = all(ok for ok, _ in checks.values())
-                for block, warps in configs:
-                    ms = timer(lambda: M.mvue24(x, dim=dim, seed=3, block=block, num_warps=warps, variant=variant))
-                    record(variant, dim, block, warps, ms, correct, {k: v[1] for k, v in checks.items()})
-                if not correct:
-                    failures.append(f"{variant} dim {dim}: " + "; ".join(f"{k}: {v[1]}" for k, v in checks.items() if not v[0]))
-            except Exception as err:  # one broken variant must not hide the others' numbers: recorded
-                failures.append(f"{variant} dim {dim}: {type(err).__name__}: {str(err).splitlines()[0][:300]}")
-                results.append({"variant": variant, "dim": dim, "error": failures[-1]})
+            time_variant(M, ref, variant, dim, timer, device, args.smoke, results)
             print(f"  {variant} dim {dim}: {time.perf_counter() - t0:.1f} s (compile, checks, timing)")
-
-    # diagnostics: the same arithmetic without the RNG (not MVUE)
-    for (variant, dim), (block, warps) in DIAGNOSTICS.items():
-        if variant not in variants:
-            continue
-        try:
-            y = M.mvue24_constant_u_for_timing(x, dim=dim, block=block, num_warps=warps, variant=variant)
-            gx, p = reference[dim]
-            ok, detail = check_support_and_values(gx, groups_of(y[:slices[dim]].double(), dim), p)
-            ms = timer(lambda: M.mvue24_constant_u_for_timing(x, dim=dim, block=block, num_warps=warps, variant=variant))
-            record(variant, dim, block, warps, ms, False, {"support_and_values": detail}, diagnostic=True,
-                   note="u = 0.5 everywhere: deterministic, NOT an MVUE; shows what the RNG costs")
-        except Exception as err:
-            results.append({"variant": f"{variant} constant u", "dim": dim, "error": f"{type(err).__name__}: {err}"})
+    time_diagnostics(M, ref, variants, timer, results)
     sync(device)
 
-    # the table
-    print(f"\n{'variant':<24}{'dim':>4}{'block':>7}{'warps':>6}{'ms':>9}{'GB/s':>8}{'x copy':>8}  {'correct':<12}"
-          f"{'predicted':>11}{'SASS/grp':>9}")
-    for r in results:
-        if "error" in r:
-            print(f"{r['variant']:<24}{r['dim']:>4}  ERROR {r['error']}")
-            continue
-        correct = "diagnostic" if r["diagnostic"] else ("yes" if r["correct"] else "NO")
-        print(f"{r['variant']:<24}{r['dim']:>4}{r['block']:>7}{r['num_warps']:>6}{r['ms']:>9.4f}{r['gbps']:>8.0f}"
-              f"{r['fraction_of_copy']:>8.2f}  {correct:<12}{r['predicted_fraction']:>11}"
-              f"{r['offline_sass_instructions_per_group'] or '':>9}")
-    best = {}
-    for r in results:
-        if "error" not in r and r["correct"] and not r["diagnostic"]:
-            key = (r["variant"], r["dim"])
-            if key not in best or r["ms"] < best[key]["ms"]:
-                best[key] = r
-    print("\nbest correct configuration per variant and dim (fraction of the copy rate):")
-    for (variant, dim), r in sorted(best.items(), key=lambda kv: (kv[0][1], -kv[1]["fraction_of_copy"])):
-        print(f"  dim {dim:>2}  {variant:<24} {r['fraction_of_copy']:.2f}  ({r['ms']:.4f} ms, block {r['block']}, "
-              f"{r['num_warps']} warps)")
-    if failures:
-        print("FAILED: " + " | ".join(failures))
+    # 3. the table and the JSON
+    results.print_table()
     elapsed = time.perf_counter() - start_time
     print(f"elapsed {elapsed:.1f} s")
     if args.smoke:
         print("(smoke run on the CPU interpreter: the numbers above are not measurements of the kernels)")
-
     payload = {"provenance": provenance(), "smoke": bool(args.smoke), "device": device_name,
-               "copy_gbps": copy_gbps, "shape": [rows, cols], "dtype": "bfloat16", "bytes_counted": nbytes,
-               "rep_ms": args.rep_ms, "rows": results, "failures": failures, "elapsed_s": elapsed,
+               "copy_gbps": copy_gbps, "shape": [rows, cols], "dtype": "bfloat16", "bytes_counted": results.nbytes,
+               "rep_ms": args.rep_ms, "rows": results.rows, "failures": results.failures, "elapsed_s": elapsed,
                "best": [{"variant": v, "dim": d, **{k: r[k] for k in ("block", "num_warps", "ms", "fraction_of_copy")}}
-                        for (v, d), r in best.items()],
+                        for (v, d), r in results.best().items()],
                "compiled_kernels": _compiled_kernel_info() if not args.smoke else []}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     print(f"wrote {out}")
-    return 1 if failures else 0
+    return 1 if results.failures else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,3 +30,12 @@ class Timer:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+def copy_ceiling_gbps(timer: Timer, numel: int, device: torch.device) -> float:
+    """The ceiling of a memory-bound kernel: GB/s of a device-to-device copy of ``numel`` bf16
+    elements, bytes read + bytes written."""
+    src = torch.randn(numel, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    copy_ms = timer(lambda: dst.copy_(src))
+    return 2 * src.numel() * 2 / copy_ms / 1e6

@@ -74,10 +74,7 @@ class ShardedSparseLinear(SparseLinear):
     def _count_flips(self, new: torch.Tensor) -> torch.Tensor:
         if not self.mask_is_sharded:
             return super()._count_flips(new)
-        count = getattr(self.backend, "mask_flips", None)
-        local_old, local_new = self.mask.to_local(), self._local_part(new)
-        flips = count(local_old, local_new) if count is not None else (local_old ^ local_new).sum()
-        flips = flips.to(torch.int64)
+        flips = self.backend.mask_flips(self.mask.to_local(), self._local_part(new)).to(torch.int64)
         dist.all_reduce(flips, group=self.mask.device_mesh.get_group())  # the full mask's count
         return flips
 

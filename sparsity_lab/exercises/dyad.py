@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from ..dyad import DyadLinear
+from ..structures.dyad import DyadLinear
 from ..flops import PRODUCTS, product_fractions
 from .checking import ExerciseReport, run_check
 

@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from ..prune_regrow import prune_fraction
+from ..structures.prune_regrow import prune_fraction
 from .checking import ExerciseReport, run_check
 
 

@@ -14,8 +14,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from ..dyad import DyadLinear, dyadify
-from ..prune_regrow import BlockSparseLinear, PruneRegrow, block_sparsify
+from ..structures.dyad import DyadLinear, dyadify
+from ..structures.prune_regrow import BlockSparseLinear, PruneRegrow, block_sparsify
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..prune_regrow import BlockSparseLinear, PruneRegrow, block_sparsify
+from ..structures.prune_regrow import BlockSparseLinear, PruneRegrow, block_sparsify
 from ._optional import ipywidgets, plotly_go
 
 COLORS = ((0.0, "#f4f4f4"), (0.25, "#f4f4f4"), (0.25, "#1f77b4"), (0.5, "#1f77b4"), (0.5, "#2ca02c"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..dyad import DyadLinear
+from ..structures.dyad import DyadLinear
 from ._optional import ipywidgets, plotly_go
 
 LABELS = ("zero", "A: block-diagonal", "B: permuted", "A and B")

@@ -5,10 +5,10 @@ two (8 values per binade for E4M3's 3 mantissa bits, 4 for E5M2's 2), from the s
 to the largest finite value. A per-tensor scale slides the tensor onto that grid:
 
     q = fp8(clamp(x / scale, -fp8_max, fp8_max)),  x_hat = q * scale
-    current-amax scaling: scale = amax / fp8_max   (``sparsity_lab.fp8``; amax = max |x|)
+    current-amax scaling: scale = amax / fp8_max   (``sparsity_lab.references.fp8``; amax = max |x|)
 
 This module draws the grid in the tensor's units next to the tensor's magnitudes and the error of
-every element. The quantization itself is ``sparsity_lab.fp8``; here a scale may also be set by
+every element. The quantization itself is ``sparsity_lab.references.fp8``; here a scale may also be set by
 hand (amax times 2^k, or a fixed 2^k) to see what a wrong scale does.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ import math
 
 import torch
 
-from ..fp8 import dequantize_fp8, fp8_format, quantize_with_inv_scale, scales_from_amax
-from ..fp8 import amax as tensor_amax
+from ..references.fp8 import dequantize_fp8, fp8_format, quantize_with_inv_scale, scales_from_amax
+from ..references.fp8 import amax as tensor_amax
 from ._optional import ipywidgets, plotly_go
 
 SAMPLES = {
@@ -78,7 +78,7 @@ def format_facts(fmt: str) -> dict:
 def quantize_report(x: torch.Tensor, fmt: str = "e4m3", scaling: str = "amax", shift: int = 0) -> dict:
     """Quantize x to FP8 with a per-tensor scale and measure the error.
 
-    scaling "amax": scale = (amax * 2^shift) / fp8_max (shift = 0 is ``sparsity_lab.fp8.quantize_fp8``);
+    scaling "amax": scale = (amax * 2^shift) / fp8_max (shift = 0 is ``sparsity_lab.references.fp8.quantize_fp8``);
     "fixed": scale = 2^shift (shift = 0: a plain cast, no scaling).
     Returns {"scale", "inv_scale", "amax", "x_hat" (float32, like x), "clipped" (entries with |x| / scale
     above fp8_max, saturated; float32 rounding at amax itself does not count), "flushed" (non-zero entries

@@ -11,13 +11,12 @@ they keep fewer entries and yet more magnitude than the exact-N optimum.
 from __future__ import annotations
 
 import itertools
-import statistics
 from functools import lru_cache
 
 import torch
 
-from ..masks import mask_diversity, nm_mask, transposable_mask, transposable_patterns
-from ..masks.quality import ROWWISE, applicable_solvers, gaussian_weight, quality_rows
+from ..masks import mask_diversity, transposable_mask, transposable_patterns
+from ..masks.quality import ROWWISE, gaussian_weight
 from ..masks.tiles import check_transposable_input, tile_line_counts, to_tiles
 from ..validation import check_float_tensor
 from ._optional import ipywidgets, plotly_go
@@ -226,31 +225,8 @@ def tile_editor(preset: str = "greedy keeps more than exact (at most N)"):
     return widgets.VBox([preset_box, grid, fig, table])
 
 
-def time_solvers(weight: torch.Tensor, n: int = N, m: int = M, solvers=None, repeats: int = 3,
-                 budget_s: float = 10.0) -> list[dict]:
-    """Every applicable solver (and row-wise N:M) on ``weight``, timed side by side, with its quality.
-
-    Returns masks.quality.quality_rows dicts plus median_s (median wall time of up to ``repeats``
-    runs; fewer once a solver's runs took ``budget_s``) and runs. Optimum: the exact mask of "auto".
-    """
-    from ..benchmarks.mask_solvers import time_call
-
-    check_transposable_input(weight, n, m)
-    solvers = applicable_solvers(n, m) if solvers is None else list(solvers)
-    for s in solvers:  # warm-up (imports, pattern tables), untimed
-        transposable_mask(weight[:m, :m], n, m, solver=s)
-    times, masks = {}, {}
-    times[ROWWISE], _ = time_call(lambda: nm_mask(weight, n, m, dim=1), repeats, budget_s)
-    for s in solvers:
-        times[s], masks[s] = time_call(lambda s=s: transposable_mask(weight, n, m, solver=s), repeats, budget_s)
-    rows = quality_rows(weight, masks, n, m)
-    for r in rows:
-        r.update({"median_s": statistics.median(times[r["solver"]]), "runs": len(times[r["solver"]])})
-    return rows
-
-
 def solver_bars(rows: list[dict], title: str = ""):
-    """Two bar panels from time_solvers / the recorded JSON rows: kept |W| fraction, median time (log)."""
+    """Two bar panels from ``benchmarks.mask_solvers.time_solvers`` / the recorded JSON rows: kept |W| fraction, median time (log)."""
     plotly_go()  # raises the install hint when plotly is missing
     from plotly.subplots import make_subplots
 

@@ -5,7 +5,7 @@ The contract (read in PyTorch's source, not yet re-verified on a GPU by this mod
     row (groups of 4 consecutive columns). Returns a 1-D tensor of A's dtype with
     ``rows * cols * 9 / 16`` elements for 16-bit dtypes (``* 10 / 16`` for int8 / fp8): the kept
     values plus the metadata. The layout is not documented: on sm90 the values come first, row-major, then
-    the metadata, as mapped from dumps on the H100 (``sparsity_lab.backends.cusparselt_layout``
+    the metadata, as mapped from dumps on the H100 (``sparsity_lab.references.cusparselt_layout``
     states it; ``sparsity_lab.benchmarks.cusparselt_probe`` part (b) probes it).
     Source: pytorch/pytorch ``aten/src/ATen/native/sparse/cuda/cuSPARSELtOps.cpp``,
     ``_cslt_compress``: ``cusparseLtStructuredDescriptorInit(rows=size(0), cols=size(1),
@@ -61,7 +61,7 @@ SPARSE_MULTIPLE: dict[torch.dtype, int] = {
     torch.int8: 32,
     torch.float8_e4m3fn: 32,
 }
-# dtypes this backend runs its products in (fp8 is a separate path: backends/cusparselt_fp8.py)
+# dtypes this backend runs its products in (fp8 is a separate path: backends/cusparselt/fp8.py)
 PRODUCT_DTYPES = (torch.bfloat16, torch.float16)
 MIN_CAPABILITY = (8, 0)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..fp8 import quantize_fp8
+from ...references.fp8 import quantize_fp8
 
 
 def quantize_sparse_weight_e4m3(sparse_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

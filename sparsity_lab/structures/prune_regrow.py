@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .sparsify import module_selector
+from ..sparsify import module_selector
 
 BLOCK_SIZES = (1, 4, 8, 16)
 

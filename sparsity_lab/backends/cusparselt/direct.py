@@ -7,7 +7,7 @@ part: on the H100 two forward products of a 4096-token FFN (d_model 1024) took 1
 CUDA-graph capture (``sparsity_lab.CudaGraphStep``) and a cached plan through a direct binding; this
 module is the second. The library is the one PyTorch already loaded (same file, same version).
 
-The product computed is exactly ``torch._cslt_sparse_mm``'s (see ``cusparselt_ops``): the same
+The product computed is exactly ``torch._cslt_sparse_mm``'s (see ``ops``): the same
 descriptors, so the compressed operand from ``_cslt_compress`` or from ``kernels/compress24.py``
 is read the same way:
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .cusparselt_ops import AlgConfig, TorchCusparseltOps
+from .ops import AlgConfig, TorchCusparseltOps
 
 OPAQUE_BYTES = 1024  # >= sizeof of every cuSPARSELt opaque struct in any release
 ORDER_COL, ORDER_ROW = 1, 2

@@ -106,7 +106,7 @@ class DyadLinear(nn.Module):
 
 def dyadify(model: nn.Module, n_blocks: int = 4, variant: str = "it", select=None) -> nn.Module:
     """Replace the selected nn.Linear modules (default: FFN linears) by fresh DyadLinear layers, in place."""
-    from .sparsify import module_selector
+    from ..sparsify import module_selector
 
     chosen = module_selector(select)
     targets = [(name, mod) for name, mod in model.named_modules() if type(mod) is nn.Linear and chosen(name, mod)]

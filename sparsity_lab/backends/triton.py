@@ -20,6 +20,7 @@ import os
 
 import torch
 
+from .base import Backend, kernel_seed
 from .torch_reference import TorchBackend
 
 TRITON_MISSING = ("backend 'triton' needs the triton package, which is not installed: `pip install triton` "
@@ -40,8 +41,9 @@ def _check_24(n: int, m: int) -> None:
         raise ValueError(f"backend 'triton' implements 2:4 masks only, got n={n}, m={m}; use backend='torch' for other N:M")
 
 
-class TritonBackend:
+class TritonBackend(Backend):
     name = "triton"
+    reads_seed_from_device = True  # the MVUE kernel reads a 0-d int64 device seed (CUDA-graph step)
 
     def __init__(self) -> None:
         if not triton_installed():
@@ -88,31 +90,16 @@ class TritonBackend:
     def grad_input(self, grad_out, operand):
         return self._reference.grad_input(grad_out, operand)
 
-    def grad_weight(self, grad_out, x, mvue, generator):
+    def grad_weight(self, grad_out, x, mvue, seed):
         if not mvue:
             return self._reference.grad_weight(grad_out, x, False, None)
         pad = (-grad_out.shape[0]) % 4
         if pad:  # zero rows change nothing: an all-zero group stays zero, the others stay unbiased
             grad_out = torch.nn.functional.pad(grad_out, (0, 0, 0, pad))
             x = torch.nn.functional.pad(x, (0, 0, 0, pad))
-        sparse = self._k.mvue24(grad_out, dim=0, seed=self._seed(generator))
+        sparse = self._k.mvue24(grad_out, dim=0, seed=kernel_seed(seed))
         return sparse.t() @ x
 
     def masked_decay_(self, grad, weight, mask, decay):
         self._k.masked_decay_(grad, weight, mask, decay)
 
-    @staticmethod
-    def _seed(generator: torch.Generator | torch.Tensor | None) -> int | torch.Tensor:
-        """A Philox seed drawn from ``generator`` (reproducible), or from torch's default generator;
-        a 0-d int64 device tensor (the seed of a CUDA-graph step) is passed through to the kernel.
-
-        SparseLinear passes a CPU generator, so this draw needs no host-device sync; a CUDA
-        generator would cost one tiny device draw and a sync per weight gradient.
-        """
-        from ..kernels.mvue24 import MAX_SEED
-
-        if isinstance(generator, torch.Tensor):  # a device seed (CUDA-graph step): the kernel reads it
-            return generator
-        if generator is None:
-            return int(torch.randint(0, MAX_SEED + 1, (1,)).item())
-        return int(torch.randint(0, MAX_SEED + 1, (1,), generator=generator, device=generator.device).item())

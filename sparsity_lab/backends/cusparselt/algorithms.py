@@ -26,7 +26,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from .cusparselt_ops import AlgConfig
+from .ops import AlgConfig
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ per-step compression of the operand once, as if each optimizer step had a single
 conservative case). The measuring runs only on a GPU; the selection and the report here are plain
 Python, tested on the CPU with injected timings.
 
-``backend_report(model)`` lists every SparseLinear: which backend it asked for, which one runs
-(with the reason when the reference runs instead), and per product whether it is sparse, with the
-measured speed-up where ``auto`` decided.
+``sparsity_lab.sparsify.backend_report(model)`` lists every SparseLinear: which backend it asked
+for, which one runs (with the reason when the reference runs instead), and per product whether it
+is sparse, with the measured speed-up where ``auto`` decided.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-PRODUCTS = ("forward", "grad_input", "grad_weight")
+from ..base import PRODUCTS
 
 
 @dataclass(frozen=True)
@@ -158,51 +158,3 @@ class AutoPolicy:
                         f"{'sparse' if d.sparse else 'dense'} ({d.reason})")
         return "\n".join(rows)
 
-
-@dataclass
-class LayerBackendRow:
-    """One SparseLinear in :func:`backend_report`."""
-
-    name: str
-    out_features: int
-    in_features: int
-    requested: str  # method.backend
-    running: str  # backend.name of what runs the products
-    fallback_reason: str | None
-    products: dict[str, str]
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
-def backend_report(model) -> list[LayerBackendRow]:
-    """Which backend runs each SparseLinear, and per product whether it runs sparse (and why)."""
-    from ..training_hooks import sparse_layers  # the layer imports the backends: import late
-
-    rows = []
-    for name, layer in sparse_layers(model):
-        backend = layer.backend
-        reason = getattr(backend, "fallback_reason", None)
-        if layer.dense_now:
-            products = {p: "dense W (dense phase of the method)" for p in PRODUCTS}
-        elif hasattr(backend, "product_plan"):
-            products = backend.product_plan(layer.out_features, layer.in_features, layer.method.mvue)
-        else:
-            label = "dense masked W (reference)" if reason else f"dense masked W (backend {backend.name!r})"
-            products = {p: label for p in PRODUCTS}
-            if not layer.method.mvue:
-                products["grad_weight"] = "dense dZ^T X"
-        rows.append(LayerBackendRow(name or "<model>", layer.out_features, layer.in_features, layer.method.backend,
-                                    backend.name, reason, products))
-    return rows
-
-
-def format_backend_report(rows: list[LayerBackendRow]) -> str:
-    lines = []
-    for r in rows:
-        head = f"{r.name} ({r.out_features}x{r.in_features}): asked {r.requested!r}, runs {r.running!r}"
-        if r.fallback_reason:
-            head += f" -- FALLBACK: {r.fallback_reason}"
-        lines.append(head)
-        lines.extend(f"    {p:<12} {r.products[p]}" for p in PRODUCTS)
-    return "\n".join(lines)

@@ -1,8 +1,8 @@
 """The "cusparselt" backend: a 2:4 linear layer whose products run on sparse tensor cores.
 
 For W (out, in), X (tokens, in), dZ (tokens, out), and cuSPARSELt computing ``A @ B`` with the
-sparse, compressed operand A on the left (``cusparselt_ops`` states the contract, read in PyTorch's
-source, with file names; the products go through ``cusparselt_direct``, which calls cuSPARSELt with
+sparse, compressed operand A on the left (``ops`` states the contract, read in PyTorch's
+source, with file names; the products go through ``direct``, which calls cuSPARSELt with
 PyTorch's descriptors and one cached plan per product shape, or through ``torch._cslt_sparse_mm``):
 
     forward         Z^T  = S(W)   X^T    A = S(W)      (out, in), 2:4 along in     B = X.t()   -> Z  (tokens, out)
@@ -25,7 +25,7 @@ Masks, the soft threshold, MVUE and the masked decay use the Triton kernels on C
 reference on CPU tensors, e.g. a layer built on the CPU before ``.cuda()``).
 
 Algorithm choice: per product key, searched and checked numerically on first use
-(``cusparselt_algorithms``). Tokens that are not a multiple of 16 (bf16/fp16) are padded with zero
+(``algorithms``). Tokens that are not a multiple of 16 (bf16/fp16) are padded with zero
 rows (a copy, counted in ``stats["padded_calls"]``); weights whose dimensions are not multiples of
 16 raise (``backend="cusparselt_auto"`` runs them dense and reports it).
 
@@ -57,13 +57,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .auto_policy import PRODUCTS, AutoPolicy, ProductShape
-from .cusparselt_algorithms import AlgorithmCache, ProductKey, synthetic_operands
-from ..methods.flip_rate import mask_flips_tensor
-from .cusparselt_layout import fast_layout_problem
-from .cusparselt_ops import (PRODUCT_DTYPES, SPARSE_MULTIPLE, check_product_dtype,
+from .auto import PRODUCTS, AutoPolicy, ProductShape
+from ..base import Backend, MvueSeed, kernel_seed
+from .algorithms import AlgorithmCache, ProductKey, synthetic_operands
+from ...methods.flip_rate import mask_flips_tensor
+from ...references.cusparselt_layout import fast_layout_problem
+from .ops import (PRODUCT_DTYPES, SPARSE_MULTIPLE, check_product_dtype,
                              check_sparse_shape, padded, sparse_shape_problem, transposed_view, unavailable_reason)
-from .torch_reference import TorchBackend
+from ..torch_reference import TorchBackend
 
 MIN_MULTIPLE = min(SPARSE_MULTIPLE[d] for d in PRODUCT_DTYPES)  # 16: what any weight must meet
 
@@ -132,7 +133,7 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     return x if x.shape[0] == rows else F.pad(x, (0, 0, 0, rows - x.shape[0]))
 
 
-class CusparseltBackend:
+class CusparseltBackend(Backend):
     """2:4 products on sparse tensor cores through cuSPARSELt (see the module docstring).
 
     ops: the cuSPARSELt calls (default: PyTorch's, which checks the GPU; tests pass a stand-in).
@@ -142,11 +143,13 @@ class CusparseltBackend:
     ``.t()`` view (the probe measures which layout is faster).
     """
 
+    reads_seed_from_device = True  # MVUE runs in the Triton kernels, which read a device seed under graph capture
+
     def __init__(self, ops: Any = None, policy: AutoPolicy | None = None, sweep: bool = True,
                  grad_weight_transpose_result: bool = False, fast_compress: bool = True,
                  fused_mvue_compress: bool = True, fused_prepare: bool = True) -> None:
         if ops is None:  # the direct binding (cached plans), PyTorch's ops if it cannot start (warned)
-            from .cusparselt_direct import make_ops
+            from .direct import make_ops
             ops = make_ops()
         self._ops = ops
         self.policy = policy
@@ -170,6 +173,11 @@ class CusparseltBackend:
         # decisions. sparsity_lab.graph_step.graph_timing switches it around CudaGraphStep's eager steps.
         self._timing = "eager"
         self._by_timing: dict[str, tuple] = {}  # the other mode's (policy, decided)
+
+    @property
+    def measures_products(self) -> bool:
+        """True with an auto policy: it times the sparse and dense product of each new shape."""
+        return self.policy is not None
 
     @property
     def timing(self) -> str:
@@ -199,7 +207,7 @@ class CusparseltBackend:
     # --- masks and weights: Triton kernels on CUDA tensors, the reference elsewhere -----------------
     def _k(self):
         if self._kernels is None:
-            from .. import kernels  # triton: imported only when a CUDA tensor needs it
+            from ... import kernels  # triton: imported only when a CUDA tensor needs it
             self._kernels = kernels
         return self._kernels
 
@@ -382,17 +390,16 @@ class CusparseltBackend:
         dx = self._ops.mm(operand.compressed_t, b, None, True, config)  # (rows, in) = dX
         return dx if rows == tokens else dx[:tokens]
 
-    def _mvue_tokens_major(self, grad_out: torch.Tensor, generator) -> torch.Tensor:
+    def _mvue_tokens_major(self, grad_out: torch.Tensor, seed: MvueSeed | None) -> torch.Tensor:
         """MVUE(dZ) with groups of 4 along the tokens, (tokens, out): the Triton kernel on CUDA
         (the same call and seed as the "triton" backend, so both draw alike), the reference elsewhere."""
         if grad_out.is_cuda:
-            from .triton_backend import TritonBackend
-            return self._k().mvue24(grad_out, dim=0, seed=TritonBackend._seed(generator))
-        from ..methods.mvue import mvue24
-        from .torch_reference import generator_on
-        return mvue24(grad_out, dim=0, generator=generator_on(grad_out.device, generator), check=False)
+            return self._k().mvue24(grad_out, dim=0, seed=kernel_seed(seed))
+        from ...methods.mvue import mvue24
+        from ..torch_reference import generator_on
+        return mvue24(grad_out, dim=0, generator=generator_on(grad_out.device, seed), check=False)
 
-    def grad_weight(self, grad_out, x, mvue, generator):
+    def grad_weight(self, grad_out, x, mvue, seed):
         if not mvue:  # dZ^T X has no 2:4 operand: dense
             self.stats["dense_products"] += 1
             return self._reference.grad_weight(grad_out, x, False, None)
@@ -405,10 +412,9 @@ class CusparseltBackend:
         fused = (sparse and self.fused_mvue_compress and dz_p.is_cuda and dz_p.is_contiguous()
                  and dtype in (torch.bfloat16, torch.float16) and rows % 64 == 0 and out_f % 64 == 0)
         if fused:  # the same seed as the two-kernel path: the same draws, the same bytes
-            from .triton_backend import TritonBackend
-            mv, seed = None, TritonBackend._seed(generator)
+            mv, drawn = None, kernel_seed(seed)
         else:
-            mv = self._mvue_tokens_major(dz_p, generator)  # (rows, out)
+            mv = self._mvue_tokens_major(dz_p, seed)  # (rows, out)
         if not sparse:
             self.stats["dense_products"] += 1
             return mv.t() @ x_p
@@ -419,7 +425,7 @@ class CusparseltBackend:
         if mv is None:  # fused: MVUE(dZ^T) drawn and compressed in one pass
             self.stats["compressions"] += 1
             self.stats["fused_mvue_compressions"] += 1
-            a = self._k().mvue_compress24(dz_p, seed=seed)
+            a = self._k().mvue_compress24(dz_p, seed=drawn)
         else:
             a = self._compress(mv.t())  # MVUE(dZ^T) (out, rows), 2:4 along the tokens: a view, read strided
         tr = self.grad_weight_transpose_result
@@ -534,7 +540,7 @@ def cusparselt_backend(auto: bool = False, min_speedup: float = 1.0):
         reason = unavailable_reason()
         warnings.warn(f"backend {name!r} was requested, but {reason}: SparseLinear layers run the reference "
                       "backend ('torch', dense products of the same masked weights) instead; "
-                      "sparsity_lab.backends.auto_policy.backend_report(model) lists them",
+                      "sparsity_lab.sparsify.backend_report(model) lists them",
                       BackendFallbackWarning, stacklevel=3)
         return ReferenceFallback(name, reason)
     if not auto:

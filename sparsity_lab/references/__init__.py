@@ -1,0 +1,9 @@
+"""Plain-PyTorch ground truth that the Triton kernels (``sparsity_lab.kernels``) are tested against.
+
+    fp8                FP8 per-tensor quantization with current-amax scaling (E4M3 / E5M2)
+    gated              SwiGLU / GEGLU forward and backward, row-major or transposed layout
+    cusparselt_layout  cuSPARSELt's compressed 2:4 layout on sm90 (values + metadata), packed and unpacked
+
+Each module imports only torch and the standard library, so a kernel may import it (and nothing
+else from the package) without pulling in the layers or the backends.
+"""
