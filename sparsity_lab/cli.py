@@ -12,7 +12,7 @@ import sys
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "course": ("sparsity_lab.course_command", "open the notebook course in JupyterLab (--headless: run it all, build the book)"),
+    "course": ("sparsity_lab.course.command", "open the notebook course in JupyterLab (--headless: run it all, build the book)"),
     "demo": ("sparsity_lab.demo", "a short tour: a 2:4 mask, the solvers compared, a flip-rate trace"),
     "bench-masks": ("sparsity_lab.benchmarks.mask_solvers", "time and compare the transposable-mask solvers (CPU)"),
     "bench-dyad": ("sparsity_lab.benchmarks.dyad", "DYAD layers against nn.Linear, forward+backward (GPU)"),

@@ -69,7 +69,7 @@ class Sparse24Linear(nn.Module):
 
         self._backend = CusparseltBackend()
         self._operand = self._backend.prepare(sparse_weight.detach().contiguous())
-        self._backend._compress_operand(self._operand, transposed=False, want_other=False)
+        self._backend.compress_operand(self._operand, transposed=False, want_other=False)
         self._operand._weight = None  # the dense copy goes: only the compressed form stays
         self.register_buffer("compressed", self._operand.compressed)
 

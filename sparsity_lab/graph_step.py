@@ -169,6 +169,10 @@ class CudaGraphStep:
         return self._static_loss
 
     def _eager(self, inputs: tuple) -> torch.Tensor:
+        if any(layer.device_seed is not None for layer in self._mvue):
+            # after a capture the layers read their seed on the device: write this step's draw, or the
+            # eager step would reuse the last replay's seed and fall one draw behind an eager run
+            fill_seeds(self._mvue)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), graph_timing(self.model):

@@ -1,4 +1,10 @@
-"""Provenance for recorded figures: every JSON under results/ says where its numbers came from."""
+"""Provenance for recorded figures: every JSON under results/ says where its numbers came from.
+
+:func:`write_result` writes to the folder it is given, by default ``results/`` under the current
+directory (never into the installed package). :func:`read_result` reads the recorded figures that ship
+with the library (``RESULTS_DIR``: the checkout's ``results/`` or the wheel's copy, see
+:mod:`sparsity_lab.shipped`) unless given another folder.
+"""
 from __future__ import annotations
 
 import datetime as _dt
@@ -12,14 +18,25 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = REPO_ROOT / "results"
+from .shipped import RESULTS_DIR, build_commit, source_checkout
+
+# where write_result puts a JSON when no folder is given: results/ of the current directory
+OUTPUT_DIR = Path("results")
 
 
 def _git_commit() -> str:
+    """The commit of the code that runs: the checkout's HEAD (``+dirty`` with uncommitted changes to
+    tracked files), the commit an installed wheel was built from, or ``"unknown"``.
+
+    git is asked only inside the source checkout of this package: an installed package may sit in a
+    virtual environment inside some other repository, whose commit says nothing about this code.
+    """
+    root = source_checkout()
+    if root is None:
+        return build_commit() or "unknown"
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else "unknown"
     except (OSError, subprocess.SubprocessError):
@@ -54,8 +71,9 @@ def provenance(command: str | None = None) -> dict:
 
 
 def write_result(name: str, payload: dict, command: str | None = None, directory: Path | None = None) -> Path:
-    """Write ``{"provenance": ..., **payload}`` to results/<name>.json and return the path."""
-    directory = Path(directory) if directory is not None else RESULTS_DIR
+    """Write ``{"provenance": ..., **payload}`` to ``directory/<name>.json`` (default: ``results/`` of
+    the current directory) and return the path."""
+    directory = Path(directory) if directory is not None else OUTPUT_DIR
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.json"
     path.write_text(json.dumps({"provenance": provenance(command), **payload}, indent=2, default=str) + "\n")
@@ -63,6 +81,7 @@ def write_result(name: str, payload: dict, command: str | None = None, directory
 
 
 def read_result(name: str, directory: Path | None = None) -> dict:
+    """``directory/<name>.json`` (default: the recorded results shipped with the library, RESULTS_DIR)."""
     directory = Path(directory) if directory is not None else RESULTS_DIR
     path = directory / f"{name}.json"
     if not path.exists():

@@ -50,7 +50,7 @@ TRAINING_DEFAULTS = {"--steps": "3", "--layers": "1", "--width": "32", "--contex
 COMMAND_DEFAULTS = {"demo": {"--steps": "20", "--size": "64"}, "bench-masks": {"--quick": None, "--repeats": "1"}}
 # flags whose value is a path the command writes; moved under the test's temporary folder
 OUTPUT_FLAGS = ("--out", "--out-dir", "--report")
-# commands that write into the repository's results/ unless told otherwise
+# commands that write results/<name>.json under the current folder unless told otherwise (moved to the test's own)
 WRITES_RESULTS = ("bench-masks", "bench-kernels", "bench-dyad", "bench-ffn", "bench-cslt-calls")
 
 

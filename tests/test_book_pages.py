@@ -261,7 +261,7 @@ def tiny_book(tmp_path_factory):
     nb = nbformat.read(notebook, as_version=4)
     nb.cells[0].source += "\n\nThe method is in [the algorithms page](../docs/algorithms.md) (its " \
                           "[flip rate](../docs/algorithms.md#flip-rate)); code in " \
-                          "[the course module](../sparsity_lab/course.py)."
+                          "[the book module](../sparsity_lab/course/book.py)."
     nbformat.write(nb, notebook)
     for name, text in DOCS.items():
         (root / "docs").mkdir(exist_ok=True)
@@ -280,7 +280,7 @@ def test_tiny_book_has_the_docs_as_chapters_and_links_resolved(tiny_book):
     page = (html / "01_tiny.html").read_text()
     assert 'href="docs/algorithms.html"' in page, "the notebook's ../docs/algorithms.md link does not reach the page"
     assert 'href="docs/algorithms.html#flip-rate"' in page, "a link to a heading of a docs page does not reach it"
-    assert '<span class="pre">sparsity_lab/course.py</span></code> in the repository' in page, \
+    assert '<span class="pre">sparsity_lab/course/book.py</span></code> in the repository' in page, \
         "a link to a repository file outside the book shows its path"
     assert 'href="../01_tiny.html"' in (html / "docs" / "algorithms.html").read_text()
 

@@ -7,7 +7,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat", reason="nbformat is in the test extra")
 pytest.importorskip("plotly", reason="plotly is in the test extra")
 
-from sparsity_lab import book_page  # noqa: E402
+from sparsity_lab.course import book_page  # noqa: E402
 from sparsity_lab.course import PLOTLY_JSON, book_notebook, write_book_source  # noqa: E402
 
 

@@ -23,9 +23,10 @@ from pathlib import Path
 import pytest
 
 from _notebooks import FIGURE_CELL, WIDGET_CELL, tiny_notebook
-from sparsity_lab.course import NOTEBOOK_DIR, ROOT, build_course, execute
-from sparsity_lab.course_command import free_port, lab_command
+from sparsity_lab.course import NOTEBOOK_DIR, build_course, execute
+from sparsity_lab.course.command import free_port, lab_command
 
+ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]
 NOTEBOOK = NOTEBOOK_DIR / "03_ste_flip_rate.ipynb"

@@ -13,7 +13,8 @@ import nbformat  # noqa: E402
 
 from _notebooks import WIDGET_CELL, tiny_notebook  # noqa: E402
 
-from sparsity_lab import cli, course_command  # noqa: E402
+from sparsity_lab import cli  # noqa: E402
+from sparsity_lab.course import command as course_command  # noqa: E402
 from sparsity_lab.course import NotebookFailed, execute, execute_all, is_current  # noqa: E402
 
 
@@ -161,6 +162,33 @@ def test_no_book_report_times_every_notebook_and_goes_on_past_a_failure(tmp_path
     assert "points: 50" in printed(nbformat.read(executed, as_version=4))
     out = capsys.readouterr()
     assert "02_fine.ipynb" in out.out and "FAILED" in out.out and "broken on purpose" in out.err
+
+
+def test_only_runs_the_named_notebooks(tmp_path, capsys):
+    folder = tmp_path / "notebooks"
+    tiny_notebook(folder, "01_broken.ipynb", body="raise ValueError('broken on purpose')")
+    tiny_notebook(folder, "02_fine.ipynb", body="print('points:', n)")
+    rc = cli.main(["course", "--headless", "--no-book", "--only", "2", "--notebooks", str(folder),
+                   "--out", str(tmp_path / "out")])
+    assert rc == 0, capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "out" / "_build" / "executed-ci").iterdir()] == ["02_fine.ipynb"]
+
+
+def test_only_names_what_matches_no_notebook(tmp_path, capsys):
+    folder = tmp_path / "notebooks"
+    tiny_notebook(folder, "01_a.ipynb", body="pass")
+    assert cli.main(["course", "--headless", "--only", "07", "--notebooks", str(folder)]) == 2
+    assert "--only 07: no such notebook (there are 01)" in capsys.readouterr().err
+
+
+def test_select_notebooks_by_number_or_name_in_reading_order():
+    from sparsity_lab.course.running import select_notebooks
+
+    paths = [Path("01_why.ipynb"), Path("02_masks.ipynb"), Path("12_gpus.ipynb")]
+    assert select_notebooks(paths, ["12", "01_why"]) == [paths[0], paths[2]]
+    assert select_notebooks(paths, ["2", "02_masks.ipynb"]) == [paths[1]]
+    with pytest.raises(ValueError, match="--only 3 x"):
+        select_notebooks(paths, ["3", "x"])
 
 
 def test_full_sizes_keep_the_notebook_defaults_and_reuse_checks_the_run(tmp_path):

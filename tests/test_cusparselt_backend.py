@@ -606,7 +606,7 @@ def test_real_products_match_dense(tokens):
     dw = backend.grad_weight(dz, x, True, gens[0])
     rows = -(-tokens // 16) * 16
     pad = torch.nn.functional.pad
-    mv = backend._mvue_tokens_major(pad(dz, (0, 0, 0, rows - tokens)), gens[1])
+    mv = backend.mvue_tokens_major(pad(dz, (0, 0, 0, rows - tokens)), gens[1])
     assert check_product(dw, mv.float().t() @ pad(x, (0, 0, 0, rows - tokens)).float(), torch.bfloat16)[0]
     for choice in backend.algorithms.choices.values():
         assert choice.rel_err < 1e-2

@@ -123,6 +123,29 @@ def test_graphed_training_equals_eager_on_gpu(backend):
 
 
 @pytest.mark.gpu
+def test_a_new_shape_after_a_capture_draws_what_eager_draws():
+    """Captured steps, then one eager step on a new shape (before its capture), then a replay of the
+    new shape: MVUE draws, losses and weights as in an all-eager run (the eager step in between
+    must write its own seed, not reuse the last replay's)."""
+    eager = _mlp("triton", "cuda", d=256).to(torch.bfloat16)
+    graphed = copy.deepcopy(eager)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+
+    def batch(tokens):
+        return (torch.randn(tokens, 256, device="cuda", generator=gen).to(torch.bfloat16),
+                torch.randn(tokens, 256, device="cuda", generator=gen).to(torch.bfloat16))
+    batches = [batch(512) for _ in range(4)] + [batch(256) for _ in range(3)]
+    step = CudaGraphStep(graphed, _loss, warmup_steps=2)
+    want = _train(eager, batches, _eager_step)
+    got = _train(graphed, batches, lambda model, x, y: step(x, y))
+    assert step.recaptures == 2
+    assert [l.mvue_calls for _, l in sl.sparse_layers(eager)] == [l.mvue_calls for _, l in sl.sparse_layers(graphed)]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-3, atol=1e-5)
+    for a, b in zip(eager.parameters(), graphed.parameters()):
+        torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.gpu
 def test_auto_under_graph_step_times_in_graphs_and_steps_eagerly_on_a_new_shape():
     model = _mlp("cusparselt_auto", "cuda", d=256).to(torch.bfloat16)
     step = CudaGraphStep(model, _loss, warmup_steps=2)

@@ -9,7 +9,7 @@ import nbformat  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 
 from sparsity_lab.course import PLOTLY_JSON, WIDGET_STATE, WIDGET_VIEW, book_notebook  # noqa: E402
-from sparsity_lab.widget_snapshot import control_names, figure_widgets, readout, register, static_html  # noqa: E402
+from sparsity_lab.course.widget_snapshot import control_names, figure_widgets, readout, register, static_html  # noqa: E402
 
 
 def explorer():

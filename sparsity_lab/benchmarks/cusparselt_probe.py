@@ -206,7 +206,7 @@ def _check_products(backend, tokens: int, in_f: int, out_f: int) -> dict:
         g.manual_seed(1234)
     dw = backend.grad_weight(dz, x, True, gens[0])
     rows = padded(tokens, bf16)
-    mv = backend._mvue_tokens_major(_pad_rows(dz, rows), gens[1])  # the same draw (same seed)
+    mv = backend.mvue_tokens_major(_pad_rows(dz, rows), gens[1])  # the same draw (same seed)
     rec["grad_weight_mvue"] = _rel(dw, mv.float().t() @ _pad_rows(x, rows).float())
     rec["mvue_operand_24_along_tokens"] = is_nm(mv != 0, 2, 4, dim=0, exact=False)  # at most 2 per group
     return rec

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-2)
-    parser.add_argument("--out-dir", default=None, help="folder of the JSON result (default: the repository's results/)")
+    parser.add_argument("--out-dir", default=None, help="folder of the JSON result (default: results/ under the current folder)")
     args = parser.parse_args(argv)
     summary = beta_seed_runs(args.seeds, args.steps, args.width, args.lr)
     summary.pop("traces")

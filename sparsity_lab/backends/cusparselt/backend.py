@@ -286,7 +286,7 @@ class CusparseltBackend(Backend):
         return CusparseltOperand(shape=tuple(weight.shape), dtype=dtype, dense_fn=dense, backward=backward,
                                  source=(weight, mask, beta, dtype) if fusable else None)
 
-    def _compress_operand(self, operand: CusparseltOperand, transposed: bool, want_other: bool) -> None:
+    def compress_operand(self, operand: CusparseltOperand, transposed: bool, want_other: bool) -> None:
         """Fill ``operand.compressed`` (or ``compressed_t`` when ``transposed``); with ``want_other``
         and a fusable source, kernel 11 writes the other form in the same pass."""
         if operand.source is None:
@@ -368,7 +368,7 @@ class CusparseltBackend(Backend):
             # the input gradient's operand in the same pass when the backward will run it sparse too
             want_t = (operand.backward and operand.compressed_t is None
                       and self._sparse("grad_input", out_f, in_f, tokens, dtype))
-            self._compress_operand(operand, transposed=False, want_other=want_t)
+            self.compress_operand(operand, transposed=False, want_other=want_t)
         config = self.algorithms.get(ProductKey(out_f, in_f, rows, dtype, True, True), x.device)
         self.stats["sparse_products"] += 1
         z = self._ops.mm(operand.compressed, b, bias, True, config)  # (rows, out) = Z
@@ -384,13 +384,13 @@ class CusparseltBackend(Backend):
         rows = self._rows_for(tokens, dtype)
         b = self._b_transposed(_pad_rows(grad_out, rows))  # dZ^T (out, rows), a view
         if operand.compressed_t is None:
-            self._compress_operand(operand, transposed=True, want_other=False)
+            self.compress_operand(operand, transposed=True, want_other=False)
         config = self.algorithms.get(ProductKey(in_f, out_f, rows, dtype, True, True), grad_out.device)
         self.stats["sparse_products"] += 1
         dx = self._ops.mm(operand.compressed_t, b, None, True, config)  # (rows, in) = dX
         return dx if rows == tokens else dx[:tokens]
 
-    def _mvue_tokens_major(self, grad_out: torch.Tensor, seed: MvueSeed | None) -> torch.Tensor:
+    def mvue_tokens_major(self, grad_out: torch.Tensor, seed: MvueSeed | None) -> torch.Tensor:
         """MVUE(dZ) with groups of 4 along the tokens, (tokens, out): the Triton kernel on CUDA
         (the same call and seed as the "triton" backend, so both draw alike), the reference elsewhere."""
         if grad_out.is_cuda:
@@ -414,7 +414,7 @@ class CusparseltBackend(Backend):
         if fused:  # the same seed as the two-kernel path: the same draws, the same bytes
             mv, drawn = None, kernel_seed(seed)
         else:
-            mv = self._mvue_tokens_major(dz_p, seed)  # (rows, out)
+            mv = self.mvue_tokens_major(dz_p, seed)  # (rows, out)
         if not sparse:
             self.stats["dense_products"] += 1
             return mv.t() @ x_p

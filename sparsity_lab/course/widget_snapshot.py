@@ -6,7 +6,7 @@ plot. When the course is executed for the book, :func:`register` (run inside the
 ``text/html`` bundle to every displayed widget that holds FigureWidgets: the widget as first drawn,
 in its own layout: each figure as plotly HTML filling the column, each control as a readout line
 ("decay: 1e-04", the value its slider or menu shows), each HTML or label widget with its text (the
-summaries the prose refers to). The book shows that bundle (``sparsity_lab.course.book_notebook``);
+summaries the prose refers to). The book shows that bundle (``sparsity_lab.course.book_page.book_notebook``);
 JupyterLab keeps showing the live widget.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import html
 from typing import Iterator
 
 # What the kernel runs first when the course is executed (papermill passes it to ipykernel).
-KERNEL_LINE = "import sparsity_lab.widget_snapshot as _snapshot; _snapshot.register()"
+KERNEL_LINE = "import sparsity_lab.course.widget_snapshot as _snapshot; _snapshot.register()"
 
 
 def figure_widgets(widget) -> Iterator:

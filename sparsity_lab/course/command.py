@@ -5,11 +5,14 @@
     sparsity-lab course --no-browser --port 9999 -- --ServerApp.allow_root=True   # after --: to jupyter lab
     sparsity-lab course --headless [--sizes ci|full] [--out DIR]   # run every notebook, build the book
     sparsity-lab course --headless --sizes full --no-book --report results/course_full.json   # GPU run, timed
+    sparsity-lab course --headless --no-book --only 02 05          # just these notebooks
 
-JupyterLab serves the learner's working copy (``course_workdir``), never the shipped notebooks/, so
-autosave, edits and the runs a notebook writes stay out of the source tree. The headless run writes
-its executed copies, their runs and the book under ``--out`` (default WORKDIR/book). A SIGTERM or
-SIGHUP to this command is passed on to the Jupyter server, which then shuts down.
+The shipped notebooks are those of the source checkout or of the installed wheel
+(:mod:`sparsity_lab.shipped`). JupyterLab serves the learner's working copy (:mod:`.workdir`), never
+the shipped ones, so autosave, edits and the runs a notebook writes stay out of the source tree and
+the installed package. The headless run reads the shipped notebooks and writes its executed copies,
+their runs and the book under ``--out`` (default WORKDIR/book). A SIGTERM or SIGHUP to this command
+is passed on to the Jupyter server, which then shuts down.
 """
 from __future__ import annotations
 
@@ -24,15 +27,18 @@ import sys
 import time
 from pathlib import Path
 
-from .course import NOTEBOOK_DIR, SIZES, BookBuildFailed, NotebookFailed, build_course, notebooks, run_report
-from .course_workdir import DEFAULT_WORKDIR, sync
+from ..shipped import NOTEBOOK_DIR
+from .book import BookBuildFailed, build_course
+from .running import INSTALL_LAB, SIZES, NotebookFailed, notebooks, run_report, select_notebooks
+from .workdir import DEFAULT_WORKDIR, sync
 
 FORWARDED_SIGNALS = ("SIGTERM", "SIGHUP")  # Ctrl+C reaches the server already (same process group)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--notebooks", type=Path, default=NOTEBOOK_DIR, metavar="DIR",
-                        help=f"folder of the shipped course notebooks (default {NOTEBOOK_DIR})")
+                        help=f"folder of the course notebooks to copy or run (default: the shipped ones, "
+                             f"{NOTEBOOK_DIR})")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, metavar="DIR",
                         help="your working copy: JupyterLab opens the notebooks copied to DIR/notebooks, and runs "
                              "and the headless book are written under DIR (default ./sparsity-lab-course). "
@@ -47,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     headless.add_argument("--out", type=Path, default=None, metavar="DIR",
                           help="book folder; the pages land in DIR/_build/html, executed notebooks and what they "
                                "write in DIR/_build/executed-<sizes> (default WORKDIR/book)")
+    headless.add_argument("--only", nargs="+", default=None, metavar="NN",
+                          help="run only these notebooks, by number (02) or file name (default: all of them)")
     headless.add_argument("--no-book", action="store_true",
                           help="only execute the notebooks (no Jupyter Book needed); goes on past a failing one")
     headless.add_argument("--report", type=Path, default=None, metavar="FILE",
@@ -68,8 +76,9 @@ def check_arguments(args) -> None:
         if given:
             raise ValueError(f"{', '.join(given)}: JupyterLab options, not used with --headless")
     else:
-        given = [name for name, value in (("--sizes", args.sizes), ("--out", args.out), ("--report", args.report))
-                 if value is not None] + (["--no-book"] if args.no_book else [])
+        given = [name for name, value in (("--sizes", args.sizes), ("--out", args.out), ("--report", args.report),
+                                          ("--only", args.only)) if value is not None]
+        given += ["--no-book"] if args.no_book else []
         if given:
             raise ValueError(f"{', '.join(given)}: only used with --headless (which runs the notebooks "
                              "and builds the book)")
@@ -80,8 +89,10 @@ def check_arguments(args) -> None:
     if args.port is not None and not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     if not Path(args.notebooks).is_dir():
-        raise ValueError(f"--notebooks: no such folder {args.notebooks} (the course notebooks live in "
-                         "notebooks/ of a source checkout: pip install -e '.[lab]' from the repository)")
+        raise ValueError(f"--notebooks: no such folder {args.notebooks} (the course notebooks ship with the "
+                         "wheel, or live in notebooks/ of a source checkout)")
+    if args.only:
+        select_notebooks(notebooks(args.notebooks), args.only)  # names what matches no notebook
 
 
 def _lab_args(args) -> list[str]:
@@ -119,7 +130,7 @@ def _is_root() -> bool:
 
 def run_lab(args) -> int:
     if importlib.util.find_spec("jupyterlab") is None:
-        print("the course needs JupyterLab: python -m pip install -e '.[lab]'", file=sys.stderr)
+        print(f"the course needs JupyterLab: {INSTALL_LAB}", file=sys.stderr)
         return 1
     port = args.port if args.port is not None else free_port(args.ip, preferred=8888)
     # The token travels in the environment (jupyter reads JUPYTER_TOKEN), not on the command line.
@@ -187,17 +198,24 @@ def _docs_beside(notebooks: Path) -> Path:
     return Path(notebooks).resolve().parent / "docs"
 
 
+def _sources(args) -> list[Path]:
+    """The notebooks to run: every one of ``--notebooks``, or those ``--only`` names."""
+    found = notebooks(args.notebooks)
+    return select_notebooks(found, args.only) if args.only else found
+
+
 def run_headless(args) -> int:
     out = args.out if args.out is not None else Path(args.workdir) / "book"
     sizes = args.sizes or "ci"
     if args.no_book:
         return run_notebooks_only(args, out, sizes)
     try:
-        index = build_course(out=out, sizes=sizes, directory=args.notebooks)
+        index = build_course(out=out, sizes=sizes, directory=args.notebooks, sources=_sources(args))
     except (NotebookFailed, BookBuildFailed) as err:
         print(f"course --headless: {err}", file=sys.stderr)
         return 1
-    print(f"Every notebook ran at {sizes} sizes; executed copies in {Path(out) / '_build' / ('executed-' + sizes)}")
+    which = "The notebooks chosen" if args.only else "Every notebook"
+    print(f"{which} ran at {sizes} sizes; executed copies in {Path(out) / '_build' / ('executed-' + sizes)}")
     print(f"The book: {index.resolve()}  (open file://{index.resolve()})")
     return 0
 
@@ -205,10 +223,10 @@ def run_headless(args) -> int:
 def run_notebooks_only(args, out: Path, sizes: str) -> int:
     import json
 
-    from .provenance import provenance
+    from ..provenance import provenance
 
     executed_dir = Path(out) / "_build" / f"executed-{sizes}"
-    report = run_report(notebooks(args.notebooks), executed_dir, sizes=sizes)
+    report = run_report(_sources(args), executed_dir, sizes=sizes)
     for row in report["notebooks"]:
         print(f"{row['notebook']:<34} {row['seconds']:>7.1f} s  {'ok' if row['ok'] else 'FAILED'}")
         if not row["ok"]:

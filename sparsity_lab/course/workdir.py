@@ -2,8 +2,8 @@
 
 JupyterLab saves into the files it serves (autosave writes outputs, a learner's edits), and a
 notebook's relative paths (``runs/`` of notebook 09) are resolved from the notebook's folder; serving
-the shipped ``notebooks/`` would write both into the source tree. ``sparsity-lab course`` serves this
-copy instead::
+the shipped notebooks would write both into the source tree (or into the installed package).
+``sparsity-lab course`` serves this copy instead::
 
     WORKDIR/notebooks/NN_name.ipynb   the course notebooks (the learner's to edit and run)
     WORKDIR/docs/*.md                 the method reference and bibliography the notebooks link to

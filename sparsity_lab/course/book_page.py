@@ -1,5 +1,5 @@
-"""How an executed notebook becomes a book page: the pieces :func:`sparsity_lab.course.book_notebook`
-applies, one function each.
+"""How an executed notebook becomes a book page: :func:`book_notebook`, and the pieces it applies,
+one function each.
 
 - :func:`run_banner`: the note on top of every page saying at which sizes the page was run.
 - :func:`strip_test_markers`: ``# NBVAL_CHECK_OUTPUT`` and the other nbval markers are for the tests,
@@ -14,8 +14,10 @@ applies, one function each.
 """
 from __future__ import annotations
 
+import json
 import posixpath
 import re
+from pathlib import Path
 from typing import Callable, Mapping
 
 # nbval's cell markers: the first line of a cell whose output the tests check (or ignore).
@@ -28,6 +30,10 @@ PLOTLY_LOADER = re.compile(r"window\.PlotlyConfig|cdn\.plot\.ly")
 # [text](target) and ![alt](target), target without spaces; the title part ("...") is kept.
 MARKDOWN_LINK = re.compile(r"(!?)\[([^\]\n]*)\]\(([^)\s]+)((?:\s+\"[^\"]*\")?)\)")
 FENCE = re.compile(r"^(```|~~~)", re.MULTILINE)
+
+PLOTLY_JSON = "application/vnd.plotly.v1+json"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
 def run_banner(parameters: Mapping | None, machine: str, sizes: str | None = None) -> str:
@@ -165,3 +171,86 @@ def _relink(m: re.Match, here: str, here_in_book: str, book_path) -> str:
     if shown == repo_target or shown.endswith(posixpath.basename(repo_target)) and "/" in shown:
         return f"`{repo_target}`"
     return f"{label} (`{repo_target}` in the repository)"
+
+
+def book_notebook(nb, machine: str = "a CPU", book_path=None):
+    """The executed notebook as the book shows it (a static page, no kernel).
+
+    - A banner under the title says at which sizes the page was run (papermill's injected
+      parameters: the CI sizes; none: the notebook's full sizes) and on which ``machine``.
+    - papermill's injected-parameters cell is removed (the banner lists its values) and the nbval
+      marker lines (``# NBVAL_CHECK_OUTPUT``) are taken out of the code.
+    - A plotly figure is redrawn from its JSON bundle to fill the text column (no fixed width,
+      responsive); the output that only loads plotly.js from the CDN is dropped (the book serves it).
+    - Markdown that a cell displays keeps its headings below the page's sections.
+    - Relative links go to the book's copy of their target (``book_path(repo_path)``; by default the
+      notebooks are found by file name) or, for a file the book does not serve, show its path.
+    - A widget holding FigureWidgets shows its static snapshot (``widget_snapshot``) instead of the
+      live view, whose saved state has no trace data; the widget state keeps only the models that
+      the remaining widget views use.
+    """
+    book_path = book_path or _notebook_book_path
+    name = nb.metadata.get("papermill", {}).get("input_path") or "notebook.ipynb"
+    here = f"notebooks/{Path(name).name}"
+    parameters = nb.metadata.get("papermill", {}).get("parameters")
+    nb.cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = rewrite_links(cell.source, here, book_path)
+        elif cell.cell_type == "code":
+            cell.source = strip_test_markers(cell.source)
+            cell["outputs"] = [o for o in cell.get("outputs", []) if not is_plotly_loader(o.get("data", {}))]
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if PLOTLY_JSON in data:
+                data["text/html"] = responsive_plotly_html(data.pop(PLOTLY_JSON))
+            if WIDGET_VIEW in data and "text/html" in data:
+                del data[WIDGET_VIEW]
+            if "text/markdown" in data:
+                shown = data["text/markdown"]
+                shown = "".join(shown) if isinstance(shown, list) else shown
+                data["text/markdown"] = rewrite_links(demote_headings(shown), here, book_path)
+    add_banner(nb, run_banner(parameters, machine))
+    widgets = nb.metadata.get("widgets", {}).get(WIDGET_STATE)
+    if widgets:
+        roots = [out["data"][WIDGET_VIEW]["model_id"] for c in nb.cells for out in c.get("outputs", [])
+                 if WIDGET_VIEW in out.get("data", {})]
+        widgets["state"] = _reachable(widgets["state"], roots)
+        if not widgets["state"]:
+            del nb.metadata["widgets"]
+    return nb
+
+
+def _notebook_book_path(repo_path: str) -> str | None:
+    """Where the book keeps a repository file: course notebooks at the top, nothing else."""
+    folder, _, name = repo_path.rpartition("/")
+    return name if folder == "notebooks" and name.endswith(".ipynb") else None
+
+
+def add_banner(nb, banner: str) -> None:
+    """Put ``banner`` right under the page title (the first heading of the first markdown cell)."""
+    import nbformat
+
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            continue
+        lines = cell.source.split("\n")
+        title = next((i for i, line in enumerate(lines) if line.startswith("# ")), None)
+        if title is None:
+            break
+        cell.source = "\n".join(lines[:title + 1] + ["", banner] + lines[title + 1:])
+        return
+    nb.cells.insert(0, nbformat.v4.new_markdown_cell(banner))
+
+
+def _reachable(state: dict, roots: list[str]) -> dict:
+    """The models of ``state`` that ``roots`` reference, directly or through "IPY_MODEL_<id>" values."""
+    keep, todo = {}, [r for r in roots if r in state]
+    while todo:
+        model_id = todo.pop()
+        if model_id in keep:
+            continue
+        keep[model_id] = state[model_id]
+        refs = re.findall(r"IPY_MODEL_([0-9a-f]+)", json.dumps(state[model_id]["state"]))
+        todo += [r for r in refs if r in state]
+    return keep

@@ -1,0 +1,94 @@
+"""What goes into the wheel besides the metadata of pyproject.toml: the packages, and the course
+material shipped inside the package.
+
+- Packages: every package under ``sparsity_lab/`` (found, so a new subpackage needs no edit here),
+  and the Triton kernels, which live in the top-level ``kernels/`` folder and are imported as
+  ``sparsity_lab.kernels``.
+- Course material: the notebooks, the docs they link to, the book's configuration and the recorded
+  ``results/`` they display are copied into the wheel as ``sparsity_lab/_shipped/`` (where
+  ``sparsity_lab/shipped.py`` finds them), with ``BUILD_COMMIT``, the git commit the wheel was built
+  from. An editable install (``pip install -e .``) reads them from the checkout instead.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+HERE = Path(__file__).resolve().parent
+
+# folder -> (files to ship, as globs relative to it; globs to leave out)
+MATERIAL = {
+    "notebooks": (["[0-9][0-9]_*.ipynb"], []),
+    "docs": (["**/*.md"], []),
+    "book": (["_config.yml", "intro.md", "_static/*"], []),
+    # the plotly pages that `compare --figures` wrote beside each recorded comparison are left out:
+    # the notebooks redraw those figures from the logs, which do ship
+    "results": (["**/*"], ["*.html"]),
+}
+
+
+def packages() -> tuple[list[str], dict[str, str]]:
+    """Package names and the one folder mapping (``sparsity_lab.kernels`` -> ``kernels/``)."""
+    names = find_packages(where=str(HERE), include=["sparsity_lab", "sparsity_lab.*"])
+    kernel_subpackages = find_packages(where=str(HERE / "kernels"))
+    kernels = ["sparsity_lab.kernels"] + [f"sparsity_lab.kernels.{p}" for p in kernel_subpackages]
+    return names + kernels, {"sparsity_lab.kernels": "kernels"}
+
+
+def material_files() -> dict[str, Path]:
+    """Path inside ``_shipped/`` -> source file, for every folder of MATERIAL.
+
+    Raises FileNotFoundError when a folder or its files are missing (a wheel built from an incomplete
+    source tree would otherwise install a course without notebooks).
+    """
+    files = {}
+    for folder, (keep, leave_out) in MATERIAL.items():
+        base = HERE / folder
+        found = [p for pattern in keep for p in sorted(base.glob(pattern)) if p.is_file()]
+        found = [p for p in found if not any(fnmatch.fnmatch(p.name, pattern) for pattern in leave_out)]
+        if not found:
+            raise FileNotFoundError(f"building the wheel: no files in {base} matching {keep} (the course "
+                                    "material ships inside the wheel; build from a full clone)")
+        files.update({f"{folder}/{p.relative_to(base).as_posix()}": p for p in found})
+    return files
+
+
+def build_commit() -> str | None:
+    """The commit being built (``+dirty`` when tracked files differ from it), or SPARSITY_LAB_COMMIT."""
+    if os.environ.get("SPARSITY_LAB_COMMIT"):
+        return os.environ["SPARSITY_LAB_COMMIT"]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=HERE,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty else "") if head.returncode == 0 else None
+
+
+class BuildWithMaterial(build_py):
+    """build_py, then the course material copied into ``sparsity_lab/_shipped/`` of the build."""
+
+    def run(self):
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return  # an editable install reads the checkout's own folders
+        target = Path(self.build_lib) / "sparsity_lab" / "_shipped"
+        if target.exists():
+            shutil.rmtree(target)
+        for rel, source in material_files().items():
+            (target / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target / rel)
+        commit = build_commit()
+        if commit:
+            (target / "BUILD_COMMIT").write_text(commit + "\n")
+
+
+names, package_dir = packages()
+setup(packages=names, package_dir=package_dir, cmdclass={"build_py": BuildWithMaterial})
