@@ -8,7 +8,8 @@ package (named in its docstring) and a test against it (tests/test_kernels_*.py)
     prune24            1. row-wise 2:4 magnitude prune, uint8 group mask
     transposable24     2. exact transposable 2:4 mask (90 patterns), pruned W and W^T
     soft_threshold24   3. S-STE soft threshold times beta
-    mvue24             4. MVUE 2:4 with a counter-based RNG, groups along any dim
+    mvue24             4. MVUE 2:4 with a counter-based RNG, groups along any dim (baselines:
+                          mvue24_v2, mvue24_variants)
     masked_decay       5. g += lambda * (1 - m) * w, in place
     gated              6. SwiGLU / GEGLU forward and backward, row-major or transposed layout
     fp8_cast           7. FP8 per-tensor amax, scale, cast (E4M3 / E5M2) and back
@@ -25,6 +26,7 @@ from .fp8_cast import amax, dequantize_fp8, quantize_fp8, quantize_fp8_with_scal
 from .gated import gated_backward, gated_forward
 from .masked_decay import masked_decay_
 from .mvue24 import mvue24
+from . import mvue24_variants  # noqa: F401  (adds the measured baseline variants to mvue24's launchers)
 from .mvue_compress24 import mvue_compress24
 from .prepare24 import prepare24
 from .prune24 import pack_mask24, prune24, unpack_mask24

@@ -73,18 +73,27 @@ which cancels (a group [1, 1e-10, 0, 0] never keeps its 1e-10, although p = 1), 
     columns per thread (``block = 128 * num_warps``, 8-byte accesses in bf16) or, for tile16, one
     column (``block = 32 * num_warps``, 2-byte accesses). Other block sizes are correct, only slower.
 
+Files
+    This file is the shipped kernel (``level_philox4``: the level arithmetic, the philox4 uniforms,
+    the quad kernels) and ``mvue24()`` for every variant. The baselines live in their own files:
+    ``mvue24_v2.py`` (v2's group arithmetic) and ``mvue24_variants.py`` (the one-uniform-per-group
+    kernels of ``v2`` / ``level`` and the ``tile16`` kernel).
+
 Bytes (x of dtype size s, numel n)
     read ``s * n``; write ``s * n``.
 """
 from __future__ import annotations
 
+import functools
 import warnings
+from typing import Callable
 
 import torch
 import triton
 import triton.language as tl
 
-from ._common import HALF_AND_FLOAT, MAX_NUMEL, check_device, check_tensor, contiguous, join4, split4
+from ._common import HALF_AND_FLOAT, check_device, check_tensor, contiguous, join4, split4
+from .mvue24_v2 import _mvue_group
 
 # groups per program (last-dim kernel) / columns per program (strided kernel): best measured on the H100
 DEFAULT_BLOCK = 512
@@ -97,50 +106,6 @@ MAX_SEED = 2**31 - 1
 VARIANTS = ("v2", "v2_philox4", "level", "level_philox4", "level_philox4_tile16")
 DEFAULT_VARIANT = "level_philox4"
 BASELINE_VARIANTS = ("v2", "v2_philox4")  # known wrong: the measurement's baseline only
-
-
-@triton.jit
-def _mvue_group(x0, x1, x2, x3, u):
-    """MVUE of groups given as four float32 tensors and one uniform u per group.
-
-    No division per element: p_i = c |x_i| with one c per group (2 / sum|x|, or 1 / (sum|x| - max|x|)
-    after capping the largest at 1), so a kept uncapped entry is x_i / p_i = sign(x_i) / c.
-    """
-    a0 = tl.abs(x0)
-    a1 = tl.abs(x1)
-    a2 = tl.abs(x2)
-    a3 = tl.abs(x3)
-    total = a0 + a1 + a2 + a3
-    top = tl.maximum(tl.maximum(a0, a1), tl.maximum(a2, a3))
-    nonzero = (a0 > 0).to(tl.int32) + (a1 > 0).to(tl.int32) + (a2 > 0).to(tl.int32) + (a3 > 0).to(tl.int32)
-    uncapped = 2.0 * top <= total
-    # the capped entry (second case): the first index holding the maximum
-    cap0 = (a0 == top) & (~uncapped)
-    cap1 = (a1 == top) & (a0 != top) & (~uncapped)
-    cap2 = (a2 == top) & (a0 != top) & (a1 != top) & (~uncapped)
-    cap3 = (a3 == top) & (a0 != top) & (a1 != top) & (a2 != top) & (~uncapped)
-    inv_c = tl.where(uncapped, 0.5 * total, total - top)  # the value every kept uncapped entry gets
-    c = 1.0 / tl.where(inv_c > 0, inv_c, 1.0)
-    p0 = tl.where(cap0, 1.0, a0 * c)
-    p1 = tl.where(cap1, 1.0, a1 * c)
-    p2 = tl.where(cap2, 1.0, a2 * c)
-    p3 = tl.where(cap3, 1.0, a3 * c)
-    # systematic sampling: entry i is picked when u or u + 1 lies in [c_{i-1}, c_i); the last
-    # interval is closed at +inf so float rounding of the sum (~2) never drops a pick
-    c0 = p0
-    c1 = c0 + p1
-    c2 = c1 + p2
-    v = u + 1.0
-    pick0 = ((u < c0) | (v < c0)) & (a0 > 0)
-    pick1 = (((u >= c0) & (u < c1)) | ((v >= c0) & (v < c1))) & (a1 > 0)
-    pick2 = (((u >= c1) & (u < c2)) | ((v >= c1) & (v < c2))) & (a2 > 0)
-    pick3 = ((u >= c2) | (v >= c2)) & (a3 > 0)
-    few = nonzero < 2  # fewer than 2 non-zeros: kept as they are (every non-zero has p = 1)
-    y0 = tl.where(few | cap0, x0, tl.where(pick0, tl.where(x0 < 0, -inv_c, inv_c), 0.0))
-    y1 = tl.where(few | cap1, x1, tl.where(pick1, tl.where(x1 < 0, -inv_c, inv_c), 0.0))
-    y2 = tl.where(few | cap2, x2, tl.where(pick2, tl.where(x2 < 0, -inv_c, inv_c), 0.0))
-    y3 = tl.where(few | cap3, x3, tl.where(pick3, tl.where(x3 < 0, -inv_c, inv_c), 0.0))
-    return y0, y1, y2, y3
 
 
 @triton.jit
@@ -220,16 +185,6 @@ def _load_seed(seed, SEED_PTR: tl.constexpr):
 
 
 @triton.jit
-def _uniform(seed, counter, CONSTANT_U: tl.constexpr):
-    """v2's uniform per group: tl.rand (CONSTANT_U: 0.5, a timing diagnostic without the RNG)."""
-    if CONSTANT_U:
-        u = tl.full(counter.shape, 0.5, tl.float32)
-    else:
-        u = tl.rand(seed, counter)
-    return u
-
-
-@triton.jit
 def _uniforms4(seed, counter, CONSTANT_U: tl.constexpr):
     """Four uniforms per counter from one Philox call (CONSTANT_U: all 0.5, a timing diagnostic)."""
     if CONSTANT_U:
@@ -244,21 +199,6 @@ def _uniforms4(seed, counter, CONSTANT_U: tl.constexpr):
         u2 = _unit_float(r2)
         u3 = _unit_float(r3)
     return u0, u1, u2, u3
-
-
-@triton.jit
-def _mvue24_lastdim_kernel(x_ptr, out_ptr, n_groups, seed, BLOCK: tl.constexpr, LEVEL: tl.constexpr,
-                           CONSTANT_U: tl.constexpr, SEED_PTR: tl.constexpr = False):
-    seed = _load_seed(seed, SEED_PTR)
-    pid = tl.program_id(0)
-    groups = pid * BLOCK + tl.arange(0, BLOCK)
-    elems = pid * BLOCK * 4 + tl.arange(0, BLOCK * 4)
-    in_range = elems < n_groups * 4
-    x = tl.load(x_ptr + elems, mask=in_range, other=0.0)
-    x0, x1, x2, x3 = split4(x, BLOCK)
-    u = _uniform(seed, groups, CONSTANT_U)
-    y0, y1, y2, y3 = _mvue(x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32), u, LEVEL)
-    tl.store(out_ptr + elems, join4(y0, y1, y2, y3, BLOCK).to(out_ptr.dtype.element_ty), mask=in_range)
 
 
 @triton.jit
@@ -309,28 +249,6 @@ def _mvue24_lastdim_quads_kernel(x_ptr, out_ptr, n_groups, seed, QUADS: tl.const
 
 
 @triton.jit
-def _mvue24_strided_kernel(x_ptr, out_ptr, inner, seed, BLOCK: tl.constexpr, LEVEL: tl.constexpr,
-                           CONSTANT_U: tl.constexpr, SEED_PTR: tl.constexpr = False):
-    seed = _load_seed(seed, SEED_PTR)
-    # program (g, j): group-row g (4 consecutive indices along the group dim), columns j*BLOCK..
-    g = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = cols < inner
-    base = g * 4 * inner + cols  # (outer, L, inner) flattened: group-row g starts at 4 g inner
-    x0 = tl.load(x_ptr + base, mask=ok, other=0.0).to(tl.float32)
-    x1 = tl.load(x_ptr + base + inner, mask=ok, other=0.0).to(tl.float32)
-    x2 = tl.load(x_ptr + base + 2 * inner, mask=ok, other=0.0).to(tl.float32)
-    x3 = tl.load(x_ptr + base + 3 * inner, mask=ok, other=0.0).to(tl.float32)
-    u = _uniform(seed, g * inner + cols, CONSTANT_U)  # group index: unique per (group-row, column)
-    y0, y1, y2, y3 = _mvue(x0, x1, x2, x3, u, LEVEL)
-    dt = out_ptr.dtype.element_ty
-    tl.store(out_ptr + base, y0.to(dt), mask=ok)
-    tl.store(out_ptr + base + inner, y1.to(dt), mask=ok)
-    tl.store(out_ptr + base + 2 * inner, y2.to(dt), mask=ok)
-    tl.store(out_ptr + base + 3 * inner, y3.to(dt), mask=ok)
-
-
-@triton.jit
 def _mvue24_strided_quads_kernel(x_ptr, out_ptr, inner, seed, BLOCK: tl.constexpr, LEVEL: tl.constexpr,
                                  CONSTANT_U: tl.constexpr, SEED_PTR: tl.constexpr = False):
     seed = _load_seed(seed, SEED_PTR)
@@ -362,60 +280,6 @@ def _mvue24_strided_quads_kernel(x_ptr, out_ptr, inner, seed, BLOCK: tl.constexp
     tl.store(out_ptr + base + 3 * inner, join4(y30, y31, y32, y33, BLOCK // 4).to(dt), mask=ok)
 
 
-@triton.jit
-def _load_group_row(x_ptr, base, inner, ok):
-    """The 4 rows of one group-row at ``base`` (its first row), as float32."""
-    x0 = tl.load(x_ptr + base, mask=ok, other=0.0).to(tl.float32)
-    x1 = tl.load(x_ptr + base + inner, mask=ok, other=0.0).to(tl.float32)
-    x2 = tl.load(x_ptr + base + 2 * inner, mask=ok, other=0.0).to(tl.float32)
-    x3 = tl.load(x_ptr + base + 3 * inner, mask=ok, other=0.0).to(tl.float32)
-    return x0, x1, x2, x3
-
-
-@triton.jit
-def _store_group_row(out_ptr, base, inner, ok, y0, y1, y2, y3):
-    dt = out_ptr.dtype.element_ty
-    tl.store(out_ptr + base, y0.to(dt), mask=ok)
-    tl.store(out_ptr + base + inner, y1.to(dt), mask=ok)
-    tl.store(out_ptr + base + 2 * inner, y2.to(dt), mask=ok)
-    tl.store(out_ptr + base + 3 * inner, y3.to(dt), mask=ok)
-
-
-@triton.jit
-def _mvue24_strided_tile16_kernel(x_ptr, out_ptr, n_group_rows, inner, seed, BLOCK: tl.constexpr,
-                                  CONSTANT_U: tl.constexpr, SEED_PTR: tl.constexpr = False):
-    seed = _load_seed(seed, SEED_PTR)
-    # program (t, j): group-rows 4 t .. 4 t + 3 (16 rows), columns j*BLOCK..; one Philox call per
-    # column gives the 4 group-rows' uniforms. All 16 rows are loaded before any store (the
-    # compiler may not move a load above a store to a possibly aliasing pointer).
-    t = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    in_cols = cols < inner
-    b0 = 16 * t * inner + cols  # first row of group-row 4 t + i: b_i
-    b1 = b0 + 4 * inner
-    b2 = b1 + 4 * inner
-    b3 = b2 + 4 * inner
-    # a group-row exists iff its first row's index is inside the tensor (cols < inner)
-    n_elems = n_group_rows * 4 * inner
-    ok0 = in_cols & (b0 < n_elems)
-    ok1 = in_cols & (b1 < n_elems)
-    ok2 = in_cols & (b2 < n_elems)
-    ok3 = in_cols & (b3 < n_elems)
-    x00, x01, x02, x03 = _load_group_row(x_ptr, b0, inner, ok0)  # x{i}{k}: row k of group-row 4 t + i
-    x10, x11, x12, x13 = _load_group_row(x_ptr, b1, inner, ok1)
-    x20, x21, x22, x23 = _load_group_row(x_ptr, b2, inner, ok2)
-    x30, x31, x32, x33 = _load_group_row(x_ptr, b3, inner, ok3)
-    u0, u1, u2, u3 = _uniforms4(seed, t * inner + cols, CONSTANT_U)
-    y00, y01, y02, y03 = _mvue_group_level(x00, x01, x02, x03, u0)
-    y10, y11, y12, y13 = _mvue_group_level(x10, x11, x12, x13, u1)
-    y20, y21, y22, y23 = _mvue_group_level(x20, x21, x22, x23, u2)
-    y30, y31, y32, y33 = _mvue_group_level(x30, x31, x32, x33, u3)
-    _store_group_row(out_ptr, b0, inner, ok0, y00, y01, y02, y03)
-    _store_group_row(out_ptr, b1, inner, ok1, y10, y11, y12, y13)
-    _store_group_row(out_ptr, b2, inner, ok2, y20, y21, y22, y23)
-    _store_group_row(out_ptr, b3, inner, ok3, y30, y31, y32, y33)
-
-
 def _check_variant(variant: str, block: int) -> None:
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
@@ -428,50 +292,45 @@ def _check_variant(variant: str, block: int) -> None:
         raise ValueError(f"block must be >= 4 for variant {variant!r} (one Philox call serves 4 groups), got {block}")
 
 
+def launch_pair(lastdim_kernel, strided_kernel, quads: bool, x: torch.Tensor, out: torch.Tensor, inner: int, seed,
+                block: int, num_warps: int | None, constant_u: bool, level: bool) -> None:
+    """A variant's two kernels: the flat one for groups along the last dim (``inner == 1``), else the
+    strided one (a program per group-row and BLOCK columns). quads: the flat kernel holds whole quads
+    of groups (``QUADS = block / 4``, the philox4 variants)."""
+    # SEED_PTR: the seed is a device tensor that the kernel reads
+    flags = dict(LEVEL=level, CONSTANT_U=constant_u, SEED_PTR=isinstance(seed, torch.Tensor))
+    if inner == 1:
+        n_groups = x.numel() // 4
+        size = dict(QUADS=block // 4) if quads else dict(BLOCK=block)
+        warps = num_warps or (DEFAULT_QUAD_WARPS if quads else DEFAULT_WARPS)
+        lastdim_kernel[(triton.cdiv(n_groups, block),)](x, out, n_groups, seed, **size, **flags, num_warps=warps)
+        return
+    grid = (x.numel() // (4 * inner), triton.cdiv(inner, block))
+    strided_kernel[grid](x, out, inner, seed, BLOCK=block, **flags, num_warps=num_warps or DEFAULT_STRIDED_WARPS)
+
+
+# variant -> launch(x, out, inner, seed, block, num_warps, constant_u): the two philox4 variants here;
+# the measured variants that are not shipped add theirs from mvue24_variants.py (the package imports it)
+_PHILOX4 = (_mvue24_lastdim_quads_kernel, _mvue24_strided_quads_kernel, True)
+LAUNCHERS: dict[str, Callable] = {
+    "level_philox4": functools.partial(launch_pair, *_PHILOX4, level=True),
+    "v2_philox4": functools.partial(launch_pair, *_PHILOX4, level=False),
+}
+
+
 def _launch(x: torch.Tensor, dim: int, seed: int, block: int, num_warps: int | None, variant: str,
             constant_u: bool = False) -> torch.Tensor:
     """Run ``variant`` on a contiguous x (arguments already checked). constant_u=True replaces every
     uniform by 0.5: NOT a valid MVUE (deterministic picks), only a timing diagnostic that shows what
     the RNG costs (sparsity_lab.benchmarks.mvue_variants)."""
+    if variant not in LAUNCHERS:
+        raise RuntimeError(f"MVUE variant {variant!r} is not loaded: import sparsity_lab.kernels (it loads the "
+                           "measured variants of kernels/mvue24_variants.py)")
     out = torch.empty_like(x)
-    seed_ptr = isinstance(seed, torch.Tensor)  # the kernel reads the seed from device memory
     inner = 1
     for size in x.shape[dim + 1:]:
         inner *= size
-    level = variant.startswith("level")
-    philox4 = "philox4" in variant
-    if inner == 1:
-        n_groups = x.numel() // 4
-        if philox4:
-            _mvue24_lastdim_quads_kernel[(triton.cdiv(n_groups, block),)](
-                x, out, n_groups, seed, QUADS=block // 4, LEVEL=level, CONSTANT_U=constant_u, SEED_PTR=seed_ptr,
-                num_warps=num_warps or DEFAULT_QUAD_WARPS)
-        else:
-            _mvue24_lastdim_kernel[(triton.cdiv(n_groups, block),)](
-                x, out, n_groups, seed, BLOCK=block, LEVEL=level, CONSTANT_U=constant_u, SEED_PTR=seed_ptr,
-                num_warps=num_warps or DEFAULT_WARPS)
-        return out
-    n_group_rows = x.numel() // (4 * inner)
-    warps = num_warps or DEFAULT_STRIDED_WARPS
-    if variant == "level_philox4_tile16":
-        # the last tile's row offsets run up to 12 rows past the end: keep them inside int32
-        if x.numel() + 12 * inner > MAX_NUMEL:
-            raise ValueError(f"x has {x.numel()} elements; variant 'level_philox4_tile16' needs numel + 12 * "
-                             f"{inner} <= {MAX_NUMEL} (int32 offsets)")
-        grid = (triton.cdiv(n_group_rows, 4), triton.cdiv(inner, block))
-        _mvue24_strided_tile16_kernel[grid](x, out, n_group_rows, inner, seed, BLOCK=block, CONSTANT_U=constant_u,
-                                            SEED_PTR=seed_ptr,
-                                            num_warps=warps)
-    elif philox4:
-        grid = (n_group_rows, triton.cdiv(inner, block))
-        _mvue24_strided_quads_kernel[grid](x, out, inner, seed, BLOCK=block, LEVEL=level, CONSTANT_U=constant_u,
-                                           SEED_PTR=seed_ptr,
-                                           num_warps=warps)
-    else:
-        grid = (n_group_rows, triton.cdiv(inner, block))
-        _mvue24_strided_kernel[grid](x, out, inner, seed, BLOCK=block, LEVEL=level, CONSTANT_U=constant_u,
-                                     SEED_PTR=seed_ptr,
-                                     num_warps=warps)
+    LAUNCHERS[variant](x, out, inner, seed, block, num_warps, constant_u)
     return out
 
 
@@ -497,7 +356,7 @@ def _checked(x: torch.Tensor, dim: int, seed: int, block: int, variant: str) -> 
         raise ValueError(f"x has size {x.shape[dim]} along dim {dim}, which is not divisible by 4 "
                          "(MVUE 2:4 needs groups of 4)")
     check_seed(seed, x)
-    check_device(_mvue24_lastdim_kernel, x=x)
+    check_device(_mvue24_lastdim_quads_kernel, x=x)
     _check_variant(variant, block)
     return contiguous(x), dim
 

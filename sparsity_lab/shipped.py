@@ -16,7 +16,6 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SHIPPED_DIR = PACKAGE_DIR / "_shipped"
-FOLDERS = ("notebooks", "docs", "book", "results")
 BUILD_COMMIT_FILE = "BUILD_COMMIT"
 
 
@@ -35,8 +34,8 @@ def source_checkout() -> Path | None:
 
 def material_root() -> Path:
     """The folder holding ``notebooks/``, ``docs/``, ``book/`` and ``results/``: the wheel's
-    ``_shipped/`` when it is there, else the source checkout. When neither is found (a wheel built
-    without them) this is the missing ``_shipped/``; :func:`require` then names it."""
+    ``_shipped/`` when it is there, else the source checkout. When neither is found this is the
+    missing ``_shipped/``, and the messages of whoever reads from it name that path."""
     if SHIPPED_DIR.is_dir():
         return SHIPPED_DIR
     return source_checkout() or SHIPPED_DIR
@@ -55,19 +54,6 @@ def build_commit() -> str | None:
     if not path.is_file():
         return None
     return path.read_text().strip() or None
-
-
-def require(folder: str) -> Path:
-    """``material_root() / folder``, or FileNotFoundError saying where it was looked for."""
-    if folder not in FOLDERS:
-        raise ValueError(f"folder must be one of {FOLDERS}, got {folder!r}")
-    path = material_root() / folder
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"no {folder}/ shipped with sparsity_lab: looked in {SHIPPED_DIR} (an installed wheel) and "
-            f"beside {PACKAGE_DIR} (a source checkout). Install the wheel built by `pip wheel .` from the "
-            "repository, or work in a clone with `pip install -e .`")
-    return path
 
 
 ROOT = material_root()

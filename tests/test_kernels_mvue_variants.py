@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from sparsity_lab.benchmarks.mvue_variants import (CONFIGS, DIAGNOSTICS, SAME_KERNEL, check_independent_neighbours,
-                                                   check_support_and_values, check_unbiased)
+from sparsity_lab.benchmarks.mvue_checks import check_independent_neighbours, check_support_and_values, check_unbiased
+from sparsity_lab.benchmarks.mvue_variants import CONFIGS, DIAGNOSTICS, SAME_KERNEL
 from sparsity_lab.methods.mvue import mvue24 as reference_mvue24
 from sparsity_lab.methods.mvue import mvue_probabilities
 

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_in_this_checkout_the_repository_folders_are_used():
     assert shipped.source_checkout() == ROOT and shipped.installed_from() == "checkout"
     assert shipped.NOTEBOOK_DIR == ROOT / "notebooks" and provenance.RESULTS_DIR == ROOT / "results"
-    assert shipped.require("docs") == ROOT / "docs"
+    assert shipped.DOCS_DIR == ROOT / "docs" and shipped.BOOK_CONFIG_DIR == ROOT / "book"
 
 
 def test_outside_a_checkout_git_is_not_asked(monkeypatch):
@@ -36,17 +36,6 @@ def test_write_result_defaults_to_results_under_the_current_folder(tmp_path, mon
     path = provenance.write_result("probe", {"x": 1})
     assert path == Path("results") / "probe.json" and (tmp_path / "results" / "probe.json").is_file()
     assert provenance.read_result("probe", directory=tmp_path / "results")["x"] == 1
-
-
-def test_a_missing_shipped_folder_is_a_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path / "_shipped")
-    monkeypatch.setattr(shipped, "source_checkout", lambda: None)
-    try:
-        shipped.require("notebooks")
-    except FileNotFoundError as err:
-        assert "_shipped" in str(err) and "pip install -e ." in str(err)
-    else:
-        raise AssertionError("require() found a folder that is not there")
 
 
 def test_only_shipped_py_finds_files_through_its_own_location():

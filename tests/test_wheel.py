@@ -105,10 +105,11 @@ def installed(wheel, tmp_path_factory) -> dict:
     python = venv / "bin" / "python"
     purelib = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                         cwd=venv, env=_clean_env(), timeout=60).stdout.strip())
-    outer = [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and Path(p).is_dir()]
-    (purelib / "_test_environment.pth").write_text("\n".join(outer) + "\n")
     _run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "-q", wheel],
          cwd=venv, env=_clean_env(), timeout=300)
+    # after the install, so that pip sees an empty venv and never the checkout's editable install
+    outer = [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and Path(p).is_dir()]
+    (purelib / "_test_environment.pth").write_text("\n".join(outer) + "\n")
     cwd = tmp_path_factory.mktemp("empty-folder")
     env = _clean_env(PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
     return {"python": python, "bin": venv / "bin", "package": purelib / "sparsity_lab", "env": env, "cwd": cwd}

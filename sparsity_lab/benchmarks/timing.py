@@ -1,6 +1,7 @@
 """Timing shared by the kernel benchmarks: median milliseconds through triton's do_bench on a GPU."""
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -39,3 +40,15 @@ def copy_ceiling_gbps(timer: Timer, numel: int, device: torch.device) -> float:
     dst = torch.empty_like(src)
     copy_ms = timer(lambda: dst.copy_(src))
     return 2 * src.numel() * 2 / copy_ms / 1e6
+
+
+def bench_device(smoke: bool, command: str) -> torch.device | None:
+    """Where a kernel benchmark runs: the CPU through the Triton interpreter for ``--smoke`` (set here,
+    before triton is imported), else the CUDA GPU; None, after saying so, when there is none."""
+    if smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        print(f"{command} needs a CUDA GPU (use --smoke to check the script on a CPU)")
+        return None
+    return torch.device("cuda")

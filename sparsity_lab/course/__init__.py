@@ -9,14 +9,14 @@
 The notebooks, docs, book configuration and recorded results are read where
 :mod:`sparsity_lab.shipped` finds them (a source checkout or the installed wheel) and never written.
 """
+from ..shipped import NOTEBOOK_DIR
 from .book import BookBuildFailed, build_book, build_course, write_book_source
 from .book_page import PLOTLY_JSON, WIDGET_STATE, WIDGET_VIEW, book_notebook
 from .running import (SIZES, NotebookFailed, ci_parameters, execute, execute_all, is_current, notebooks,
-                      parameters_for, run_report)
-from ..shipped import NOTEBOOK_DIR
+                      parameters_for, run_report, select_notebooks)
 
 __all__ = [
     "BookBuildFailed", "NOTEBOOK_DIR", "NotebookFailed", "PLOTLY_JSON", "SIZES", "WIDGET_STATE", "WIDGET_VIEW",
     "book_notebook", "build_book", "build_course", "ci_parameters", "execute", "execute_all", "is_current",
-    "notebooks", "parameters_for", "run_report", "write_book_source",
+    "notebooks", "parameters_for", "run_report", "select_notebooks", "write_book_source",
 ]

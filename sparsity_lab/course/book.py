@@ -34,10 +34,11 @@ class BookBuildFailed(RuntimeError):
 def write_book_source(executed: Sequence[Path], source_dir: Path, sizes: str = "ci",
                       docs_dir: Path | None = None) -> Path:
     """Lay out the book's source in ``source_dir`` (emptied first): ``_config.yml``, ``intro.md`` and
-    ``_static/`` (the page style) from ``BOOK_CONFIG_DIR``, the executed notebooks as :func:`book_notebook`
-    shows them, the Markdown pages of ``docs_dir`` (default ``DOCS_DIR``, the shipped ``docs/``, when present)
-    in ``docs/``, a ``_toc.yml`` listing the notebooks in order and then the docs pages, and plotly.js
-    in ``_static/`` and MathJax in ``_mathjax/`` so the figures and the maths draw without a network."""
+    ``_static/`` (the page style) from ``BOOK_CONFIG_DIR``, the executed notebooks as
+    :func:`book_notebook` shows them, the Markdown pages of ``docs_dir`` (default ``DOCS_DIR``, the
+    shipped ``docs/``, when present) in ``docs/``, a ``_toc.yml`` listing the notebooks in order and
+    then the docs pages, and plotly.js in ``_static/`` and MathJax in ``_mathjax/`` so the figures and
+    the maths draw without a network."""
     import nbformat
 
     if not executed:
@@ -69,7 +70,7 @@ def write_book_source(executed: Sequence[Path], source_dir: Path, sizes: str = "
     for doc in docs:
         text = book_page.rewrite_links(doc.read_text(), f"docs/{doc.name}", pages.get)
         (source_dir / "docs" / doc.name).write_text(text)
-    toc = ["# written by sparsity_lab.course.write_book_source", "format: jb-book", "root: intro", "parts:",
+    toc = ["# written by sparsity_lab.course.book.write_book_source", "format: jb-book", "root: intro", "parts:",
            "- caption: Notebooks", "  chapters:"]
     toc += [f"  - file: {Path(p).stem}" for p in executed]
     if docs:

@@ -37,7 +37,7 @@ FORWARDED_SIGNALS = ("SIGTERM", "SIGHUP")  # Ctrl+C reaches the server already (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--notebooks", type=Path, default=NOTEBOOK_DIR, metavar="DIR",
-                        help=f"folder of the course notebooks to copy or run (default: the shipped ones, "
+                        help="folder of the course notebooks to copy or run (default: the shipped ones, "
                              f"{NOTEBOOK_DIR})")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, metavar="DIR",
                         help="your working copy: JupyterLab opens the notebooks copied to DIR/notebooks, and runs "

@@ -31,10 +31,6 @@ class NotebookFailed(RuntimeError):
         self.notebook, self.cell, self.executed_copy = notebook, cell, executed_copy
 
 
-class BookBuildFailed(RuntimeError):
-    """``jupyter-book build -W`` exited non-zero; the message carries its warnings and errors."""
-
-
 def notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
     """The course notebooks in reading order (their file names start with the number)."""
     return sorted(Path(directory).glob("[0-9][0-9]_*.ipynb"))

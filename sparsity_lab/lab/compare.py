@@ -290,7 +290,7 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
         variant_config(base, variant, common, decay, srste_decay)
     lead = True
     if parallel != "none":
-        from ..distributed.lab_trainer import DistributedTrainer, init_from_torchrun
+        from .distributed_trainer import DistributedTrainer, init_from_torchrun
 
         lead = init_from_torchrun(base.device)[0] == 0
     corpus = load_corpus(base.data, base.data_max_bytes, min_split_bytes=base.model.context + 1)

@@ -115,7 +115,7 @@ def _run_parallel(args, parallel: str) -> int:
     """``run`` on the processes torchrun started: rank 0 prints and writes the summary."""
     import torch.distributed as dist
 
-    from ..distributed.lab_trainer import DistributedTrainer
+    from .distributed_trainer import DistributedTrainer
 
     started_here = not (dist.is_available() and dist.is_initialized())  # else the caller owns the group
 

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import torch
 
-from ..timing import Timer, copy_ceiling_gbps, sync
+from ..timing import Timer, bench_device, copy_ceiling_gbps, sync
 from .bench import BF16, MIB, Bench
 from .checks import section
 from .report import Report
@@ -37,14 +36,9 @@ def sections() -> list[tuple[str, object]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.smoke:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        device = torch.device("cpu")
-    else:
-        if not torch.cuda.is_available():
-            print("bench-kernels needs a CUDA GPU (use --smoke to check the script on a CPU)")
-            return 2
-        device = torch.device("cuda")
+    device = bench_device(args.smoke, "bench-kernels")
+    if device is None:
+        return 2
     if not args.smoke and args.mib < 64:
         print(f"warning: --mib {args.mib} is below the 64 MiB the targets are stated for")
     from ...provenance import write_result

@@ -5,7 +5,7 @@ draws the same global batch of ``--batch-size`` sequences from the same sampler;
 its ``batch / N`` rows (``local_batch``). So a run on N processes follows the run on one process with
 the same options: same global batch, same masks, same schedule (tests/test_distributed_lab.py).
 Rank 0 alone writes the log, the summary and the progress bar; the checkpoint is one DCP directory
-(each rank writes its shards once, see ``checkpoint.py``), loadable by any number of processes.
+(each rank writes its shards once, see ``distributed/checkpoint.py``), loadable by any number of processes.
 """
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..lab.checkpoint import CheckpointError
-from ..lab.trainer import TrainConfig, Trainer, TrainingDiverged, WarmupCosine
-from ..lab.runlog import clean_row
+from .checkpoint import CheckpointError
+from .trainer import TrainConfig, Trainer, TrainingDiverged, WarmupCosine
+from .runlog import clean_row
 from ..training_hooks import attach_optimizer
-from .batches import local_batch
-from .checkpoint import load_distributed, save_distributed
-from .sharded_layer import ShardedSparseLinear
-from .wrap import data_parallel, fully_shard_sparse
+from ..distributed.batches import local_batch
+from ..distributed.checkpoint import load_distributed, save_distributed
+from ..distributed.sharded_layer import ShardedSparseLinear
+from ..distributed.wrap import data_parallel, fully_shard_sparse
 
 PARALLEL = ("ddp", "fsdp")
 
@@ -170,7 +170,7 @@ class DistributedTrainer(Trainer):
     @classmethod
     def resume(cls, path: str | Path, parallel: str, corpus=None, **run_options) -> "DistributedTrainer":
         """A trainer at the checkpoint's step (a DCP directory written by ``save``, any world size)."""
-        from .checkpoint import read_extra
+        from ..distributed.checkpoint import read_extra
 
         extra = torch.load(io.BytesIO(read_extra(path)), weights_only=True)
         config = TrainConfig.from_dict({**extra["config"], **run_options})
