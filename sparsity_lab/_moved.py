@@ -19,6 +19,8 @@ MOVED = {
     "sparsity_lab.dyad": "sparsity_lab.structures.dyad",
     "sparsity_lab.prune_regrow": "sparsity_lab.structures.prune_regrow",
     "sparsity_lab.backends.cusparselt_backend": "sparsity_lab.backends.cusparselt.backend",
+    "sparsity_lab.integrations.architectures": "sparsity_lab.architectures",
+    "sparsity_lab.integrations.conv1d": "sparsity_lab.conv1d",
     "sparsity_lab.course_command": "sparsity_lab.course.command",
     "sparsity_lab.course_workdir": "sparsity_lab.course.workdir",
     "sparsity_lab.widget_snapshot": "sparsity_lab.course.widget_snapshot",

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .layer_products import compute_dtype, products_backward, products_forward
+
 _LAYERS: dict[int, weakref.ref] = {}
 _KEYS = itertools.count()
 _PLANS: dict[int, dict[int, tuple[int, object]]] = {}  # layer key -> ticket -> (layer step, plan or None)
@@ -62,15 +64,13 @@ def _stash(key: int, step: int, plan) -> int:
 def sparse_linear(x: Tensor, weight: Tensor, bias: Tensor | None, layer_key: int, dtype: torch.dtype,
                   training: bool, grad_needed: bool) -> tuple[Tensor, Tensor]:
     """Z (..., out) in ``dtype`` = X S(W)^T + b (dense W in a dense phase), and a 0-d int64 CPU ticket."""
-    from .layers import _products_forward
-
     layer = _layer(layer_key)
-    plan = layer._call_plan(x, training, grad_needed, dtype)
+    plan = layer.call_plan(x, training, grad_needed, dtype)
     if plan is None:  # dense phase: nn.Linear's product, in the dtype autocast would give it
         z = F.linear(x.to(dtype), weight.to(dtype), bias.to(dtype) if bias is not None else None)
     else:
         x2 = x.reshape(-1, x.shape[-1]).to(dtype)
-        z = _products_forward(x2, bias, plan).reshape(*x.shape[:-1], weight.shape[0])
+        z = products_forward(x2, bias, plan).reshape(*x.shape[:-1], weight.shape[0])
     ticket = _stash(layer_key, layer.step, plan) if grad_needed else -1
     return z, torch.tensor(ticket, dtype=torch.int64)
 
@@ -86,8 +86,6 @@ def sparse_linear_backward(grad_z: Tensor, x: Tensor, weight: Tensor, ticket: Te
                            dtype: torch.dtype, bias_dtype: torch.dtype, need_x: bool, need_w: bool,
                            need_b: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(dX, dW, db) of the forward call that issued ``ticket``; an empty tensor for each one not needed."""
-    from .layers import _products_backward
-
     plans = _PLANS.get(layer_key, {})
     if int(ticket) not in plans:
         raise RuntimeError("sparsity_lab custom op: backward of a forward whose plan is gone (a second backward "
@@ -100,7 +98,7 @@ def sparse_linear_backward(grad_z: Tensor, x: Tensor, weight: Tensor, ticket: Te
         grad_w = (dz.t() @ x2).to(weight.dtype) if need_w else None
         grad_b = dz.sum(0).to(bias_dtype) if need_b else None
     else:
-        grad_x, grad_w, grad_b = _products_backward(plan, grad_z, x2, x.shape, x.dtype, weight,
+        grad_x, grad_w, grad_b = products_backward(plan, grad_z, x2, x.shape, x.dtype, weight,
                                                     bias_dtype if need_b else None, (need_x, need_w, need_b))
     empty = x.new_empty(0)
     return (grad_x if grad_x is not None else empty, grad_w if grad_w is not None else empty,
@@ -136,11 +134,9 @@ sparse_linear.register_autograd(_backward, setup_context=_setup_context)
 def compiled_sparse_linear(layer, x: Tensor) -> Tensor:
     """What ``SparseLinear.forward`` runs while Dynamo traces it: one custom op call. The flags and the
     products' dtype (autocast's, read at trace time) are constants of the graph, guarded by Dynamo."""
-    from .layers import _compute_dtype
-
     grad_enabled = torch.is_grad_enabled()
-    dtype = _compute_dtype(x, layer.weight)
+    dtype = compute_dtype(x, layer.weight)
     z, _ticket = torch.ops.sparsity_lab.sparse_linear(
-        x, layer.weight, layer.bias, layer._op_key, dtype, layer.training and grad_enabled,
+        x, layer.weight, layer.bias, layer.op_key, dtype, layer.training and grad_enabled,
         grad_enabled and layer.weight.requires_grad)
     return z

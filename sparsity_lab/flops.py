@@ -14,6 +14,8 @@ zeros skipped); whether a kernel turns them into time is what the speed benchmar
 """
 from __future__ import annotations
 
+from .ffn_width import default_ffn_hidden
+
 PRODUCTS = ("forward", "grad_input", "grad_weight")
 
 
@@ -95,9 +97,7 @@ def gpt_config_flops_per_token(config, ffn_fraction: float = 1.0) -> dict[str, f
     get = (lambda k: config[k]) if isinstance(config, dict) else (lambda k: getattr(config, k))
     kind = get("ffn_kind")
     hidden = get("ffn_hidden")
-    if hidden is None:
-        from .lab.model import GPTConfig  # the default hidden width is the model's rule
-        fields = ("vocab_size", "context", "n_layer", "n_head", "d_model", "ffn_kind")
-        hidden = GPTConfig(**{k: get(k) for k in fields}).hidden
+    if hidden is None:  # the width the lab GPT gives a config that leaves it at its default
+        hidden = default_ffn_hidden(get("d_model"), gated=kind != "gelu")
     return gpt_train_flops_per_token(get("n_layer"), get("d_model"), get("context"), get("vocab_size"), hidden,
                                      ffn_fraction=ffn_fraction, gated=kind != "gelu")

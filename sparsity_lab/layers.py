@@ -12,22 +12,24 @@ variant subtracts lr * decay * (1 - m) * W from W after the step (``apply_decay_
 State: the mask and beta are buffers; the integer counters (optimizer steps, when the mask was
 computed, flip counts, the MVUE draw counter) are the module's extra state. Both are in
 ``state_dict()``, so a stopped run resumes exactly.
+
+The products themselves (and the autograd Function that runs them) are in ``layer_products.py``.
 """
 from __future__ import annotations
 
 import math
 import sys
 import warnings
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .backends import get_backend
-from .backends.base import Backend, MvueSeed
-from .custom_ops import register_layer
+from .backends.base import MvueSeed
+from .custom_ops import compiled_sparse_linear, register_layer
+from .layer_products import CallPlan, SparseLinearFn, compute_dtype
 from .methods.config import STE, SparsityMethod
 from .methods.soft_threshold import soft_threshold, sste_beta
 from .validation import check_divisible, check_float_tensor, check_has_values
@@ -46,82 +48,6 @@ def mvue_stream_seed(seed: int, rank: int, call: int) -> int:
 def _is_dtensor(tensor: torch.Tensor) -> bool:
     dtensor_module = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before its import
     return dtensor_module is not None and isinstance(tensor, dtensor_module.DTensor)
-
-
-@dataclass
-class _BackwardPlan:
-    """What the backward pass needs besides tensors."""
-
-    backend: Backend
-    operand: Any
-    dtype: torch.dtype  # the products' dtype (the autocast dtype under autocast)
-    mask: torch.Tensor
-    decay: float
-    mvue: bool
-    seed: MvueSeed | None  # the MVUE draw's generator (eager) or device seed tensor (CUDA-graph step)
-    # when set, operand and mask were dropped after the forward and are rebuilt in the backward
-    # (a sharded layer under FSDP2 with recompute_operands: nothing full-size lives in between)
-    rebuild: Callable[[], tuple[Any, torch.Tensor]] | None = None
-
-
-def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
-    """The dtype the products run in, as nn.Linear would: the autocast dtype under autocast
-    (float64 is left alone, as autocast does), else the common dtype of x and W (which must agree)."""
-    dev = x.device.type
-    if torch.is_autocast_enabled(dev) and x.dtype != torch.float64:
-        return torch.get_autocast_dtype(dev)
-    if x.dtype != weight.dtype:
-        raise TypeError(f"x has dtype {x.dtype} but the layer's weight is {weight.dtype}; cast x "
-                        "(or the layer) or run under torch.autocast")
-    return x.dtype
-
-
-def _products_forward(x2: torch.Tensor, bias: torch.Tensor | None, plan: _BackwardPlan) -> torch.Tensor:
-    """Z = X S(W)^T + b for x2 (tokens, in) already in the products' dtype. Returns (tokens, out)."""
-    b = bias.to(plan.dtype) if bias is not None else None
-    with torch.autocast(x2.device.type, enabled=False):
-        return plan.backend.linear(x2, plan.operand, b)
-
-
-def _products_backward(plan: _BackwardPlan, grad_out: torch.Tensor, x2: torch.Tensor, x_shape: torch.Size,
-                       x_dtype: torch.dtype, weight: torch.Tensor, bias_dtype: torch.dtype | None,
-                       needs: tuple[bool, bool, bool]):
-    """(dX, dW, db) of ``_products_forward`` (None where ``needs`` is False): dX = dZ S(W) in x's dtype
-    and shape, dW = dZ^T X or MVUE(dZ^T) X (+ SR-STE's decay) in W's dtype, db = dZ summed over tokens."""
-    dz = grad_out.reshape(-1, grad_out.shape[-1]).to(plan.dtype)
-    grad_x = grad_w = grad_b = None
-    # a sharded layer may have dropped its operand and full mask after the forward: rebuild them
-    operand, mask = plan.rebuild() if plan.rebuild is not None else (plan.operand, plan.mask)
-    with torch.autocast(dz.device.type, enabled=False):
-        if needs[0]:
-            grad_x = plan.backend.grad_input(dz, operand).to(x_dtype).reshape(x_shape)
-        if needs[1]:
-            grad_w = plan.backend.grad_weight(dz, x2, plan.mvue, plan.seed).to(weight.dtype)
-            if plan.decay:
-                plan.backend.masked_decay_(grad_w, weight, mask, plan.decay)
-        if bias_dtype is not None and needs[2]:
-            # accumulate half/bf16 in fp32; float64 stays float64
-            acc = torch.float32 if dz.element_size() < 4 else dz.dtype
-            grad_b = dz.sum(0, dtype=acc).to(bias_dtype)
-    return grad_x, grad_w, grad_b
-
-
-class _SparseLinearFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, plan: _BackwardPlan):
-        x2 = x.reshape(-1, x.shape[-1]).to(plan.dtype)
-        ctx.save_for_backward(x2, weight)
-        ctx.plan, ctx.shape, ctx.x_dtype = plan, x.shape, x.dtype
-        ctx.bias_dtype = bias.dtype if bias is not None else None
-        z = _products_forward(x2, bias, plan)
-        return z.reshape(*x.shape[:-1], z.shape[-1])
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x2, weight = ctx.saved_tensors
-        grads = _products_backward(ctx.plan, grad_out, x2, ctx.shape, ctx.x_dtype, weight, ctx.bias_dtype,
-                                   ctx.needs_input_grad[:3])
-        return (*grads, None)
 
 
 class SparseLinear(nn.Linear):
@@ -162,7 +88,7 @@ class SparseLinear(nn.Linear):
             check_divisible(self.out_features, method.m, "out_features (transposable mask)", 0)
         self.method = method
         self.backend = get_backend(method.backend)
-        self._op_key = register_layer(self)  # how the torch.compile custom ops find this layer
+        self.op_key = register_layer(self)  # how the torch.compile custom ops find this layer
         self.attached_optimizer = False
         self._operand_cache: tuple[tuple, Any] | None = None
         self.prepare_count = 0  # how many operands were prepared (diagnostic, not saved)
@@ -190,7 +116,7 @@ class SparseLinear(nn.Linear):
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
-        self._op_key = register_layer(self)  # a copy (deepcopy, pickle) is a layer of its own
+        self.op_key = register_layer(self)  # a copy (deepcopy, pickle) is a layer of its own
 
     def counters(self) -> dict[str, int]:
         """The integer counters by name (what ``get_extra_state`` stores, as a dict)."""
@@ -431,10 +357,13 @@ class SparseLinear(nn.Linear):
         self._decayed_at_step = self.step
         return decay
 
-    def _call_plan(self, x: torch.Tensor, training: bool, grad_needed: bool,
-                   dtype: torch.dtype | None = None) -> _BackwardPlan | None:
+    def call_plan(self, x: torch.Tensor, training: bool, grad_needed: bool,
+                  dtype: torch.dtype | None = None) -> CallPlan | None:
         """The per-call work before the products: mask refresh when due (training), the operand,
-        SR-STE's decay and the MVUE draw (grad_needed). None in a dense phase (plain F.linear)."""
+        SR-STE's decay and the MVUE draw (grad_needed). None in a dense phase (plain F.linear).
+        ``forward`` runs it, and under torch.compile the custom op of ``custom_ops.py`` does;
+        ``layer_products`` runs the products of the plan. dtype: the products' dtype (default: as
+        nn.Linear would, see ``layer_products.compute_dtype``)."""
         if training:
             if not self.attached_optimizer:
                 warnings.warn(
@@ -447,29 +376,28 @@ class SparseLinear(nn.Linear):
             return None
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must have shape (..., in_features={self.in_features}), got {tuple(x.shape)}")
-        dtype = dtype or _compute_dtype(x, self.weight)
-        return _BackwardPlan(
+        dtype = dtype or compute_dtype(x, self.weight)
+        return CallPlan(
             backend=self.backend, operand=self._operand(dtype, backward=grad_needed), dtype=dtype,
             mask=self._mask_for_products(),
             decay=self._backward_decay() if grad_needed else 0.0, mvue=self.method.mvue,
             seed=self._seed_for_backward(x.device) if grad_needed else None,
         )
 
-    def _after_forward(self, plan: _BackwardPlan) -> None:
+    def _after_forward(self, plan: CallPlan) -> None:
         """Hook for a sharded layer: may drop what the backward can rebuild (``plan.rebuild``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             # torch.compile: the per-call work and the products run inside one custom op, so Dynamo
             # traces no host-side counters (no graph break, no recompilation per step)
-            from .custom_ops import compiled_sparse_linear
             return compiled_sparse_linear(self, x)
         grad_enabled = torch.is_grad_enabled()
         grad_needed = grad_enabled and self.weight.requires_grad
-        plan = self._call_plan(x, self.training and grad_enabled, grad_needed)
+        plan = self.call_plan(x, self.training and grad_enabled, grad_needed)
         if plan is None:
             return F.linear(x, self.weight, self.bias)
-        out = _SparseLinearFn.apply(x, self.weight, self.bias, plan)
+        out = SparseLinearFn.apply(x, self.weight, self.bias, plan)
         if grad_needed:
             self._after_forward(plan)
         return out

@@ -15,8 +15,7 @@ from typing import Callable, Iterable
 
 from torch import nn
 
-from .integrations.architectures import (architecture_selector, is_convertible, record_recipe, shape_of,
-                                          to_sparse_layer)
+from .architectures import architecture_selector, is_convertible, record_recipe, shape_of, to_sparse_layer
 from .methods.config import SparsityMethod
 from .methods.flip_rate import overall_flip_rate
 from .training_hooks import sparse_layers
@@ -53,7 +52,7 @@ def sparsify(model: nn.Module, method: SparsityMethod,
 
     method: a config object (``STE()``, ``SRSTE()``, ``MaskedDecay(total_steps=...)``, ``SSTE()``,
     ``Dense()`` for the dense reference with flip tracking). select: "ffn" (default: the MLP linears
-    of a Hugging Face architecture listed in ``integrations/architectures.py``, else the FFN name
+    of a Hugging Face architecture listed in ``architectures.py``, else the FFN name
     pattern), "all", a list of qualified module names, or ``fn(name, module) -> bool``. GPT-2's
     ``Conv1D`` is converted too (to ``SparseConv1D``, with a new weight Parameter).
     Returns the model. Raises ValueError when nothing matches or a shape cannot take N:M.

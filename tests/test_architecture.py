@@ -37,22 +37,6 @@ RULES = [
     Rule("sparsity_lab.*", scope="sparsity_lab*", forbidden=COURSE, exempt=COURSE,
          why="nothing in the library depends on building the course"),
 ]
-# Cycles that are known and owned elsewhere. The test fails when a new one appears AND when one of
-# these is gone (then delete it here).
-KNOWN_MODULE_CYCLES = [
-    # custom_ops runs layers' private product functions inside the torch.compile custom op
-    ["sparsity_lab.custom_ops", "sparsity_lab.layers"],
-]
-KNOWN_COMPONENT_CYCLES = [
-    ["sparsity_lab.custom_ops", "sparsity_lab.layers"],
-    # flops.gpt_config_flops_per_token reads lab.model's default FFN width for a config without one
-    ["sparsity_lab.flops", "sparsity_lab.lab"],
-    # sparsify uses integrations/architectures.py (which linears are the MLP of a known model);
-    # integrations/hf.py and trainer_callback.py call sparsify
-    ["sparsity_lab.integrations", "sparsity_lab.sparsify"],
-]
-
-
 @pytest.fixture(scope="module")
 def graph():
     return import_graph(ROOTS)
@@ -73,12 +57,12 @@ def test_no_import_breaks_a_rule(graph):
 
 def test_no_import_cycle_between_modules(graph):
     found = cycles(module_edges(graph))
-    assert found == KNOWN_MODULE_CYCLES, f"module import cycles {found}, known {KNOWN_MODULE_CYCLES}"
+    assert found == [], f"module import cycles: {found}"
 
 
 def test_no_import_cycle_between_components(graph):
     found = cycles(component_edges(graph, "sparsity_lab", separate=("sparsity_lab.kernels",)))
-    assert found == KNOWN_COMPONENT_CYCLES, f"component import cycles {found}, known {KNOWN_COMPONENT_CYCLES}"
+    assert found == [], f"component import cycles: {found}"
 
 
 def test_importing_the_package_loads_no_triton_plotly_or_widgets(graph):

@@ -332,9 +332,9 @@ def test_operand_compressed_once_per_optimizer_step(registry):
 def test_fused_prepare_writes_both_operands_in_one_pass(registry, monkeypatch, method_cls, kwargs):
     """Kernel 11 (run by the interpreter on these CPU tensors): one pass per step writes S(W) and
     S(W)^T, the dense S(W) is never built, and the layer still matches the reference."""
-    from sparsity_lab.backends.cusparselt import backend as cb
+    from sparsity_lab.backends.cusparselt import operand
 
-    monkeypatch.setattr(cb, "_triton_device", lambda t: True)
+    monkeypatch.setattr(operand, "_triton_device", lambda t: True)
     backend, ops = fake_backend()
     base.register_backend("cusparselt_fake", lambda: backend)
     cs, ref = _pair("cusparselt_fake", method_cls, in_f=128, out_f=64, transposable=True, **kwargs)

@@ -6,6 +6,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from sparsity_lab.structures.dyad import DyadLinear
 from sparsity_lab.flops import (gpt_config_flops_per_token, linear_flops, matmul_flops, product_fractions,
                                 tflops)
+from sparsity_lab.ffn_width import default_ffn_hidden
 from sparsity_lab.lab.model import GPT, GPTConfig
 
 
@@ -53,3 +54,18 @@ def test_tflops_and_bad_input():
         product_fractions("2:4")
     with pytest.raises(ValueError, match="density must be in"):
         product_fractions("block", density=0.0)
+
+
+@pytest.mark.parametrize("kind", ["gelu", "swiglu", "geglu"])
+@pytest.mark.parametrize("d_model", [64, 100, 384])
+def test_a_recorded_config_with_the_default_width_counts_the_models_width(kind, d_model):
+    # a results JSON stores ffn_hidden=None; the FLOP count must use the width the GPT built
+    cfg = GPTConfig(n_layer=2, n_head=4, d_model=d_model, context=32, ffn_kind=kind)
+    recorded = dict(cfg.__dict__)
+    assert recorded["ffn_hidden"] is None
+    width = GPT(cfg).blocks[0].mlp.proj.in_features  # what the model was built with
+    assert width == cfg.hidden == default_ffn_hidden(d_model, gated=kind != "gelu")
+    gated = 3 if kind != "gelu" else 2
+    assert gpt_config_flops_per_token(recorded)["ffn"] == 3 * 2 * 2 * gated * d_model * width
+    with pytest.raises(ValueError, match="d_model must be a positive int"):
+        default_ffn_hidden(0, gated=True)

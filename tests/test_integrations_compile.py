@@ -68,7 +68,7 @@ def test_compiled_training_equals_eager(method):
     assert counters(eager) == counters(compiled)
     for (name, a), (_, b) in zip(sl.sparse_layers(eager), sl.sparse_layers(compiled)):
         assert torch.equal(a.weight, b.weight) and torch.equal(a.mask, b.mask), name
-    assert not _PLANS.get(sl.sparse_layers(compiled)[0][1]._op_key)  # every forward's plan was used
+    assert not _PLANS.get(sl.sparse_layers(compiled)[0][1].op_key)  # every forward's plan was used
 
 
 def test_compiled_triton_backend_equals_eager():
@@ -101,7 +101,7 @@ def test_compiled_under_autocast_uses_bf16_products():
 def test_custom_op_registration_checks():
     layer = sl.SparseLinear(8, 4, method=sl.SSTE(mvue=True))
     x = torch.randn(3, 8, requires_grad=True)
-    args = (x, layer.weight, layer.bias, layer._op_key, torch.float32, False, True)
+    args = (x, layer.weight, layer.bias, layer.op_key, torch.float32, False, True)
     # test_aot_dispatch_* compares two calls, which differ by design (each call gets its own ticket and
     # MVUE draw); test_compiled_training_equals_eager covers that path against eager mode instead
     for check in ("test_schema", "test_autograd_registration", "test_faketensor"):
@@ -111,7 +111,7 @@ def test_custom_op_registration_checks():
 def test_deep_copies_are_separate_layers():
     layer = sl.SparseLinear(8, 4, method=sl.STE())
     twin = copy.deepcopy(layer)
-    assert twin._op_key != layer._op_key
+    assert twin.op_key != layer.op_key
 
 
 def test_compiled_hugging_face_llama():

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import sparsity_lab as sl
-from sparsity_lab.integrations.architectures import ARCHITECTURES
-from sparsity_lab.integrations.conv1d import SparseConv1D
+from sparsity_lab.architectures import ARCHITECTURES
+from sparsity_lab.conv1d import SparseConv1D
 
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("sparsity_lab.integrations.hf")

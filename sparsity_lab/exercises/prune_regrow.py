@@ -88,77 +88,16 @@ def check_prune_and_regrow(prune_and_regrow_fn, show: bool = True):
                                  "dead before this update at random, then zero weights and moments on both sets.",
                             solution="prune_regrow")
 
-    def one_case(r, out, inp, b, live, fraction, seed, data_seed):
-        data = torch.Generator().manual_seed(data_seed)
-        grid = (out // b, inp // b)
-        total = grid[0] * grid[1]
-        mask = torch.zeros(total, dtype=torch.bool)
-        mask[torch.randperm(total, generator=data)[:live]] = True
-        mask = mask.reshape(grid)
-        dense = _expand(mask, b)
-        w = torch.randn(out, inp, dtype=torch.float64, generator=data) * dense
-        m1 = torch.randn(out, inp, dtype=torch.float64, generator=data) * dense
-        m2 = torch.rand(out, inp, dtype=torch.float64, generator=data) * dense
-        inputs = [t.clone() for t in (w, mask, m1, m2)]
-        what = f"prune_and_regrow on a ({out}, {inp}) weight, {b}x{b} blocks, {live} live, fraction {fraction}"
-        got = r.call(prune_and_regrow_fn, inputs[0], inputs[1], inputs[2], inputs[3], fraction, b,
-                     torch.Generator().manual_seed(seed), what=what)
-        if got is None:
-            return None
-        if not (isinstance(got, tuple) and len(got) == 4 and all(isinstance(t, torch.Tensor) for t in got)):
-            r.expect(False, f"{what}: return a tuple (block_mask, weight, exp_avg, exp_avg_sq) of tensors")
-            return None
-        new_mask, new_w, new_m1, new_m2 = got
-        if not all(torch.equal(a, c) for a, c in zip(inputs, (w, mask, m1, m2))):
-            r.expect(False, f"{what}: the inputs were changed in place; return new tensors instead")
-            return None
-        if new_mask.shape != mask.shape or new_mask.dtype != torch.bool:
-            r.expect(False, f"{what}: block_mask should be a bool tensor of shape {tuple(mask.shape)}, got "
-                            f"{new_mask.dtype} {tuple(new_mask.shape)}")
-            return None
-        k = int(math.floor(fraction * live))
-        if int(new_mask.sum()) != live:
-            r.expect(False, f"{what}: {int(new_mask.sum())} live blocks after the update, expected {live} "
-                            f"(prune and regrow the same number)")
-            return None
-        scores = reference_block_l1(w, b).flatten()
-        live_idx = mask.flatten().nonzero().squeeze(1)
-        want_pruned = set(live_idx[torch.argsort(scores[live_idx])[:k]].tolist())
-        pruned = set((mask.flatten() & ~new_mask.flatten()).nonzero().squeeze(1).tolist())
-        regrown = set((~mask.flatten() & new_mask.flatten()).nonzero().squeeze(1).tolist())
-        if pruned != want_pruned:
-            largest = set(live_idx[torch.argsort(scores[live_idx], descending=True)[:k]].tolist())
-            why = " (you pruned the largest blocks)" if pruned == largest and k else ""
-            r.expect(False, f"{what}: pruned blocks {sorted(pruned)}, expected the {k} smallest-L1 live blocks "
-                            f"{sorted(want_pruned)}{why}")
-            return None
-        if len(regrown) != k:
-            r.expect(False, f"{what}: {len(regrown)} blocks regrown among those that were dead before, expected {k} "
-                            f"(regrow at dead positions, not at the ones just pruned)")
-            return None
-        changed = _expand((mask ^ new_mask) | _blocks_of(pruned, regrown, grid), b)
-        for name, before, after in (("weight", w, new_w), ("exp_avg", m1, new_m1), ("exp_avg_sq", m2, new_m2)):
-            if after.shape != before.shape:
-                r.expect(False, f"{what}: {name} has shape {tuple(after.shape)}, expected {tuple(before.shape)}")
-                return None
-            if bool((after[changed] != 0).any()):
-                r.expect(False, f"{what}: {name} is not zero on the pruned and regrown blocks")
-                return None
-            if not torch.equal(after[~changed], before[~changed]):
-                r.expect(False, f"{what}: {name} changed outside the pruned and regrown blocks")
-                return None
-        return frozenset(regrown)
-
     def body(r):
         rng = random.Random()
         for out, inp, b, live, fraction in [(8, 8, 4, 2, 0.5), (16, 16, 4, 4, 0.5), (16, 32, 8, 3, 0.34),
                                             (32, 32, 4, 16, 0.25), (24, 16, 8, 2, 0.0), (12, 12, 4, 5, 0.4)]:
-            if one_case(r, out, inp, b, live, fraction, rng.randrange(2 ** 31), rng.randrange(2 ** 31)) is None \
-                    and r.problems:
+            seeds = rng.randrange(2 ** 31), rng.randrange(2 ** 31)
+            if _check_one_update(r, prune_and_regrow_fn, out, inp, b, live, fraction, *seeds) is None and r.problems:
                 return
         # regrowth is random: on the same weight, different generators must pick different dead blocks
         data_seed = rng.randrange(2 ** 31)
-        picks = {one_case(r, 32, 32, 4, 8, 0.5, seed, data_seed) for seed in range(12)}
+        picks = {_check_one_update(r, prune_and_regrow_fn, 32, 32, 4, 8, 0.5, seed, data_seed) for seed in range(12)}
         if r.problems:
             return
         r.expect(len(picks) > 1, "the regrown blocks are the same for 12 different generators: regrow at random "
@@ -166,7 +105,86 @@ def check_prune_and_regrow(prune_and_regrow_fn, show: bool = True):
     return run_check(report, body, show)
 
 
-def _blocks_of(pruned: set, regrown: set, grid: tuple[int, int]) -> torch.Tensor:
-    flat = torch.zeros(grid[0] * grid[1], dtype=torch.bool)
-    flat[list(pruned | regrown)] = True
-    return flat.reshape(grid)
+def _random_block_sparse(out: int, inp: int, b: int, live: int, data_seed: int):
+    """A block mask (out/b, in/b) with ``live`` live blocks, and W, exp_avg, exp_avg_sq zero off them."""
+    data = torch.Generator().manual_seed(data_seed)
+    grid = (out // b, inp // b)
+    mask = torch.zeros(grid[0] * grid[1], dtype=torch.bool)
+    mask[torch.randperm(mask.numel(), generator=data)[:live]] = True
+    mask = mask.reshape(grid)
+    dense = _expand(mask, b)
+    w = torch.randn(out, inp, dtype=torch.float64, generator=data) * dense
+    m1 = torch.randn(out, inp, dtype=torch.float64, generator=data) * dense
+    m2 = torch.rand(out, inp, dtype=torch.float64, generator=data) * dense
+    return w, mask, m1, m2
+
+
+def _check_one_update(r, prune_and_regrow_fn, out, inp, b, live, fraction, seed, data_seed):
+    """Run the learner's update on one random block-sparse weight; the regrown blocks (a frozenset)
+    when it is right, else None with the problem reported on ``r``."""
+    w, mask, m1, m2 = _random_block_sparse(out, inp, b, live, data_seed)
+    inputs = [t.clone() for t in (w, mask, m1, m2)]
+    what = f"prune_and_regrow on a ({out}, {inp}) weight, {b}x{b} blocks, {live} live, fraction {fraction}"
+    got = r.call(prune_and_regrow_fn, inputs[0], inputs[1], inputs[2], inputs[3], fraction, b,
+                 torch.Generator().manual_seed(seed), what=what)
+    if got is None:
+        return None
+    if not (isinstance(got, tuple) and len(got) == 4 and all(isinstance(t, torch.Tensor) for t in got)):
+        r.expect(False, f"{what}: return a tuple (block_mask, weight, exp_avg, exp_avg_sq) of tensors")
+        return None
+    if not all(torch.equal(a, c) for a, c in zip(inputs, (w, mask, m1, m2))):
+        r.expect(False, f"{what}: the inputs were changed in place; return new tensors instead")
+        return None
+    new_mask = got[0]
+    regrown = _check_block_choice(r, what, w, mask, new_mask, b, live, fraction)
+    if regrown is None:
+        return None
+    changed = _expand(mask ^ new_mask, b)
+    for name, before, after in zip(("weight", "exp_avg", "exp_avg_sq"), (w, m1, m2), got[1:]):
+        if not _check_zeroed_on(r, what, name, before, after, changed):
+            return None
+    return frozenset(regrown)
+
+
+def _check_block_choice(r, what, w, mask, new_mask, b, live, fraction):
+    """The pruned blocks are the k = floor(fraction * live) smallest-L1 live ones and k dead blocks
+    came alive: the regrown block indices (a set), or None with the problem reported."""
+    if new_mask.shape != mask.shape or new_mask.dtype != torch.bool:
+        r.expect(False, f"{what}: block_mask should be a bool tensor of shape {tuple(mask.shape)}, got "
+                        f"{new_mask.dtype} {tuple(new_mask.shape)}")
+        return None
+    k = int(math.floor(fraction * live))
+    if int(new_mask.sum()) != live:
+        r.expect(False, f"{what}: {int(new_mask.sum())} live blocks after the update, expected {live} "
+                        f"(prune and regrow the same number)")
+        return None
+    scores = reference_block_l1(w, b).flatten()
+    live_idx = mask.flatten().nonzero().squeeze(1)
+    want_pruned = set(live_idx[torch.argsort(scores[live_idx])[:k]].tolist())
+    pruned = set((mask.flatten() & ~new_mask.flatten()).nonzero().squeeze(1).tolist())
+    regrown = set((~mask.flatten() & new_mask.flatten()).nonzero().squeeze(1).tolist())
+    if pruned != want_pruned:
+        largest = set(live_idx[torch.argsort(scores[live_idx], descending=True)[:k]].tolist())
+        why = " (you pruned the largest blocks)" if pruned == largest and k else ""
+        r.expect(False, f"{what}: pruned blocks {sorted(pruned)}, expected the {k} smallest-L1 live blocks "
+                        f"{sorted(want_pruned)}{why}")
+        return None
+    if len(regrown) != k:
+        r.expect(False, f"{what}: {len(regrown)} blocks regrown among those that were dead before, expected {k} "
+                        f"(regrow at dead positions, not at the ones just pruned)")
+        return None
+    return regrown
+
+
+def _check_zeroed_on(r, what, name, before, after, changed) -> bool:
+    """``after`` is zero on the changed blocks and equal to ``before`` elsewhere (else reported)."""
+    if after.shape != before.shape:
+        r.expect(False, f"{what}: {name} has shape {tuple(after.shape)}, expected {tuple(before.shape)}")
+        return False
+    if bool((after[changed] != 0).any()):
+        r.expect(False, f"{what}: {name} is not zero on the pruned and regrown blocks")
+        return False
+    if not torch.equal(after[~changed], before[~changed]):
+        r.expect(False, f"{what}: {name} changed outside the pruned and regrown blocks")
+        return False
+    return True

@@ -1,9 +1,11 @@
 """Integrations with the tools people train and serve with.
 
-    architectures   which linears are the MLP of a known Hugging Face architecture (used by sparsify)
-    conv1d          GPT-2's Conv1D as a 2:4 layer
     hf              from_pretrained / load_dense_checkpoint for Hugging Face models (needs transformers)
     trainer_callback SparsityCallback for transformers.Trainer (needs transformers)
+
+The table of known architectures (which linears are the MLP) and GPT-2's Conv1D as a 2:4 layer
+are what ``sparsify`` itself converts with: they live beside it, in ``sparsity_lab.architectures``
+and ``sparsity_lab.conv1d``.
 
 Importing this package imports neither transformers nor triton; ``hf`` and ``trainer_callback`` do.
 """

@@ -20,11 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..ffn_width import default_ffn_hidden
+
 FFN_KINDS = ("gelu", "swiglu", "geglu")
-
-
-def _round_up(x: float, multiple: int) -> int:
-    return int(math.ceil(x / multiple) * multiple)
 
 
 @dataclass
@@ -60,9 +58,7 @@ class GPTConfig:
         """Width h of the FFN's hidden layer."""
         if self.ffn_hidden is not None:
             return self.ffn_hidden
-        if self.ffn_kind == "gelu":
-            return 4 * self.d_model
-        return _round_up(8 * self.d_model / 3, 16)
+        return default_ffn_hidden(self.d_model, gated=self.ffn_kind != "gelu")
 
     def check_nm(self, m: int = 4, transposable: bool = False) -> None:
         """Raise a clear error when the FFN linears cannot take an N:M mask with groups of m.

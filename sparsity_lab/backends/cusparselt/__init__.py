@@ -1,6 +1,8 @@
 """The cuSPARSELt backend: 2:4 products on the sparse tensor cores (validated on the H100).
 
     backend     CusparseltBackend (the backend interface of ``backends/base.py``) and its CPU fallback
+    operand     the step's weight operand and its compression (the backend's part before the products)
+    measure     the auto policy's timing of one product, dense against sparse
     ops         the contract of PyTorch's ``torch._cslt_*`` ops, checked shapes and dtypes
     direct      the direct ctypes binding with a cached plan (about 0.01 ms of host time per product)
     algorithms  the matmul algorithm chosen per product shape, cached

@@ -14,7 +14,7 @@ it as a transposed row-major operand) and ask ``transpose_result=True``, so the 
 Z or dX, row-major, with no transpose after. The weight gradient passes X as it is and takes the
 result as dW (``transpose_result=False``; the other layout is measured by the probe).
 
-Per optimizer step: ``prepare_masked`` (what SparseLinear calls) makes a :class:`CusparseltOperand`
+Per optimizer step (``operand.py``): ``prepare_masked`` (what SparseLinear calls) makes a :class:`CusparseltOperand`
 from W, the mask and beta; on first use kernel 11 (``kernels/prepare24.py``) writes the compressed
 S(W) and S(W)^T in one pass over W, and the dense S(W) is made only if a dense product asks for it
 (``prepare`` wraps an already masked S(W) instead). The operand is reused by every micro-step (the
@@ -59,11 +59,12 @@ import torch.nn.functional as F
 
 from .auto import PRODUCTS, AutoPolicy, ProductShape
 from ..base import Backend, MvueSeed, kernel_seed
-from .algorithms import AlgorithmCache, ProductKey, synthetic_operands
+from .algorithms import AlgorithmCache, ProductKey
 from ...methods.flip_rate import mask_flips_tensor
-from ...references.cusparselt_layout import fast_layout_problem
-from .ops import (PRODUCT_DTYPES, SPARSE_MULTIPLE, check_product_dtype,
-                             check_sparse_shape, padded, sparse_shape_problem, transposed_view, unavailable_reason)
+from .measure import measure_product
+from .operand import CusparseltOperand, OperandPreparation
+from .ops import (PRODUCT_DTYPES, SPARSE_MULTIPLE, check_product_dtype, check_sparse_shape, padded,
+                  sparse_shape_problem, transposed_view, unavailable_reason)
 from ..torch_reference import TorchBackend
 
 MIN_MULTIPLE = min(SPARSE_MULTIPLE[d] for d in PRODUCT_DTYPES)  # 16: what any weight must meet
@@ -83,49 +84,8 @@ class ReferenceFallback(TorchBackend):
         self.name = f"torch (fallback for {requested})"
 
 
-class CusparseltOperand:
-    """One optimizer step's weight operand: S(W) (out, in) and its compressed forms, built lazily.
-
-    ``compressed``: S(W), 2:4 along in (forward). ``compressed_t``: S(W)^T (in, out), 2:4 along out
-    (input gradient; transposable mask). ``weight``: the dense S(W) in the product dtype, given, or
-    (for an operand made by ``prepare_masked``) built on first use by ``dense_fn`` (only a dense
-    product, e.g. chosen by the auto policy, needs it). ``source``: (W, mask, beta, dtype) when the
-    compressed forms can be written straight from W by kernel 11; ``backward``: whether the
-    input gradient is expected (then the first compression writes both forms in one pass).
-    """
-
-    def __init__(self, weight: torch.Tensor | None = None, shape: tuple[int, int] | None = None,
-                 dtype: torch.dtype | None = None, dense_fn=None, source: tuple | None = None,
-                 backward: bool = True) -> None:
-        if weight is None and (shape is None or dtype is None or dense_fn is None):
-            raise ValueError("an operand needs the dense weight, or its shape, dtype and a function that makes it")
-        self._weight = weight
-        self._shape = tuple(weight.shape) if weight is not None else tuple(shape)
-        self.dtype = weight.dtype if weight is not None else dtype
-        self._dense_fn = dense_fn
-        self.source = source
-        self.backward = backward
-        self.compressed: torch.Tensor | None = None
-        self.compressed_t: torch.Tensor | None = None
-
-    @property
-    def weight(self) -> torch.Tensor:
-        if self._weight is None:
-            self._weight = self._dense_fn()
-        return self._weight
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self._shape
-
-
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
-
-
-def _triton_device(t: torch.Tensor) -> bool:
-    """Where the fused Triton kernels run: CUDA tensors (tests widen it to the CPU interpreter)."""
-    return t.is_cuda
 
 
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -133,7 +93,7 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     return x if x.shape[0] == rows else F.pad(x, (0, 0, 0, rows - x.shape[0]))
 
 
-class CusparseltBackend(Backend):
+class CusparseltBackend(OperandPreparation, Backend):
     """2:4 products on sparse tensor cores through cuSPARSELt (see the module docstring).
 
     ops: the cuSPARSELt calls (default: PyTorch's, which checks the GPU; tests pass a stand-in).
@@ -256,79 +216,7 @@ class CusparseltBackend(Backend):
         else:
             self._reference.masked_decay_(grad, weight, mask, decay)
 
-    # --- products ------------------------------------------------------------------------------------
-    def prepare(self, sparse_weight: torch.Tensor) -> CusparseltOperand:
-        if sparse_weight.dim() != 2:
-            raise ValueError(f"the sparse weight must be 2-D (out, in), got shape {tuple(sparse_weight.shape)}")
-        self._ops.check_device(sparse_weight, "the layer's weight")
-        if self.policy is None:
-            check_product_dtype(sparse_weight.dtype)
-            check_sparse_shape(*sparse_weight.shape, sparse_weight.dtype,
-                               "the layer's weight (out_features, in_features)")
-        return CusparseltOperand(sparse_weight.contiguous())
-
-    def prepare_masked(self, weight, mask, beta, n, m, dtype, backward: bool = True) -> CusparseltOperand:
-        """The step's operand straight from W and the mask (``prepare(sparse_weight_as(...))`` in fewer
-        passes): on CUDA, for whole-tile shapes, kernel 11 later writes S(W) and S(W)^T compressed
-        from W in one pass and the dense S(W) is made only if a dense product asks for it.
-        ``backward``: the input gradient is expected (both forms are then written together)."""
-        if weight.dim() != 2:
-            raise ValueError(f"the weight must be 2-D (out, in), got shape {tuple(weight.shape)}")
-        self._ops.check_device(weight, "the layer's weight")
-        if self.policy is None:
-            check_product_dtype(dtype)
-            check_sparse_shape(*weight.shape, dtype, "the layer's weight (out_features, in_features)")
-
-        def dense() -> torch.Tensor:
-            return self.sparse_weight_as(weight, mask, beta, n, m, dtype).contiguous()
-        fusable = (self.fast_compress and self.fused_prepare and _triton_device(weight) and mask.is_contiguous()
-                   and dtype in PRODUCT_DTYPES and fast_layout_problem(*weight.shape, dtype) is None)
-        return CusparseltOperand(shape=tuple(weight.shape), dtype=dtype, dense_fn=dense, backward=backward,
-                                 source=(weight, mask, beta, dtype) if fusable else None)
-
-    def compress_operand(self, operand: CusparseltOperand, transposed: bool, want_other: bool) -> None:
-        """Fill ``operand.compressed`` (or ``compressed_t`` when ``transposed``); with ``want_other``
-        and a fusable source, kernel 11 writes the other form in the same pass."""
-        if operand.source is None:
-            if transposed:
-                operand.compressed_t = self._compress(operand.weight.t())  # a view: read strided
-            else:
-                operand.compressed = self._compress(operand.weight)
-            return
-        w, mask, beta, dtype = operand.source
-        forward, backward = (want_other, True) if transposed else (True, want_other)
-        fwd, bwd = self._k().prepare24(w, mask, beta, out_dtype=dtype, forward=forward, transposed=backward)
-        written = int(forward) + int(backward)
-        self.stats["compressions"] += written
-        self.stats["fast_compressions"] += written
-        self.stats["fused_prepares"] += 1
-        operand.compressed = fwd if fwd is not None else operand.compressed
-        operand.compressed_t = bwd if bwd is not None else operand.compressed_t
-
-    def _compressor(self, a: torch.Tensor):
-        """(function, reason): how ``a`` gets compressed. CUDA tensors of whole-tile shapes go
-        through the Triton compressor (``kernels/compress24.py``: bit for bit the bytes of
-        ``_cslt_compress``, at memory speed, reading transposed views in place); other shapes
-        through ``_cslt_compress`` on a contiguous copy, with the reason."""
-        problem = fast_layout_problem(*a.shape, a.dtype) if a.is_cuda else "not a CUDA tensor"
-        if problem is None and self.fast_compress:
-            return self._k().compress24, None
-        return (lambda t: self._ops.compress(t.contiguous())), problem or "fast_compress=False"
-
-    def _compress(self, a: torch.Tensor) -> torch.Tensor:
-        """The compressed form of the 2:4 matrix ``a`` (any strides: W^T and MVUE(dZ)^T arrive as
-        transposed views), counted in ``stats``: "fast_compressions" or "slow_compressions" (the
-        reasons in ``slow_compress_reasons``; the copy a transposed view needs there in "compress_copies")."""
-        self.stats["compressions"] += 1
-        fn, reason = self._compressor(a)
-        if reason is None:
-            self.stats["fast_compressions"] += 1
-        else:
-            self.stats["slow_compressions"] += 1
-            self.slow_compress_reasons[reason] += 1
-            self.stats["compress_copies"] += int(not a.is_contiguous())
-        return fn(a)
-
+    # --- products (the operand's preparation and compression: OperandPreparation, operand.py) ----------
     def _sparse(self, product: str, out_f: int, in_f: int, tokens: int, dtype: torch.dtype) -> bool:
         """Run this product of a layer (out_f, in_f) over ``tokens`` rows sparse? Cached per key in a
         plain dict: in eager training at small shapes the host is the bottleneck, so the per-call cost
@@ -434,38 +322,10 @@ class CusparseltBackend(Backend):
         dw = self._ops.mm(a, x_p, None, tr, config)
         return dw.t() if tr else dw
 
-    # --- the auto policy's measurements (GPU) ----------------------------------------------------------
     def measure_product(self, shape: ProductShape) -> tuple[float, float]:
-        """(dense_ms, sparse_ms) for one product on synthetic operands of ``shape``, as the products
-        above run it: sparse counts the searched algorithm's product plus the compression of its
-        operand (once: one micro-step per optimizer step) and, for the weight gradient, the
-        transpose copy of MVUE(dZ); the MVUE itself is common to both and not counted."""
-        device, dtype = torch.device("cuda"), getattr(torch, shape.dtype)
-        t = graph_time_ms if self.timing == "graph" else self._ops.time_ms
-        if shape.product == "grad_weight":
-            key = ProductKey(shape.m, shape.k, shape.n, dtype, False, self.grad_weight_transpose_result)
-            a, x, _ = synthetic_operands(key, device)  # a = MVUE(dZ^T) (out, tokens), x (tokens, in)
-            a_tokens_major = a.t().contiguous()  # how the MVUE kernel leaves it
-            config = self.algorithms.get(key, device)
-            dense_ms = t(lambda: a_tokens_major.t() @ x)
-            compress, _ = self._compressor(a_tokens_major.t())
-            compressed = compress(a_tokens_major.t())
-            sparse_ms = (t(lambda: compress(a_tokens_major.t()))
-                         + t(lambda: self._ops.mm(compressed, x, None, key.transpose_result, config)))
-            return dense_ms, sparse_ms
-        key = ProductKey(shape.m, shape.k, shape.n, dtype, True, True)
-        a, b, _ = synthetic_operands(key, device)  # a: S(W) or S(W)^T; b: X^T or dZ^T (a view)
-        config = self.algorithms.get(key, device)
-        rows_major = b.t()  # X or dZ, contiguous
-        if shape.product == "forward":
-            dense_ms = t(lambda: F.linear(rows_major, a))
-        else:
-            weight = a.t()  # S(W) (out, in) as the dense path holds it (a view here; cuBLAS reads either)
-            dense_ms = t(lambda: rows_major @ weight)
-        compress, _ = self._compressor(a)
-        compressed = compress(a)
-        sparse_ms = t(lambda: compress(a)) + t(lambda: self._ops.mm(compressed, b, None, True, config))
-        return dense_ms, sparse_ms
+        """(dense_ms, sparse_ms) of one product of ``shape`` on the GPU, for the auto policy
+        (``measure.measure_product``)."""
+        return measure_product(self, shape)
 
     # --- reports -------------------------------------------------------------------------------------
     def product_plan(self, out_features: int, in_features: int, mvue: bool) -> dict[str, str]:
@@ -498,31 +358,6 @@ class CusparseltBackend(Backend):
         """(timing mode, policy) for the current mode and the other one, if it was used."""
         found = [(self._timing, self.policy)]
         return found + [(mode, pair[0]) for mode, pair in self._by_timing.items() if mode != self._timing]
-
-
-def graph_time_ms(fn, reps: int = 5, warmup: int = 1) -> float:
-    """Milliseconds per call of ``fn`` captured ``reps`` times in one CUDA graph and replayed (the
-    kernels' time alone, as a graphed training step runs them); median of 3 replays."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # PyTorch's rule: warm up on a side stream before capturing
-        for _ in range(max(warmup, 1)):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    times = []
-    for _ in range(3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / reps)
-    del graph
-    return sorted(times)[1]
 
 
 def cusparselt_backend(auto: bool = False, min_speedup: float = 1.0):

@@ -14,8 +14,8 @@ from typing import Callable
 
 from torch import nn
 
-from ..layers import SparseLinear
-from ..methods.config import SparsityMethod
+from .layers import SparseLinear
+from .methods.config import SparsityMethod
 from .conv1d import SparseConv1D, is_conv1d
 
 Selector = Callable[[str, nn.Module], bool]

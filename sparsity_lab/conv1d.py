@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..layers import SparseLinear
-from ..methods.config import SparsityMethod
+from .layers import SparseLinear
+from .methods.config import SparsityMethod
 
 _TRANSPOSED = ("weight", "mask")  # the (out, in) tensors kept (in, out) in the checkpoint
 
