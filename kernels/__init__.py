@@ -17,12 +17,19 @@ package (named in its docstring) and a test against it (tests/test_kernels_*.py)
     count_flips        9. entries where two masks differ, counted on the device
     mvue_compress24   10. MVUE 2:4 of dZ along the tokens, written straight into cuSPARSELt's layout
     prepare24         11. S(W) and S(W)^T (soft threshold or mask) compressed straight from W, one pass
+    act24             12. squared ReLU + 2:4 selection of an activation, compressed for cuSPARSELt, one pass
+    act24_backward    13. its straight-through gradient dH, recomputing the selection, compressed, one pass
+    fp8_cast_transpose 14. FP8 cast writing q and q^T in one pass (the weight gradient reads q(X)^T)
+    scale_product     15. a product multiplied in place by two per-tensor scales read on the device
 
 Importing this package imports triton: set TRITON_INTERPRET=1 first to run on a CPU.
 """
+from .act24 import act24
+from .act24_backward import act24_backward
 from .compress24 import compress24
 from .count_flips import count_flips
 from .fp8_cast import amax, dequantize_fp8, quantize_fp8, quantize_fp8_with_scale
+from .fp8_cast_transpose import quantize_fp8_transposed
 from .gated import gated_backward, gated_forward
 from .masked_decay import masked_decay_
 from .mvue24 import mvue24
@@ -30,11 +37,13 @@ from . import mvue24_variants  # noqa: F401  (adds the measured baseline variant
 from .mvue_compress24 import mvue_compress24
 from .prepare24 import prepare24
 from .prune24 import pack_mask24, prune24, unpack_mask24
+from .scale_product import scale_product_
 from .soft_threshold24 import soft_threshold24
 from .transposable24 import transposable_mask24
 
 __all__ = [
-    "amax", "compress24", "count_flips", "dequantize_fp8", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "mvue_compress24", "pack_mask24",
-    "prepare24", "prune24", "quantize_fp8", "quantize_fp8_with_scale", "soft_threshold24", "transposable_mask24",
+    "act24", "act24_backward", "amax", "compress24", "count_flips", "dequantize_fp8", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "mvue_compress24", "pack_mask24",
+    "prepare24", "prune24", "quantize_fp8", "quantize_fp8_transposed", "quantize_fp8_with_scale", "scale_product_",
+    "soft_threshold24", "transposable_mask24",
     "unpack_mask24",
 ]

@@ -100,9 +100,8 @@ def sparse_linear_backward(grad_z: Tensor, x: Tensor, weight: Tensor, ticket: Te
     else:
         grad_x, grad_w, grad_b = products_backward(plan, grad_z, x2, x.shape, x.dtype, weight,
                                                     bias_dtype if need_b else None, (need_x, need_w, need_b))
-    empty = x.new_empty(0)
-    return (grad_x if grad_x is not None else empty, grad_w if grad_w is not None else empty,
-            grad_b if grad_b is not None else empty)
+    # one new empty tensor per gradient not needed: a custom op's outputs may not alias each other
+    return tuple(g if g is not None else x.new_empty(0) for g in (grad_x, grad_w, grad_b))
 
 
 @sparse_linear_backward.register_fake

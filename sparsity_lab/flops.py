@@ -98,6 +98,6 @@ def gpt_config_flops_per_token(config, ffn_fraction: float = 1.0) -> dict[str, f
     kind = get("ffn_kind")
     hidden = get("ffn_hidden")
     if hidden is None:  # the width the lab GPT gives a config that leaves it at its default
-        hidden = default_ffn_hidden(get("d_model"), gated=kind != "gelu")
+        hidden = default_ffn_hidden(get("d_model"), gated=kind in ("swiglu", "geglu"))
     return gpt_train_flops_per_token(get("n_layer"), get("d_model"), get("context"), get("vocab_size"), hidden,
-                                     ffn_fraction=ffn_fraction, gated=kind != "gelu")
+                                     ffn_fraction=ffn_fraction, gated=kind in ("swiglu", "geglu"))

@@ -26,8 +26,8 @@ Limits (each raises or is documented): CUDA tensors only; the inputs keep their 
 (a new shape takes one eager step, where its decisions and searches run, then recaptures); every
 SparseLinear runs once per step; one micro-step per optimizer step (a replay overwrites the
 gradients, it does not add to them); MVUE needs a backend whose kernels read the seed on the device
-(``Backend.reads_seed_from_device``: "triton", "cusparselt", "cusparselt_auto"; the reference backend
-draws on the host). Under autocast, use
+(``Backend.reads_seed_from_device``: "triton", "cusparselt", "cusparselt_auto", the FP8 backends;
+the reference backend draws on the host). Under autocast, use
 ``torch.autocast(..., cache_enabled=False)`` inside ``loss_fn`` (PyTorch's rule for graphs). A change
 of phase (the dense fine-tune switch) recaptures. ``recaptures`` counts captures.
 """
@@ -40,6 +40,7 @@ from torch import nn
 
 from .layers import SparseLinear
 from .training_hooks import sparse_layers
+
 
 def mvue_layers(model: nn.Module) -> list[SparseLinear]:
     return [layer for _, layer in sparse_layers(model) if layer.method.mvue]

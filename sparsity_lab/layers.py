@@ -87,7 +87,9 @@ class SparseLinear(nn.Linear):
         if method.transposable:
             check_divisible(self.out_features, method.m, "out_features (transposable mask)", 0)
         self.method = method
-        self.backend = get_backend(method.backend)
+        # the shared backend, or for a backend with per-layer state (FP8 scales and amax histories) this
+        # layer's own, an nn.Module child: its state is then in state_dict() (under "backend.")
+        self.backend = get_backend(method.backend).for_layer(self)
         self.op_key = register_layer(self)  # how the torch.compile custom ops find this layer
         self.attached_optimizer = False
         self._operand_cache: tuple[tuple, Any] | None = None
@@ -140,6 +142,23 @@ class SparseLinear(nn.Linear):
         for name in _COUNTERS:
             setattr(self, name, int(state[name]))
         self._operand_cache = None
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        # a checkpoint of a backend with per-layer state (FP8: "backend.scaling.*") loaded into a layer whose
+        # backend keeps none: the weights, mask and counters load; that state has nowhere to go, said here
+        if "backend" in self._modules:
+            return
+        state_keys = [k for k in unexpected_keys if k.startswith(prefix + "backend.")]
+        if state_keys:
+            for k in state_keys:
+                unexpected_keys.remove(k)
+            warnings.warn(f"{prefix or 'the layer'}: the checkpoint holds backend state {sorted(state_keys)} (saved "
+                          f"by a backend with per-layer state, e.g. an FP8 backend's scales and amax history), but "
+                          f"this layer runs backend {self.backend.name!r}, which keeps none: that state is ignored",
+                          UserWarning, stacklevel=4)
 
     # --- schedule ---------------------------------------------------------------------------
     @property
@@ -228,6 +247,7 @@ class SparseLinear(nn.Linear):
         """Called after every optimizer step (``attach_optimizer`` does it)."""
         self.step += 1
         self._operand_cache = None
+        self.backend.advance_step()  # per-layer backend state (the FP8 amax history); nothing for most
 
     @torch.no_grad()
     def apply_masked_decay(self, grad_scale: float = 1.0) -> None:

@@ -51,7 +51,7 @@ COMMAND_DEFAULTS = {"demo": {"--steps": "20", "--size": "64"}, "bench-masks": {"
 # flags whose value is a path the command writes; moved under the test's temporary folder
 OUTPUT_FLAGS = ("--out", "--out-dir", "--report")
 # commands that write results/<name>.json under the current folder unless told otherwise (moved to the test's own)
-WRITES_RESULTS = ("bench-masks", "bench-kernels", "bench-dyad", "bench-ffn", "bench-cslt-calls")
+WRITES_RESULTS = ("bench-masks", "bench-kernels", "bench-dyad", "bench-ffn", "bench-cslt-calls", "bench-lab-speed", "bench-act24")
 
 
 @dataclass

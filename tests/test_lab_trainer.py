@@ -74,10 +74,64 @@ def test_dense_and_sste_rows(corpus):
     dense = Trainer(config(method="dense", steps=4), corpus=corpus)
     dense.run()
     assert all(r["density"] == 1.0 and r["dense_phase"] for r in dense.history)
-    assert dense.history[-1]["flip_rate"] is not None  # the would-be mask's flip rate: the reference
+    # the plain dense GPT: no SparseLinear, no masks, no flip rate (nothing paid for them)
+    assert not dense.layers and all(r["flip_rate"] is None for r in dense.history)
+    assert not any("Sparse" in type(m).__name__ for m in dense.model.modules())
+    tracked = Trainer(config(method="dense", steps=4, track_flips=True), corpus=corpus)
+    tracked.run()
+    assert tracked.layers and all(r["density"] == 1.0 and r["dense_phase"] for r in tracked.history)
+    assert tracked.history[-1]["flip_rate"] is not None  # the would-be mask's flip rate: the reference
+    # the same dense trajectory either way (the masks are only watched)
+    assert [r["loss"] for r in tracked.history] == pytest.approx([r["loss"] for r in dense.history], rel=1e-5)
     sste = Trainer(config(method="sste", steps=2), corpus=corpus)
     sste.run()
     assert 1.2 < sste.history[-1]["beta"] < 1.8  # Gaussian-like initial weights: beta ~ 1.48
+
+
+def test_track_flips_belongs_to_the_dense_run(corpus):
+    with pytest.raises(ValueError, match="track_flips"):
+        Trainer(config(method="ste", track_flips=True), corpus=corpus)
+    # a dense run saved before the option existed tracked its flips: it resumes as it was
+    old = config(method="dense").to_dict()
+    del old["track_flips"]
+    assert TrainConfig.from_dict(old).track_flips
+
+
+def test_log_interval_logs_fewer_rows_with_the_same_trajectory(corpus):
+    every = Trainer(config(method="sste", steps=7, eval_interval=100), corpus=corpus)
+    every.run()
+    sparse_rows = Trainer(config(method="sste", steps=7, eval_interval=100, log_interval=3), corpus=corpus)
+    sparse_rows.run()
+    assert [r["step"] for r in sparse_rows.history] == [3, 6, 7]  # every 3rd, and the last
+    by_step = {r["step"]: r for r in every.history}
+    for row in sparse_rows.history:
+        assert row["loss"] == pytest.approx(by_step[row["step"]]["loss"], rel=1e-6)
+        assert row["flip_rate"] == pytest.approx(by_step[row["step"]]["flip_rate"], rel=1e-6)
+        assert row["tokens_per_s"] > 0
+    with pytest.raises(ValueError, match="log_interval"):
+        config(log_interval=0)
+
+
+def test_select_all_linears_makes_the_attention_projections_2_4_too(corpus):
+    from sparsity_lab.lab.compare import variant_config
+    ffn = Trainer(config(method="sste"), corpus=corpus)
+    every = Trainer(config(method="sste", select="all_linears"), corpus=corpus)
+    n_layer = ffn.config.model.n_layer
+    assert sorted({name.split(".", 2)[2] for name, _ in ffn.layers}) == ["mlp.fc", "mlp.proj"]
+    assert sorted({name.split(".", 2)[2] for name, _ in every.layers}) == ["attn.proj", "attn.qkv", "mlp.fc", "mlp.proj"]
+    assert len(every.layers) == 2 * len(ffn.layers) == 4 * n_layer  # never the LM head
+    assert variant_config(config(), "sste_mvue_all_linears", {}, None, None).select == "all_linears"
+    assert variant_config(config(), "sste_mvue", {}, None, None).select == "ffn"
+    with pytest.raises(ValueError, match="select"):
+        config(select="attention")
+
+
+def test_cuda_graph_needs_a_gpu_and_one_micro_batch(corpus):
+    with pytest.raises(ValueError, match="grad_accum 1"):
+        config(cuda_graph=True, grad_accum=2)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA GPU"):
+            Trainer(config(cuda_graph=True, device="cpu"), corpus=corpus)
 
 
 def test_same_seed_same_start_for_every_method(corpus):

@@ -30,3 +30,21 @@ def test_readme_integration_blocks_run(tmp_path, monkeypatch):
     with torch.no_grad():
         assert torch.equal(namespace["served"](input_ids=x).logits, namespace["model"].eval()(input_ids=x).logits)
     assert (tmp_path / "runs/hf/compressed/model.safetensors").is_file()
+
+
+def test_readme_torchtitan_config_builds_the_converter(tmp_path):
+    pytest.importorskip("torchtitan.protocols.model_converter", reason="the converter needs torchtitan 0.2")
+    from torchtitan.config import ConfigManager
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.protocols.model_converter import build_model_converters
+
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Use it with your model", 1)[1].split("\n## ", 1)[0]
+    (toml,) = re.findall(r"```toml\n(.+?)\n```", section, re.S)
+    path = tmp_path / "job.toml"
+    path.write_text(toml)
+    job = ConfigManager().parse_args(["--job.config_file", str(path)])
+    assert job.model.converters == ["sparsity24"]
+    one = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
+    (converter,) = build_model_converters(job, one).converters
+    assert converter.method.describe() == "sste 2:4, transposable, MVUE dW"

@@ -1,6 +1,7 @@
 """Backends behind one interface (``base.Backend``): "torch" (the reference), "triton", "cusparselt",
 "cusparselt_auto" and the FP8 simulations; a new one subclasses Backend and calls ``register_backend``."""
 from .base import Backend, MvueSeed, available_backends, get_backend, register_backend
+from .cusparselt.fp8_train import register_fp8_training
 from .fp8_sim import register_fp8_sim
 from .torch_reference import TorchBackend
 
@@ -26,5 +27,6 @@ register_backend("cusparselt", lambda: _cusparselt_backend(False))
 register_backend("cusparselt_auto", lambda: _cusparselt_backend(True))
 register_fp8_sim("torch")  # "torch_fp8sim": simulated FP8 products around any backend (fp8_sim.py)
 register_fp8_sim("triton")  # "triton_fp8sim"
+register_fp8_training()  # "cusparselt_fp8", "fp8_dense", "fp8_reference" (cusparselt/fp8_train.py)
 
 __all__ = ["Backend", "MvueSeed", "TorchBackend", "available_backends", "get_backend", "register_backend"]

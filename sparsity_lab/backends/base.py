@@ -132,6 +132,17 @@ class Backend(abc.ABC):
         backward: whether the input gradient will be asked for (a backend may prepare both forms at once)."""
         return self.prepare(self.sparse_weight_as(weight, mask, beta, n, m, dtype))
 
+    def for_layer(self, layer: torch.nn.Module) -> "Backend":
+        """The backend a layer keeps (``SparseLinear`` calls this once, at set-up). Default: this shared
+        object. A backend with per-layer state (the FP8 backends: scales and amax histories) returns a
+        new object per layer; when that object is an ``nn.Module``, the layer registers it as its child
+        ``backend``, so its state is in the layer's ``state_dict()`` (under ``backend.``) and follows ``.to()``."""
+        return self
+
+    def advance_step(self) -> None:
+        """End of an optimizer step of the layer that holds this backend (``SparseLinear.advance_step``).
+        Default: nothing; a backend with per-step state updates it here (the FP8 recipe's amax history)."""
+
     def device_seed_value(self, generator: torch.Generator) -> int:
         """The int this backend's MVUE draw would take from ``generator`` in eager mode: what a layer in
         CUDA-graph mode writes into its device seed tensor before a replay, so that the replay draws what

@@ -2,7 +2,7 @@
 call) against the direct binding (``backends/cusparselt/direct.py``, the plan cached), and dense.
 
 ``sparsity-lab bench-cslt-calls`` on a CUDA GPU. For the forward products of the FFN grid of
-``sparsity-lab bench-ffn`` (``FULL`` in ``ffn_speed.py``)
+``sparsity-lab bench-ffn`` (``FULL`` in ``benchmarks/ffn/settings.py``)
 (up: A = S(W1) (4d, d); down: A = S(W2) (d, 4d); B = X^T, the tokens' transposed view; result
 transposed, as the backend calls it), with the algorithm the backend's search chooses:
 

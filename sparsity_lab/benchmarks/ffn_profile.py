@@ -17,7 +17,9 @@ import torch
 def main(argv=None) -> int:
     from torch.profiler import ProfilerActivity, profile
 
-    from .ffn_speed import Settings, _inputs, build_ffn, train_step
+    from .ffn.measure import _inputs
+    from .ffn.settings import Settings
+    from .ffn.variants import build_ffn, train_step
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tokens", type=int, default=16384)

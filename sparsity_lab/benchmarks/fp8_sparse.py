@@ -36,8 +36,33 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref).norm() / ref.norm())
 
 
+# --- the products through PyTorch's ops, as this benchmark first measured them (a plan per call) -----------
+# (training uses backends/cusparselt/fp8_train.py: the direct binding, cached plans, scales on the device)
+def quantize_sparse_weight_e4m3(sparse_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scale): E4M3 of the 2:4 weight (zeros stay zeros, so the 2:4 pattern survives)."""
+    from sparsity_lab.references.fp8 import quantize_fp8
+    return quantize_fp8(sparse_weight, "e4m3")
+
+
+def fp8_sparse_linear(x_q: torch.Tensor, x_scale: torch.Tensor, w_compressed: torch.Tensor,
+                      w_scale: torch.Tensor, alg_id: int = 0, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Z (tokens, out) from E4M3 q(X) (tokens, in), contiguous, and compressed q(S(W)):
+    ``torch._cslt_sparse_mm`` with X as the ``.t()`` view and ``transpose_result``, scales multiplied after."""
+    if x_q.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"x_q must be float8_e4m3fn, got {x_q.dtype}")
+    if not x_q.is_contiguous():
+        raise ValueError("x_q must be contiguous (it is passed to cuSPARSELt as its transposed view)")
+    z = torch._cslt_sparse_mm(w_compressed, x_q.t(), out_dtype=out_dtype, transpose_result=True, alg_id=alg_id)
+    return z * (x_scale * w_scale).to(out_dtype)
+
+
+def scaled_mm_dense(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                    out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """The dense FP8 product: ``torch._scaled_mm(q(X), q(W)^T)`` with the same per-tensor scales."""
+    return torch._scaled_mm(x_q, w_q.t(), scale_a=x_scale.float(), scale_b=w_scale.float(), out_dtype=out_dtype)
+
+
 def measure(tokens: int, in_f: int, out_f: int) -> dict:
-    from sparsity_lab.backends.cusparselt.fp8 import fp8_sparse_linear, quantize_sparse_weight_e4m3, scaled_mm_dense
     from sparsity_lab.references.fp8 import quantize_fp8
     from sparsity_lab.kernels import compress24, transposable_mask24
 

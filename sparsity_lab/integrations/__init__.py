@@ -2,10 +2,12 @@
 
     hf              from_pretrained / load_dense_checkpoint for Hugging Face models (needs transformers)
     trainer_callback SparsityCallback for transformers.Trainer (needs transformers)
+    torchtitan      a model converter for torchtitan 0.2's ModelConverter protocol (needs torchtitan 0.2)
 
 The table of known architectures (which linears are the MLP) and GPT-2's Conv1D as a 2:4 layer
 are what ``sparsify`` itself converts with: they live beside it, in ``sparsity_lab.architectures``
 and ``sparsity_lab.conv1d``.
 
-Importing this package imports neither transformers nor triton; ``hf`` and ``trainer_callback`` do.
+Importing this package imports neither transformers nor triton; ``hf`` and ``trainer_callback`` import
+transformers, ``torchtitan`` imports torchtitan.
 """

@@ -48,12 +48,16 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "sste": ("sste", {}),
     "sste_mvue": ("sste", {"mvue": True}),
     "sste_mvue_fp8sim": ("sste", {"mvue": True}),  # FP8 numerics simulated (FP8_SIM_VARIANTS)
+    "sste_mvue_all_linears": ("sste", {"mvue": True}),  # attention projections 2:4 too (ALL_LINEAR_VARIANTS)
     # the seed systems that are not 2:4 (structures.py): same model, data and token budget
     "dyad": ("dyad", {}),  # DYAD-IT, 4 blocks: 1/2 of the FFN FLOPs
     "prune_regrow": ("prune_regrow", {}),  # 90 % sparse 16x16 blocks, pruned and regrown
 }
 # variants whose products run on the FP8 simulation around the chosen backend (torch -> torch_fp8sim)
 FP8_SIM_VARIANTS = ("sste_mvue_fp8sim",)
+# variants whose every block linear is 2:4 (attention qkv and proj too), not only the FFN's: the loss cost
+# of the faster step (bench-ffn's GPT section times it)
+ALL_LINEAR_VARIANTS = ("sste_mvue_all_linears",)
 DEFAULT_VARIANTS = ("dense", "ste", "srste", "masked_decay", "sste", "sste_mvue", "sste_mvue_fp8sim")
 EARLY, LATE = (0.10, 0.20), (0.70, 0.80)
 GAP_TOLERANCE = 0.02  # claim 5: within 2 % of dense
@@ -63,7 +67,9 @@ MIN_JUDGE_TOKENS = 10_000_000
 
 
 def variant_config(base: TrainConfig, variant: str, common: dict, decay: float | None,
-                   srste_decay: float | None) -> TrainConfig:
+                   srste_decay: float | None, dense_flips: bool = True) -> TrainConfig:
+    """The TrainConfig of one variant. dense_flips: the dense run computes its would-be 2:4 masks (the
+    reference flip-rate curve claim 1 needs; ``--no-dense-flips`` turns it off for a plain dense run)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
     method, opts = VARIANTS[variant]
@@ -75,7 +81,9 @@ def variant_config(base: TrainConfig, variant: str, common: dict, decay: float |
         opts["decay"] = srste_decay
     if variant in FP8_SIM_VARIANTS:
         opts["backend"] = fp8_sim_backend_for(opts.get("backend", "torch"))
-    return replace(base, method=method, method_options=opts)
+    select = "all_linears" if variant in ALL_LINEAR_VARIANTS else base.select
+    return replace(base, method=method, method_options=opts, track_flips=dense_flips and method == "dense",
+                   select=select)
 
 
 def _window_mean(history: list[dict], key: str, lo: float, hi: float, steps: int) -> float:
@@ -220,7 +228,7 @@ def _pct(x, ref) -> str:
 
 def size_to_time(base: TrainConfig, variants: list[str], budget_s: float, corpus, decay=None, srste_decay=None,
                  common: dict | None = None, max_tokens: float | None = None,
-                 probe_steps: int = 20) -> tuple[int, dict]:
+                 probe_steps: int = 20, dense_flips: bool = True) -> tuple[int, dict]:
     """Steps per variant so that all variants together take about budget_s seconds.
 
     Each variant is probed for probe_steps steps (median seconds per step over the second half,
@@ -229,7 +237,7 @@ def size_to_time(base: TrainConfig, variants: list[str], budget_s: float, corpus
     """
     probes = {}
     for variant in variants:
-        cfg = replace(variant_config(base, variant, common or {}, decay, srste_decay), steps=10 * probe_steps,
+        cfg = replace(variant_config(base, variant, common or {}, decay, srste_decay, dense_flips), steps=10 * probe_steps,
                       eval_interval=10**9, log_path=None, checkpoint_path=None, progress=False)
         start = time.perf_counter()
         trainer = Trainer(cfg, corpus=corpus)
@@ -270,7 +278,7 @@ def refuse_unparallel(variants: list[str], parallel: str, time_budget: float | N
 def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, decay: float | None = None,
                    srste_decay: float | None = None, common: dict | None = None, command: str | None = None,
                    figures: bool = True, time_budget: float | None = None, max_tokens: float | None = None,
-                   auto_warmup: bool = False, parallel: str = "none") -> dict:
+                   auto_warmup: bool = False, parallel: str = "none", dense_flips: bool = True) -> dict:
     """Train every variant and write the tables (and figures). Returns the results payload.
 
     time_budget: size the steps per variant to fit about this many seconds in all (see
@@ -287,7 +295,7 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
         raise ValueError(f"parallel must be 'none', 'ddp' or 'fsdp', got {parallel!r}")
     refuse_unparallel(variants, parallel, time_budget)
     for variant in variants:  # option errors (e.g. a backend FP8 simulation cannot wrap) before any training
-        variant_config(base, variant, common, decay, srste_decay)
+        variant_config(base, variant, common, decay, srste_decay, dense_flips)
     lead = True
     if parallel != "none":
         from .distributed_trainer import DistributedTrainer, init_from_torchrun
@@ -296,7 +304,8 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
     corpus = load_corpus(base.data, base.data_max_bytes, min_split_bytes=base.model.context + 1)
     sizing = None
     if time_budget is not None:
-        steps, sizing = size_to_time(base, variants, time_budget, corpus, decay, srste_decay, common, max_tokens)
+        steps, sizing = size_to_time(base, variants, time_budget, corpus, decay, srste_decay, common, max_tokens,
+                                     dense_flips=dense_flips)
         warmup = max(1, round(0.05 * steps)) if auto_warmup else base.warmup_steps
         base = replace(base, steps=steps, warmup_steps=warmup)
         print(f"[compare] sized to {steps} steps ({sizing['tokens_per_variant']:,} tokens) per variant for about "
@@ -306,7 +315,7 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
     base = replace(base, eval_at=tuple(sorted({*base.eval_at, max(1, switch - 1)})), checkpoint_path=None)
     rows, meta = {}, {}
     for variant in variants:
-        cfg = variant_config(base, variant, common, decay, srste_decay)
+        cfg = variant_config(base, variant, common, decay, srste_decay, dense_flips)
         log = out_dir / variant / "log.jsonl"
         if lead and log.exists():
             log.unlink()  # a comparison always starts its runs afresh
@@ -324,7 +333,7 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
         flops = ffn_flops_fraction(trainer.method, cfg.steps)
         ffn = cfg.model
         # forward FFN multiply-adds x 2 (FLOPs) x 3 (forward + two backward products), per token
-        dense_ffn = 2 * 3 * ffn.n_layer * ffn.d_model * ffn.hidden * (3 if ffn.ffn_kind != "gelu" else 2)
+        dense_ffn = 2 * 3 * ffn.n_layer * ffn.d_model * ffn.hidden * (3 if ffn.ffn_kind in ("swiglu", "geglu") else 2)
         rows[variant] = {"variant": variant, "method": trainer.method.describe(), "status": status,
                          **metrics, "ffn_flops_fraction": flops,
                          "ffn_train_pflops": flops * dense_ffn * metrics["tokens"] / 1e15,
@@ -408,6 +417,9 @@ def add_arguments(parser) -> None:
                              "this long, from a short probe of each")
     parser.add_argument("--max-tokens", type=float, default=None, help="with --time-budget: at most this many "
                         "tokens per variant")
+    parser.add_argument("--no-dense-flips", action="store_true",
+                        help="the dense run as the plain GPT, without its would-be 2:4 masks (faster; claim 1, "
+                             "which compares flip-rate curves with dense, then has no dense curve)")
     parser.add_argument("--figures-from", metavar="DIR", default=None,
                         help="only (re)draw the figures of an earlier comparison in DIR (needs plotly)")
     add_common_arguments(parser)
@@ -436,7 +448,8 @@ def run(args) -> int:
     started_here = parallel != "none" and not _process_group_running()  # else the caller owns the group
     run_comparison(base, variants, args.out, decay=args.decay, srste_decay=args.srste_decay,
                    common=common_method_options(args), time_budget=args.time_budget, max_tokens=args.max_tokens,
-                   auto_warmup=not given(args, "warmup_steps"), parallel=parallel)
+                   auto_warmup=not given(args, "warmup_steps"), parallel=parallel,
+                   dense_flips=not args.no_dense_flips)
     if started_here:
         import torch.distributed as dist
 

@@ -150,7 +150,7 @@ def run_decay_grid(base: TrainConfig, decays, method: str = "srste", corpus: Byt
     base = replace(base, log_path=None, checkpoint_path=None, checkpoint_interval=0)
     dense = None
     if dense_reference:
-        history, status = _train(replace(base, method="dense", method_options=common), corpus)
+        history, status = _train(replace(base, method="dense", method_options=common, track_flips=True), corpus)
         dense = RunCurve.from_history("dense reference", "dense", None, history, status)
     runs = {}
     for d in decays:

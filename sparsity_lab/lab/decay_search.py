@@ -41,6 +41,7 @@ HELP = ("choose masked decay's lambda_W by short warm-up trials over a log grid,
 
 def _trial(base: TrainConfig, method: str, options: dict, trial_steps: int, corpus) -> dict:
     cfg = replace(base, method=method, method_options=options, eval_at=(trial_steps,), log_path=None,
+                  track_flips=method == "dense",  # the dense reference flip rate the rule compares with
                   checkpoint_path=None)
     trainer = Trainer(cfg, corpus=corpus)
     try:

@@ -62,11 +62,18 @@ class DistributedTrainer(Trainer):
     def __init__(self, config: TrainConfig, parallel: str, corpus=None) -> None:
         if parallel not in PARALLEL:
             raise ValueError(f"parallel must be one of {PARALLEL}, got {parallel!r}")
+        if config.model.activation_sparsity != "none":  # Act24MLP reads proj's full weight and counts its own steps
+            raise ValueError(f"--activation-sparsity {config.model.activation_sparsity} runs on one process; "
+                             "drop --parallel (or the activation sparsity)")
         self.rank, self.world, _ = init_from_torchrun(config.device)
         if config.batch_size % self.world:
             raise ValueError(f"--batch-size {config.batch_size} is the global batch; it must be a multiple of the "
                              f"{self.world} processes: choose --batch-size {self.world * max(1, config.batch_size // self.world)}")
         self.parallel = parallel
+        if config.method.lower() == "dense" and not config.track_flips:
+            # the wrappers shard through the SparseLinear layers: a dense run keeps Dense() (its would-be
+            # masks computed) under --parallel, as before the plain dense GPT existed
+            config = TrainConfig.from_dict({**config.to_dict(), "track_flips": True})
         if self.rank != 0:  # one log, one progress bar
             config = TrainConfig.from_dict({**config.to_dict(), "log_path": None, "progress": False})
         super().__init__(config, corpus)

@@ -9,11 +9,15 @@ FFN kinds, for x (B, T, d):
     gelu    y = W2 gelu(W1 x)                       W1 (h, d), W2 (d, h), h = 4d by default
     swiglu  y = W2 (silu(G x) * (U x))              [G; U] = W1 (2h, d), h = 8d/3 rounded up to 16
     geglu   y = W2 (gelu(G x) * (U x))              same shapes as swiglu
-The gated kinds use one fused linear for gate and up (one product, then a split).
+    relu2   y = W2 relu(W1 x)^2                     W1 (h, d), W2 (d, h), h = 4d by default
+The gated kinds use one fused linear for gate and up (one product, then a split). relu2 (squared
+ReLU, So et al. 2021, https://arxiv.org/abs/2109.08668) gives naturally sparse activations, which
+``activation_sparsity="2:4"`` prunes to 2:4 for the down projection (``sparsity_lab.activation24``).
 """
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +26,28 @@ from torch import nn
 
 from ..ffn_width import default_ffn_hidden
 
-FFN_KINDS = ("gelu", "swiglu", "geglu")
+
+FFN_KINDS = ("gelu", "swiglu", "geglu", "relu2")
+GATED_KINDS = ("swiglu", "geglu")
+ACTIVATION_SPARSITY = ("none", "2:4")
+ARCHS = ("gpt", "llama")  # the lab's models: this GPT, or the Hugging Face Llama of lab/llama.py
+# what ``sparsify`` makes 2:4 in this GPT (--select): "ffn" its FFN linears (mlp.fc, mlp.proj; sparsify's
+# default), "all_linears" every linear of a block (attention qkv and proj too); never the LM head, which may share
+# its weight with the token embedding
+SPARSE_SELECTIONS = ("ffn", "all_linears")
+BLOCK_LINEAR = re.compile(r"(^|\.)blocks\.\d+\.(attn\.(qkv|proj)|mlp\.(fc|proj))$")
+
+
+def is_block_linear(name: str, module=None) -> bool:
+    """A ``sparsify`` selector: every linear of a transformer block (attention qkv and proj, FFN fc and proj)."""
+    return bool(BLOCK_LINEAR.search(name))
+
+
+def sparse_selector(selection: str):
+    """The ``select`` argument of ``sparsify`` for one of SPARSE_SELECTIONS (None: sparsify's FFN default)."""
+    if selection not in SPARSE_SELECTIONS:
+        raise ValueError(f"select must be one of {SPARSE_SELECTIONS}, got {selection!r}")
+    return None if selection == "ffn" else is_block_linear
 
 
 @dataclass
@@ -33,10 +58,12 @@ class GPTConfig:
     n_head: int = 6
     d_model: int = 384
     ffn_kind: str = "gelu"
-    ffn_hidden: int | None = None  # None: 4d (gelu) or 8d/3 rounded up to a multiple of 16 (gated)
+    ffn_hidden: int | None = None  # None: 4d (gelu, relu2) or 8d/3 rounded up to a multiple of 16 (gated)
+    activation_sparsity: str = "none"  # "2:4": relu2's activations pruned to 2:4 for the down projection
     bias: bool = False
     dropout: float = 0.0
     tie_embeddings: bool = True
+    arch: str = "gpt"  # "gpt" (this file) or "llama" (transformers' LlamaForCausalLM, lab/llama.py)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context", "n_layer", "n_head", "d_model"):
@@ -50,15 +77,27 @@ class GPTConfig:
         if self.ffn_hidden is not None and (isinstance(self.ffn_hidden, bool)
                                             or not isinstance(self.ffn_hidden, int) or self.ffn_hidden < 1):
             raise ValueError(f"ffn_hidden must be a positive int or None, got {self.ffn_hidden!r}")
+        if self.activation_sparsity not in ACTIVATION_SPARSITY:
+            raise ValueError(f"activation_sparsity must be one of {ACTIVATION_SPARSITY}, got {self.activation_sparsity!r}")
+        if self.activation_sparsity != "none" and self.ffn_kind != "relu2":
+            raise ValueError(f"activation_sparsity={self.activation_sparsity!r} needs ffn_kind='relu2' (squared ReLU, "
+                             f"whose activations are mostly zeros already), got ffn_kind={self.ffn_kind!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.arch == "llama" and self.ffn_kind not in ("swiglu", "geglu"):
+            raise ValueError(f"arch='llama' has a gated MLP (gate_proj, up_proj, down_proj): ffn_kind must be "
+                             f"'swiglu' (Llama's) or 'geglu', got {self.ffn_kind!r}")
+        if self.arch == "llama" and self.dropout:
+            raise ValueError(f"arch='llama' has no dropout layers: dropout must be 0, got {self.dropout!r}")
 
     @property
     def hidden(self) -> int:
         """Width h of the FFN's hidden layer."""
         if self.ffn_hidden is not None:
             return self.ffn_hidden
-        return default_ffn_hidden(self.d_model, gated=self.ffn_kind != "gelu")
+        return default_ffn_hidden(self.d_model, gated=self.ffn_kind in GATED_KINDS)
 
     def check_nm(self, m: int = 4, transposable: bool = False) -> None:
         """Raise a clear error when the FFN linears cannot take an N:M mask with groups of m.
@@ -99,7 +138,7 @@ class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.kind = cfg.ffn_kind
-        gated = cfg.ffn_kind != "gelu"
+        gated = cfg.ffn_kind in GATED_KINDS
         self.fc = nn.Linear(cfg.d_model, (2 if gated else 1) * cfg.hidden, bias=cfg.bias)
         self.proj = nn.Linear(cfg.hidden, cfg.d_model, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)
@@ -108,6 +147,8 @@ class MLP(nn.Module):
         h = self.fc(x)
         if self.kind == "gelu":
             h = F.gelu(h)
+        elif self.kind == "relu2":
+            h = F.relu(h).square()
         else:
             gate, up = h.chunk(2, dim=-1)
             h = (F.silu(gate) if self.kind == "swiglu" else F.gelu(gate)) * up
@@ -122,7 +163,11 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
         self.ln2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.mlp = MLP(cfg)
+        if cfg.activation_sparsity == "none":
+            self.mlp = MLP(cfg)
+        else:  # imported here: the plain model needs none of it
+            from ..activation24 import Act24MLP
+            self.mlp = Act24MLP(cfg.d_model, cfg.hidden, bias=cfg.bias, dropout=cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))

@@ -15,7 +15,7 @@ from dataclasses import MISSING, fields
 from ..backends import available_backends, get_backend
 from ..methods.config import METHODS
 from .checkpoint import CheckpointError
-from .model import FFN_KINDS, GPTConfig
+from .model import ACTIVATION_SPARSITY, ARCHS, FFN_KINDS, SPARSE_SELECTIONS, GPTConfig
 from .structures import STRUCTURES
 from .trainer import TrainConfig, TrainingDiverged
 
@@ -26,13 +26,16 @@ HEAD_WIDTH = 64  # the width of one attention head in GPT-2 and nanoGPT (and in 
 
 # option dest -> GPTConfig field
 MODEL_OPTIONS = {"layers": "n_layer", "heads": "n_head", "width": "d_model", "context": "context",
-                 "ffn": "ffn_kind", "ffn_hidden": "ffn_hidden"}
+                 "ffn": "ffn_kind", "ffn_hidden": "ffn_hidden",
+                 "activation_sparsity": "activation_sparsity", "model": "arch"}
 # option dest -> TrainConfig field (same name)
 TRAIN_OPTIONS = ("data", "data_max_bytes", "batch_size", "grad_accum", "steps", "lr", "min_lr_ratio",
                  "warmup_steps", "weight_decay", "grad_clip", "eval_interval", "eval_batches", "seed",
                  "device", "precision")
-TRAJECTORY_OPTIONS = (*MODEL_OPTIONS, *TRAIN_OPTIONS, "tokens", "transposable", "mask_refresh_interval", "backend",
-                      "method", "decay", "mvue", "fp8_sim", "dense_finetune_at")
+# speed and logging options (TrainConfig fields too; they leave the trajectory alone)
+SPEED_OPTIONS = ("track_flips", "log_interval", "cuda_graph")
+TRAJECTORY_OPTIONS = (*MODEL_OPTIONS, *TRAIN_OPTIONS, "select", "tokens", "transposable", "mask_refresh_interval",
+                      "backend", "method", "decay", "mvue", "fp8_sim", "dense_finetune_at")
 
 
 def fraction_or_none(text: str) -> float | None:
@@ -61,6 +64,8 @@ def model_options(args: argparse.Namespace) -> dict:
     width = kw.get("d_model", _MODEL_DEFAULTS["d_model"])
     if not isinstance(width, int) or width < 1:
         raise ValueError(f"--width must be a positive integer, got {width!r}")
+    if kw.get("arch") == "llama" and "ffn_kind" not in kw:
+        kw["ffn_kind"] = "swiglu"  # Llama's MLP
     if "n_head" not in kw:
         kw["n_head"] = default_heads(width)
     elif kw["n_head"] < 1:
@@ -76,7 +81,10 @@ def model_options(args: argparse.Namespace) -> dict:
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """Model, data, optimisation and 2:4 options (every command that trains)."""
     d, t = _MODEL_DEFAULTS, _TRAIN_DEFAULTS
-    g = parser.add_argument_group("model (a GPT on bytes)")
+    g = parser.add_argument_group("model (a GPT, or a Llama, on bytes)")
+    g.add_argument("--model", choices=ARCHS, default=S, help="gpt: the lab's GPT; llama: Hugging Face "
+                   "transformers' LlamaForCausalLM with these sizes, 2:4 on mlp.gate/up/down_proj (needs the "
+                   "hf extra: pip install -e \".[hf]\"; default gpt)")
     g.add_argument("--layers", type=int, default=S, help=f"transformer blocks (default {d['n_layer']})")
     g.add_argument("--heads", type=int, default=S, help=f"attention heads, must divide --width (default: heads "
                    f"of width {HEAD_WIDTH}, i.e. the largest divisor of the width that is at most width/{HEAD_WIDTH}, "
@@ -84,9 +92,15 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--width", type=int, default=S,
                    help=f"model width d, divisible by 4 for 2:4 (default {d['d_model']})")
     g.add_argument("--context", type=int, default=S, help=f"context length in bytes (default {d['context']})")
-    g.add_argument("--ffn", choices=FFN_KINDS, default=S, help=f"FFN kind (default {d['ffn_kind']})")
-    g.add_argument("--ffn-hidden", type=int, default=S, help="FFN hidden width (default 4d for gelu, 8d/3 "
-                   "rounded up to 16 for gated kinds)")
+    g.add_argument("--ffn", choices=FFN_KINDS, default=S, help=f"FFN kind (default {d['ffn_kind']}; "
+                   "swiglu with --model llama)")
+    g.add_argument("--ffn-hidden", type=int, default=S, help="FFN hidden width (default 4d for gelu and relu2, "
+                   "8d/3 rounded up to 16 for gated kinds)")
+    g.add_argument("--activation-sparsity", choices=ACTIVATION_SPARSITY, default=S,
+                   help="2:4: prune the squared-ReLU activation (needs --ffn relu2) to 2:4 along the hidden "
+                   "dimension and multiply it as the sparse operand of the down projection; --method then puts "
+                   "2:4 weights on both FFN linears (dense = activation sparsity alone), and "
+                   "--dense-finetune-at switches both to dense for the last steps (default none)")
     g = parser.add_argument_group("data")
     g.add_argument("--data", metavar="PATH", default=S, help="a text file or folder (default: the Python "
                    "standard library's own .py files, no download)")
@@ -115,6 +129,13 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", choices=("auto", "bf16", "fp32"), default=S,
                    help="auto: bf16 autocast on a GPU, fp32 on the CPU")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = parser.add_argument_group("speed and logging")
+    g.add_argument("--log-interval", type=int, default=S, help="steps between logged rows (default 1); the "
+                   "rows' device reads (flip counts) run only on those steps")
+    g.add_argument("--cuda-graph", action="store_true", default=S, help="replay each step's forward and "
+                   "backward from a CUDA graph (CudaGraphStep; a CUDA GPU, --grad-accum 1)")
+    g.add_argument("--track-flips", action="store_true", default=S, help="dense only: compute the would-be "
+                   "2:4 masks every step for the reference flip-rate curve (slower; off by default)")
     g = parser.add_argument_group("2:4")
     g.add_argument("--transposable", action="store_true", default=S, help="transposable 2:4 masks (2:4 along "
                    "in and out: the input gradient can be sparse too)")
@@ -122,6 +143,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                    "computations (default 1: every step)")
     g.add_argument("--backend", default=S, help=f"how the 2:4 products run: one of {available_backends()} "
                    "(default torch, the reference)")
+    g.add_argument("--select", choices=SPARSE_SELECTIONS, default=S, help="which linears are 2:4: ffn (the FFN's, "
+                   "default) or all_linears (every linear of a block: attention qkv and proj too)")
 
 
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
@@ -166,7 +189,13 @@ def config_from_args(args: argparse.Namespace, **overrides) -> TrainConfig:
     """A TrainConfig from the parsed options; overrides win (e.g. method, method_options, paths)."""
     a = vars(args)
     model = GPTConfig(**model_options(args))
-    kw = {name: a[name] for name in TRAIN_OPTIONS if name in a}
+    if model.arch == "llama":  # a missing extra is a one-line error before any data is read
+        from .llama import require_transformers
+        try:
+            require_transformers()
+        except ImportError as err:
+            raise ValueError(f"--model llama: {err}") from None
+    kw = {name: a[name] for name in TRAIN_OPTIONS + SPEED_OPTIONS + ("select",) if name in a}
     if "tokens" in a:
         if not a["tokens"] >= 1:
             raise ValueError(f"--tokens must be >= 1, got {a['tokens']!r}")

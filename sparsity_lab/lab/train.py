@@ -98,7 +98,7 @@ def run(args) -> int:
                                   checkpoint_path=str(out / "checkpoint.pt"),
                                   checkpoint_interval=args.checkpoint_interval)
         trainer = Trainer(config)
-        print(f"{trainer.method.describe()}: {trainer.model.num_params():,} parameters, {config.steps} steps of "
+        print(f"{trainer.describe()}: {trainer.model.num_params():,} parameters, {config.steps} steps of "
               f"{config.tokens_per_step:,} tokens on {trainer.device}; corpus {trainer.corpus.source} "
               f"({trainer.corpus.train.numel():,} training bytes)")
     summary = trainer.run(stop_at=args.stop_at)

@@ -1,4 +1,5 @@
-"""The pre-training loop: a GPT on bytes, made 2:4 by ``sparsify``, trained with AdamW.
+"""The pre-training loop: a GPT (or the Hugging Face Llama, lab/llama.py) on bytes, made 2:4 by ``sparsify``,
+trained with AdamW.
 
 One optimizer step:
     for each of grad_accum micro-batches:  loss = model(x, y) / grad_accum; loss.backward()
@@ -9,8 +10,20 @@ One optimizer step:
     scheduler.step()     <- linear warm-up, then cosine down to min_lr_ratio * lr
 Products run under bf16 autocast on a GPU and in fp32 on the CPU (``precision="auto"``).
 
-Every method, dense included, goes through ``sparsify``: ``Dense()`` keeps the products dense but
-computes the would-be 2:4 mask, so the dense run gives the reference flip-rate curve.
+The dense run is the plain GPT (``nn.Linear`` everywhere), timed as fast as dense can run. With
+``track_flips=True`` (``--track-flips``; ``compare`` asks for it, its claims need the curve) it goes
+through ``sparsify`` with ``Dense()`` instead, which keeps the products dense but computes the would-be
+2:4 mask every step: the reference flip-rate curve, at the price of that mask's kernels.
+
+Host syncs: one per step, the non-finite check before the update (a step must not be applied when
+its loss or gradient norm is NaN/Inf, so the host has to know first); the loss and gradient norm
+logged come from that same read. Everything else that reads the device (the flip counts, the
+evaluation) runs only on the steps that are logged: every ``log_interval`` steps, at an evaluation and
+at the last step. ``tokens_per_s`` of a row counts the steps since the previous row over the wall time
+between the two checks.
+
+``cuda_graph=True`` (``--cuda-graph``): forward and backward replayed by ``CudaGraphStep`` after its
+eager warm-up steps (one micro-batch per step; the optimizer, clipping and hooks run eagerly).
 
 Resume is exact: the checkpoint holds model (masks, beta and counters included), optimizer,
 scheduler, the data sampler's generator and the torch RNG states, and a resumed run follows the
@@ -37,12 +50,15 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..activation24 import attach_activation_schedule, configure_activation_sparsity, weight_selector
+from ..activation_stats import ActivationSparsityTracker
 from ..methods.config import SparsityMethod, method_from_name
 from ..sparsify import flip_report, sparsify, sparsity_summary
 from ..training_hooks import attach_optimizer, sparse_layers
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .data import DEFAULT_MAX_BYTES, BatchSampler, ByteCorpus, load_corpus
-from .model import GPT, GPTConfig
+from .model import GPTConfig, sparse_selector
+from .models import build_model
 from .runlog import RunLog, clean_row
 from .structures import STRUCTURES, structured_density
 
@@ -80,12 +96,16 @@ class TrainConfig:
     checkpoint_path: str | None = None
     checkpoint_interval: int = 0  # 0: a checkpoint at the end only (when checkpoint_path is set)
     progress: bool = True
+    track_flips: bool = False  # dense only: compute the would-be 2:4 mask every step (the flip-rate curve)
+    log_interval: int = 1  # steps between logged rows (an evaluation step and the last step are logged too)
+    cuda_graph: bool = False  # forward + backward through CudaGraphStep (a CUDA GPU, grad_accum 1)
+    select: str = "ffn"  # which linears are 2:4: "ffn" or "all_linears" (attention projections too)
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
             self.model = GPTConfig(**self.model)
         self.betas, self.eval_at = tuple(self.betas), tuple(int(s) for s in self.eval_at)
-        for name in ("batch_size", "grad_accum", "steps", "eval_interval", "eval_batches"):
+        for name in ("batch_size", "grad_accum", "steps", "eval_interval", "eval_batches", "log_interval"):
             _positive_int(name, getattr(self, name))
         for name in ("warmup_steps", "checkpoint_interval", "data_max_bytes"):
             value = getattr(self, name)
@@ -100,6 +120,13 @@ class TrainConfig:
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")
+        sparse_selector(self.select)  # ValueError naming the choices
+        if self.cuda_graph and (self.model.ffn_kind == "relu2" or self.model.activation_sparsity != "none"):
+            raise ValueError("cuda_graph does not run with --ffn relu2 or 2:4 activations: their measurements and "
+                             "schedules run Python code in the forward, which a replay skips")
+        if self.cuda_graph and self.grad_accum != 1:
+            raise ValueError(f"cuda_graph needs grad_accum 1 (a replay overwrites the gradients), got "
+                             f"grad_accum={self.grad_accum}")
 
     @property
     def tokens_per_step(self) -> int:
@@ -116,6 +143,8 @@ class TrainConfig:
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown TrainConfig fields {sorted(unknown)}")
+        if "track_flips" not in d and str(d.get("method", "")).lower() == "dense":
+            d = {**d, "track_flips": True}  # saved before the option: those dense runs tracked flips
         return cls(**d)
 
 
@@ -178,20 +207,53 @@ class Trainer:
         self.corpus = corpus if corpus is not None else load_corpus(
             cfg.data, cfg.data_max_bytes, min_split_bytes=cfg.model.context + 1)
 
-        self.method = build_method(cfg.method, cfg.method_options, cfg.steps)
+        options = dict(cfg.method_options)
+        is_dense = cfg.method.lower() == "dense"
+        if is_dense:
+            options.setdefault("track_flips", cfg.track_flips)
+        elif cfg.track_flips:
+            raise ValueError(f"track_flips is an option of the dense run (a 2:4 method always tracks its masks' "
+                             f"flips), got it with method {cfg.method!r}")
+        self.method = build_method(cfg.method, options, cfg.steps)
         self.is_24 = isinstance(self.method, SparsityMethod)
+        act24 = cfg.model.activation_sparsity != "none"
+        if act24 and not self.is_24:
+            raise ValueError(f"activation sparsity {cfg.model.activation_sparsity} combines with the 2:4 weight methods "
+                             f"(dense included), not with the structure {cfg.method!r}")
         if self.is_24:
             cfg.model.check_nm(self.method.m, self.method.transposable)
+        if cfg.cuda_graph and self.device.type != "cuda":
+            raise ValueError(f"cuda_graph needs a CUDA GPU (this run is on {self.device.type}); drop --cuda-graph")
         torch.manual_seed(cfg.seed)  # the same initial weights for every method
-        model = GPT(cfg.model).to(self.device)  # on the device first: masks are computed there
-        self.model = sparsify(model, self.method) if self.is_24 else self.method.apply(model)
+        model = build_model(cfg.model).to(self.device)  # on the device first: masks are computed there
+        # the plain dense model unless its flips are asked for (then Dense() computes the would-be masks)
+        # or its activations are 2:4 (the products of Act24MLP run through sparsify)
+        self.plain_dense = is_dense and not self.method.track_flips and not act24
+        if self.plain_dense:
+            self.model = model
+        else:
+            # with 2:4 activations: 2:4 weights on both FFN linears (Act24MLP runs proj's products itself);
+            # --select all_linears: every block linear of the GPT; else the Llama's MLP linears from the
+            # Hugging Face selector table, the GPT's from the FFN names
+            if act24:
+                select = weight_selector
+            elif cfg.select != "ffn":
+                select = sparse_selector(cfg.select)
+            else:
+                select = getattr(model, "mlp_selector", None)
+            self.model = sparsify(model, self.method, select=select) if self.is_24 else self.method.apply(model)
         self.layers = sparse_layers(self.model)
+        if act24:
+            configure_activation_sparsity(self.model, self.method.backend, cfg.steps, self.method.dense_finetune_at)
+        # natural sparsity of squared-ReLU activations, measured at the evaluation steps
+        self.act_tracker = ActivationSparsityTracker(self.model) if cfg.model.ffn_kind == "relu2" else None
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
-        self.hooks = attach_optimizer(self.model, self.optimizer) if self.is_24 else None
+        self.hooks = attach_optimizer(self.model, self.optimizer) if self.is_24 and not self.plain_dense else None
+        self.act_hook = attach_activation_schedule(self.model, self.optimizer) if act24 else None
         # prune-and-regrow's schedule (None for 2:4 methods and DYAD); its state is checkpointed
         self.controller = None if self.is_24 else self.method.controller(self.model, self.optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -205,6 +267,12 @@ class Trainer:
         self.step = 0
         self.history: list[dict] = []
         self.log = RunLog(cfg.log_path)
+        self.graph_step = None
+        if cfg.cuda_graph:
+            from ..graph_step import CudaGraphStep
+            self.graph_step = CudaGraphStep(self.model, self._graph_loss)
+        self._last_check = None  # host clock at the previous step's non-finite check
+        self._since_row, self._row_seconds = 0, 0.0  # steps since the last logged row, and their seconds
 
     # --- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -275,41 +343,73 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def train_step(self) -> dict:
-        """One optimizer step (grad_accum micro-batches). Returns the logged row."""
+    def _graph_loss(self, model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The loss CudaGraphStep captures (autocast without its weight cache, PyTorch's rule for graphs)."""
+        if self.autocast_dtype is None:
+            _, loss = model(x, y)
+        else:
+            with torch.autocast(self.device.type, dtype=self.autocast_dtype, cache_enabled=False):
+                _, loss = model(x, y)
+        return loss
+
+    def _log_due(self, step: int) -> bool:
+        """Whether optimizer step ``step`` (1-based) gets a logged row."""
+        cfg = self.config
+        return (step % cfg.log_interval == 0 or step == cfg.steps or step % cfg.eval_interval == 0
+                or step in cfg.eval_at)
+
+    def train_step(self) -> dict | None:
+        """One optimizer step (grad_accum micro-batches). Returns the logged row, or None on a step that
+        is not logged (``log_interval``)."""
         cfg, model = self.config, self.model
         model.train()
-        start = time.perf_counter()
+        if self._last_check is None:
+            self._last_check = time.perf_counter()
         lr = self.optimizer.param_groups[0]["lr"]
-        loss_sum = torch.zeros((), device=self.device)
-        for _ in range(cfg.grad_accum):
+        log = self._log_due(self.step + 1)
+        if self.act_tracker is not None:
+            self.act_tracker.armed = self._eval_due(self.step + 1)
+        if self.graph_step is not None:
             x, y = self.sampler.sample(self.device)
-            with self._autocast():
-                _, loss = model(x, y)
-            (loss / cfg.grad_accum).backward()
-            loss_sum += loss.detach()
-        masks = self._mask_stats()  # the masks and phase this step's products used
+            loss_sum = self.graph_step(x, y).detach().float()
+        else:
+            loss_sum = torch.zeros((), device=self.device)
+            for _ in range(cfg.grad_accum):
+                x, y = self.sampler.sample(self.device)
+                with self._autocast():
+                    _, loss = model(x, y)
+                (loss / cfg.grad_accum).backward()
+                loss_sum += loss.detach()
+        masks = self._mask_stats() if log else None  # the masks and phase this step's products used
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        self._stop_if_not_finite(loss_sum / cfg.grad_accum, grad_norm)  # before anything is updated
+        # the one host sync of a step: nothing is updated before the host knows both are finite
+        loss_value, norm_value = self._stop_if_not_finite(loss_sum / cfg.grad_accum, grad_norm)
+        now = time.perf_counter()
+        seconds, self._last_check = now - self._last_check, now
         self.optimizer.step()  # masked decay (pre-hook), then the update, then counters (post-hook)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        loss_value = (loss_sum / cfg.grad_accum).item()  # also waits for the GPU: the timing is real
-        seconds = time.perf_counter() - start
+        self._since_row += 1
+        self._row_seconds += seconds
+        if not log:
+            return None
         row = {"step": self.step, "tokens": self.step * cfg.tokens_per_step, "loss": loss_value,
-               "val_loss": None, "lr": lr, "grad_norm": float(grad_norm)}
+               "val_loss": None, "lr": lr, "grad_norm": norm_value}
         row.update(masks)
-        row["tokens_per_s"] = cfg.tokens_per_step / seconds
+        row.update(self._activation_stats())
+        # the steps since the last row over the time between the checks that bound them
+        row["tokens_per_s"] = self._since_row * cfg.tokens_per_step / max(self._row_seconds, 1e-9)
+        self._since_row, self._row_seconds = 0, 0.0
         return clean_row(row)
 
-    def _stop_if_not_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        """Raise TrainingDiverged, with the step not applied, when the loss or a gradient is NaN/Inf.
+    def _stop_if_not_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
+        """(loss, grad norm) as floats; TrainingDiverged, with the step not applied, when either is NaN/Inf.
         (clip_grad_norm_'s total norm is non-finite exactly when some gradient entry is.)"""
         loss_value, norm_value = torch.stack([loss.detach().float(), grad_norm.detach().float().to(loss.device)]).tolist()
         if math.isfinite(loss_value) and math.isfinite(norm_value):
-            return
+            return loss_value, norm_value
         self.optimizer.zero_grad(set_to_none=True)
         what = (f"the training loss became {loss_value}" if not math.isfinite(loss_value)
                 else f"the gradient norm became {norm_value} (a NaN/Inf gradient)")
@@ -320,6 +420,8 @@ class Trainer:
     def _mask_stats(self) -> dict:
         """Called between backward and optimizer step: flip rates of the masks computed for this
         step (null where none was), mean beta, and the density of the weights the products used."""
+        if self.plain_dense:  # the plain dense GPT: no masks computed (track_flips=False)
+            return {"flip_rate": math.nan, "beta": math.nan, "density": 1.0, "dense_phase": True}
         if not self.layers:  # DYAD / prune-and-regrow: no 2:4 masks, only the live fraction
             return {"flip_rate": math.nan, "beta": math.nan, "density": structured_density(self.model),
                     "dense_phase": False}
@@ -332,6 +434,22 @@ class Trainer:
                 "beta": sum(r["beta"] for r in rows) / len(rows),
                 "density": sum(u * s for u, s in zip(used, sizes)) / sum(sizes),
                 "dense_phase": all(r["dense_now"] for r in rows)}
+
+    def _activation_stats(self) -> dict:
+        """Squared-ReLU activations at a measured step: per layer and mean, the fraction of zeros
+        (``act_zero``) and of groups of 4 with at most 2 non-zeros (``act_le2``)."""
+        if self.act_tracker is None or not self.act_tracker.armed:
+            return {}
+        self.act_tracker.armed = False
+        stats = self.act_tracker.read()
+        if not stats:
+            return {}
+        row = {}
+        for name, s in stats.items():
+            row[f"act_zero/{name}"], row[f"act_le2/{name}"] = s["zero_fraction"], s["at_most_2_fraction"]
+        row["act_zero"] = sum(s["zero_fraction"] for s in stats.values()) / len(stats)
+        row["act_le2"] = sum(s["at_most_2_fraction"] for s in stats.values()) / len(stats)
+        return row
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -349,9 +467,9 @@ class Trainer:
         self.model.train()
         return (total / len(self.val_batches)).item()
 
-    def _eval_due(self) -> bool:
-        cfg = self.config
-        return self.step % cfg.eval_interval == 0 or self.step == cfg.steps or self.step in cfg.eval_at
+    def _eval_due(self, step: int | None = None) -> bool:
+        cfg, step = self.config, self.step if step is None else step
+        return step % cfg.eval_interval == 0 or step == cfg.steps or step in cfg.eval_at
 
     # --- the loop ----------------------------------------------------------------------------------
     def run(self, stop_at: int | None = None) -> dict:
@@ -369,11 +487,13 @@ class Trainer:
         try:
             while self.step < end:
                 row = self.train_step()
+                bar.update(1)
+                if row is None:  # a step between logged rows (log_interval)
+                    continue
                 if self._eval_due():
                     row["val_loss"] = self.evaluate()
                 self.history.append(row)
                 self.log.write(row)
-                bar.update(1)
                 flip = row["flip_rate"]
                 bar.set_postfix(loss=f"{row['loss']:.3f}", flip="-" if flip is None else f"{flip:.2e}",
                                 tok_s=f"{row['tokens_per_s']:.3g}", refresh=False)
@@ -386,11 +506,18 @@ class Trainer:
             self.log.flush()
         return self.summary()
 
+    def describe(self) -> str:
+        """The method's description, and the FFN's 2:4 activations when the model has them."""
+        text = self.method.describe()
+        if self.config.model.activation_sparsity != "none":
+            text += f"; {self.config.model.activation_sparsity} activations (squared ReLU, down projection)"
+        return text
+
     def summary(self) -> dict:
         vals = [r for r in self.history if r["val_loss"] is not None]
         speeds = sorted(r["tokens_per_s"] for r in self.history)
         return {
-            "method": self.config.method, "describe": self.method.describe(), "step": self.step,
+            "method": self.config.method, "describe": self.describe(), "step": self.step,
             "tokens": self.step * self.config.tokens_per_step,
             "final_val_loss": vals[-1]["val_loss"] if vals else None,
             "median_tokens_per_s": speeds[len(speeds) // 2] if speeds else None,

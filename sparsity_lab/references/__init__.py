@@ -3,6 +3,7 @@
     fp8                FP8 per-tensor quantization with current-amax scaling (E4M3 / E5M2)
     gated              SwiGLU / GEGLU forward and backward, row-major or transposed layout
     cusparselt_layout  cuSPARSELt's compressed 2:4 layout on sm90 (values + metadata), packed and unpacked
+    act24              squared ReLU pruned to 2:4 along the hidden dimension, its straight-through gradient
 
 Each module imports only torch and the standard library, so a kernel may import it (and nothing
 else from the package) without pulling in the layers or the backends.

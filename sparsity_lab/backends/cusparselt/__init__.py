@@ -7,7 +7,10 @@
     direct      the direct ctypes binding with a cached plan (about 0.01 ms of host time per product)
     algorithms  the matmul algorithm chosen per product shape, cached
     auto        the "cusparselt_auto" policy: sparse per product shape only where it beats dense
-    fp8         the FP8 sparse product (E4M3 operands, ``torch._scaled_mm`` for the dense side)
+    fp8_train   the FP8 training backends "cusparselt_fp8", "fp8_dense", "fp8_reference" (one recipe,
+                three ways to run the products; per-layer scaling state)
+    fp8_direct  the direct binding for FP8 (E4M3) 2:4 products, scales read on the device
+    fp8_algorithms  the FP8 algorithm (id, split-k) chosen per product shape, each checked first
 
 The compressed layout itself (what ``_cslt_compress`` writes) is a reference:
 ``sparsity_lab.references.cusparselt_layout``. Importing this package imports no triton.

@@ -61,7 +61,7 @@ SPARSE_MULTIPLE: dict[torch.dtype, int] = {
     torch.int8: 32,
     torch.float8_e4m3fn: 32,
 }
-# dtypes this backend runs its products in (fp8 is a separate path: backends/cusparselt/fp8.py)
+# dtypes this backend runs its products in (fp8 is a separate path: backends/cusparselt/fp8_train.py)
 PRODUCT_DTYPES = (torch.bfloat16, torch.float16)
 MIN_CAPABILITY = (8, 0)
 

@@ -1,0 +1,409 @@
+"""FP8 training backends for SparseLinear: "cusparselt_fp8" (FP8 2:4), "fp8_dense" and "fp8_reference".
+
+Per training step of a layer W (out, in), X (tokens, in), dZ (tokens, out), every product operand is
+E4M3 with a per-tensor scale from the layer's recipe (``sparsity_lab.methods.fp8_scaling``: delayed or
+current scaling, state in the layer's ``state_dict``):
+
+    forward          Z  = s_x s_w   q(X) q(S(W))^T        q(S(W)): once per optimizer step
+    input gradient   dX = s_dz s_w  q(dZ) q(S(W))
+    weight gradient  dW = s_g s_x   q(MVUE(dZ))^T q(X)    (q(dZ)^T q(X) without MVUE)
+
+How the products run (the engines):
+
+* "cusparselt_fp8": all three on sparse FP8 tensor cores (cuSPARSELt through ``fp8_direct``, plans
+  cached, algorithms chosen per shape by ``fp8_algorithms``, the scales applied on the device); the
+  weight gradient only with MVUE (dZ^T has no
+  2:4 pattern otherwise: then dense FP8). Needs a transposable 2:4 mask (S(W)^T must be 2:4 along
+  ``out`` for dX) and ``in``/``out`` multiples of 64 (the Triton compressor's tiles).
+  dZ is E4M3, not E5M2: cuSPARSELt refuses E5M2 operands (``results/cusparselt_fp8_h100.json``,
+  "compress_e5m2"). E4M3 has one mantissa bit more and less range; with a per-tensor scale the range
+  of a gradient tensor fits (tests/test_fp8_training.py measures dX's error against bfloat16).
+* "fp8_dense": the same recipe on dense FP8 tensor cores (``torch._scaled_mm``, ``backends/fp8_dense.py``)
+  with the masked weight: the FP8 baseline with the same numerics but no sparse speed-up.
+* "fp8_reference": the same recipe in float32 arithmetic on dequantized operands
+  (``references/fp8_products.py``); runs anywhere.
+  It is what the other two are tested against, and what they fall back to without a CUDA GPU (with a
+  ``BackendFallbackWarning``).
+
+Compared with the simulation "torch_fp8sim" (S-STE's recipe: current scaling, dZ in E5M2, dZ rounded
+*before* MVUE): here dZ is E4M3, delayed scaling is the default, and MVUE(dZ) is rounded after MVUE
+(the sparse tensor cores multiply an FP8 operand: the MVUE output must itself be FP8). With
+``FP8Recipe(scaling="current", grad_format="e5m2")`` the forward and input-gradient products equal
+the simulation's.
+
+Each sparse product's two scales are applied by one pass over its output (``kernels/scale_product.py``):
+cuSPARSELt 0.8 applies none inside an FP8 2:4 product on the H100 (``fp8_direct``).
+
+q(X) is made once, in the forward, by one cast kernel that also writes q(X)^T (the layout the weight
+gradient's product reads, ``kernels/fp8_cast_transpose.py``): the backward reuses both (no second
+cast, no transpose copy). X's amax enters the history when its backward runs, so an evaluation
+forward (no backward) records nothing; the price is that q(X) and q(X)^T of the latest forward stay
+alive until the next forward or backward of the layer.
+
+Each layer gets its own :class:`FP8Backend` (``Backend.for_layer``): an ``nn.Module`` holding the
+layer's :class:`~sparsity_lab.methods.fp8_scaling.FP8ScalingState`, so the state is in the layer's
+``state_dict`` (under ``backend.scaling.``); the :class:`FP8Engine` it points to holds what the layers
+of one backend name share (the cuSPARSELt plans and algorithm choices, counters).
+"""
+from __future__ import annotations
+
+import weakref
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...methods.fp8_scaling import FP8Recipe, FP8ScalingState, quantize_reference
+from ...methods.flip_rate import mask_flips_tensor
+from ...references import fp8_products as reference
+from ...references.fp8 import amax as amax_of, quantize_with_inv_scale
+from .. import fp8_dense as dense
+from ..base import Backend, MvueSeed, kernel_seed
+from ..torch_reference import TorchBackend, generator_on
+
+NAMES = {"cusparselt_fp8": "cusparselt", "fp8_dense": "scaled_mm", "fp8_reference": "reference"}
+ENGINES = ("reference", "scaled_mm", "cusparselt")
+HALF = (torch.bfloat16, torch.float16)
+TOKEN_MULTIPLE = 64  # tokens padded to this for the FP8 tensor-core products (zero rows change nothing)
+
+
+class FP8Operand:
+    """One optimizer step's weight operand: S(W) (compute dtype), q(S(W)) E4M3 and its scale; the
+    compressed forms (sparse engine) and q(S(W))^T (dense engine) made on first use."""
+
+    def __init__(self, weight: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
+        self.weight, self.q, self.scale = weight, q, scale
+        self.compressed: torch.Tensor | None = None
+        self.compressed_t: torch.Tensor | None = None
+        self.q_t: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)
+
+
+@dataclass
+class _ForwardX:
+    """What the forward leaves for the backward: q(X) (padded rows), q(X)^T (GPU engines), s_x and
+    X's amax (recorded by the backward, once)."""
+
+    x: weakref.ref
+    version: int
+    q: torch.Tensor
+    q_t: torch.Tensor | None
+    scale: torch.Tensor
+    amax: torch.Tensor
+    recorded: bool = False
+
+
+class FP8Engine:
+    """What the layers of one backend name share: how the products run (``engine``, one of
+    ``ENGINES``), the cuSPARSELt products (plans, algorithm choices) and counters."""
+
+    def __init__(self, name: str, engine: str, fallback_reason: str | None = None) -> None:
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        self.name, self.engine, self.fallback_reason = name, engine, fallback_reason
+        self.reference = TorchBackend()
+        self._triton = None
+        self._sparse = None
+        self.stats: Counter = Counter()  # "x_requantized": backward calls that could not reuse the forward's q(X)
+
+    def __deepcopy__(self, memo):
+        return self  # one per process (plans, algorithm choices): a deep-copied model shares it
+
+    def masks_on(self, t: torch.Tensor) -> Backend:
+        """The Triton kernels for CUDA tensors, the reference elsewhere (masks, soft threshold, decay)."""
+        if t.is_cuda:
+            if self._triton is None:
+                from ..triton import TritonBackend
+                self._triton = TritonBackend()
+            return self._triton
+        return self.reference
+
+    @staticmethod
+    def kernels():
+        from ... import kernels  # triton: only when a CUDA tensor needs it
+        return kernels
+
+    @property
+    def sparse(self):
+        if self._sparse is None:
+            from .fp8_algorithms import FP8SparseProducts
+            self._sparse = FP8SparseProducts()
+        return self._sparse
+
+
+class FP8Backend(Backend, nn.Module):
+    """An FP8 backend with its own scaling state (``scaling``, an :class:`FP8ScalingState`).
+
+    ``get_backend(name)`` gives one (its state shared by whoever calls it directly, e.g. a product
+    benchmark); ``for_layer`` gives each SparseLinear its own, with the same engine."""
+
+    reads_seed_from_device = True  # MVUE on CUDA tensors is the Triton kernel, which reads a device seed
+
+    def __init__(self, engine: FP8Engine, recipe: FP8Recipe | None = None, device=None) -> None:
+        nn.Module.__init__(self)
+        self.engine = engine
+        self.name = engine.name
+        self.scaling = FP8ScalingState(recipe, device=device)
+        self._forward_x: _ForwardX | None = None
+
+    @property
+    def fallback_reason(self) -> str | None:
+        return self.engine.fallback_reason
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_forward_x"] = None  # the latest forward's q(X) (and a weak reference) is not saved
+        return state
+
+    @property
+    def stats(self):
+        return self.engine.stats
+
+    def for_layer(self, layer: nn.Module) -> "FP8Backend":
+        return FP8Backend(self.engine, self.scaling.recipe, device=layer.weight.device)
+
+    def set_recipe(self, recipe: FP8Recipe) -> None:
+        """A fresh scaling state with ``recipe`` (history and scales start over)."""
+        self.scaling = FP8ScalingState(recipe, device=self.scaling.scale.device)
+
+    def advance_step(self) -> None:
+        """End of an optimizer step (``SparseLinear.advance_step``): the recipe's update."""
+        self.scaling.advance()
+
+    def product_plan(self, out_features: int, in_features: int, mvue: bool) -> dict[str, str]:
+        kind = {"reference": "float32 products of FP8 operands (reference)",
+                "scaled_mm": "dense FP8 E4M3 (torch._scaled_mm)",
+                "cusparselt": "2:4 sparse FP8 E4M3 (cuSPARSELt)"}[self.engine.engine]
+        plan = dict.fromkeys(("forward", "grad_input", "grad_weight"), kind)
+        if self.engine.engine == "cusparselt" and not mvue:  # dZ^T has no 2:4 pattern without MVUE
+            plan["grad_weight"] = "dense FP8 E4M3 dZ^T X (torch._scaled_mm)"
+        return plan
+
+    # --- masks, weights, decay --------------------------------------------------------------------------
+    def mask(self, weight, n, m, transposable):
+        out_f, in_f = weight.shape
+        engine = self.engine.engine
+        if engine == "cusparselt":
+            if (n, m) != (2, 4) or not transposable:
+                raise ValueError(f"backend {self.name!r} runs dX = dZ S(W) on 2:4 sparse tensor cores, which needs a "
+                                 f"transposable 2:4 mask: use e.g. STE(transposable=True, backend={self.name!r}) "
+                                 f"(got n={n}, m={m}, transposable={transposable}), or backend='fp8_dense'")
+            if out_f % 64 or in_f % 64:
+                raise ValueError(f"backend {self.name!r} needs in_features and out_features that are multiples of 64 "
+                                 f"(the FP8 compressor's tiles), got a weight ({out_f}, {in_f}): resize the layer "
+                                 "or use backend='fp8_dense'")
+        elif engine == "scaled_mm" and (out_f % 16 or in_f % 16):
+            raise ValueError(f"backend {self.name!r} (torch._scaled_mm) needs in_features and out_features that are "
+                             f"multiples of 16, got a weight ({out_f}, {in_f})")
+        if weight.is_cuda and (n, m) == (2, 4):
+            return self.engine.masks_on(weight).mask(weight, n, m, transposable)
+        return self.engine.reference.mask(weight, n, m, transposable)
+
+    def sparse_weight(self, weight, mask, beta, n, m):
+        if weight.is_cuda and (n, m) == (2, 4):
+            return self.engine.masks_on(weight).sparse_weight(weight, mask, beta, n, m)
+        return self.engine.reference.sparse_weight(weight, mask, beta, n, m)
+
+    def sparse_weight_as(self, weight, mask, beta, n, m, dtype):
+        if weight.is_cuda and beta is not None and (n, m) == (2, 4):
+            return self.engine.kernels().soft_threshold24(weight, mask, beta, out_dtype=dtype)
+        if beta is None:
+            return weight.to(dtype) * mask
+        return self.sparse_weight(weight, mask, beta, n, m).to(dtype)
+
+    def mask_flips(self, previous, current):
+        if previous.is_cuda:
+            return self.engine.kernels().count_flips(previous, current)
+        return mask_flips_tensor(previous, current)
+
+    def masked_decay_(self, grad, weight, mask, decay):
+        self.engine.masks_on(grad).masked_decay_(grad, weight, mask, decay)
+
+    # --- quantization -----------------------------------------------------------------------------------
+    def quantize(self, tensor: str, x: torch.Tensor, record: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q, scale) of x as ``tensor`` (one of ``fp8_scaling.TENSORS``) under this backend's recipe:
+        the Triton cast kernel on CUDA (one pass with delayed scaling), the reference elsewhere."""
+        q, _, scale, a = self._cast(tensor, x, transpose=False)
+        if record:
+            self.scaling.record(tensor, a)
+        return q, scale
+
+    def _cast(self, tensor: str, x: torch.Tensor, transpose: bool):
+        """(q, q^T or None, scale, amax of x); records nothing. ``transpose``: also write q^T (CUDA)."""
+        state = self.scaling
+        if not x.is_cuda:
+            scale, inv_scale, a = state.scales_for(tensor, x)
+            q = quantize_with_inv_scale(x, inv_scale, state.recipe.format_of(tensor))
+            return q, None, scale, (a if a is not None else amax_of(x))
+        k = self.engine.kernels()
+        fmt = state.recipe.format_of(tensor)
+        if state.uses_history:
+            scale, inv_scale, _ = state.scales_for(tensor, x)
+        else:  # current scaling (or the first step): the amax first, a pass of its own
+            scale, inv_scale, _ = state.scales_for(tensor, x, observed_amax=k.amax(x))
+        if transpose:
+            q, q_t, a = k.quantize_fp8_transposed(x, inv_scale.reshape(()), fmt)
+            return q, q_t, scale, a
+        q, a = k.quantize_fp8_with_scale(x, inv_scale.reshape(()), fmt)
+        return q, None, scale, a
+
+    # --- products ---------------------------------------------------------------------------------------
+    def _check(self, t: torch.Tensor, what: str) -> None:
+        if self.engine.engine == "reference":
+            return
+        if not t.is_cuda:
+            raise ValueError(f"{what} is on {t.device}; backend {self.name!r} runs its products on CUDA tensors: move "
+                             "the model and its inputs to the GPU (or use backend='fp8_reference')")
+        if t.dtype not in HALF:
+            raise TypeError(f"backend {self.name!r} runs bfloat16/float16 layers, but {what} is {t.dtype}: run under "
+                            "torch.autocast('cuda', dtype=torch.bfloat16) or convert the model to bfloat16")
+
+    @staticmethod
+    def _rows(tokens: int, t: torch.Tensor) -> int:
+        multiple = TOKEN_MULTIPLE if t.is_cuda else 4
+        return -(-tokens // multiple) * multiple
+
+    @staticmethod
+    def _pad(x: torch.Tensor, rows: int) -> torch.Tensor:
+        return x if x.shape[0] == rows else F.pad(x, (0, 0, 0, rows - x.shape[0]))
+
+    def prepare(self, sparse_weight: torch.Tensor) -> FP8Operand:
+        if sparse_weight.dim() != 2:
+            raise ValueError(f"the sparse weight must be 2-D (out, in), got shape {tuple(sparse_weight.shape)}")
+        self._check(sparse_weight, "the layer's weight")
+        w = sparse_weight.contiguous()
+        q, scale = self.quantize("w", w)  # zeros stay zeros: the 2:4 pattern survives the cast
+        return FP8Operand(w, q, scale)
+
+    def linear(self, x, operand: FP8Operand, bias):
+        self._check(x, "x")
+        tokens, engine = x.shape[0], self.engine.engine
+        rows = self._rows(tokens, x)
+        # one pass: q(X) for this product and q(X)^T for the weight gradient's (GPU engines)
+        q_x, q_x_t, s_x, a_x = self._cast("x", self._pad(x, rows), transpose=engine != "reference")
+        self._forward_x = _ForwardX(weakref.ref(x), x._version, q_x, q_x_t, s_x, a_x)
+        if engine == "reference":
+            z = reference.reference_forward(q_x, s_x, operand.q, operand.scale, x.dtype)
+        elif engine == "scaled_mm":
+            z = dense.scaled_mm_forward(q_x, s_x, operand.q, operand.scale)
+        else:
+            if operand.compressed is None:
+                operand.compressed = self.engine.kernels().compress24(operand.q)
+            choice = self.engine.sparse.choose(operand.shape[0], operand.shape[1], rows, [(True, True)], x.device)
+            z = self.engine.sparse.mm(operand.compressed, q_x.t(), operand.scale, s_x, choice)
+        z = z[:tokens].to(x.dtype)
+        return z if bias is None else z + bias.to(z.dtype)
+
+    def _record_x(self) -> None:
+        """X's amax into the history, once per forward, when its backward runs."""
+        fx = self._forward_x
+        if fx is not None and not fx.recorded:
+            self.scaling.record("x", fx.amax)
+            fx.recorded = True
+
+    def grad_input(self, grad_out, operand: FP8Operand):
+        self._check(grad_out, "grad_out")
+        self._record_x()
+        tokens, engine = grad_out.shape[0], self.engine.engine
+        rows = self._rows(tokens, grad_out)
+        q_dz, s_dz = self.quantize("dz", self._pad(grad_out, rows))
+        if engine == "reference":
+            dx = reference.reference_grad_input(q_dz, s_dz, operand.q, operand.scale, grad_out.dtype)
+        elif engine == "scaled_mm":
+            if operand.q_t is None:
+                operand.q_t = operand.q.t().contiguous()
+            dx = dense.scaled_mm_grad_input(q_dz, s_dz, operand.q_t, operand.scale)
+        else:
+            if operand.compressed_t is None:  # q(S(W))^T: 2:4 along out (transposable mask), read strided
+                operand.compressed_t = self.engine.kernels().compress24(operand.q.t())
+            choice = self.engine.sparse.choose(operand.shape[1], operand.shape[0], rows, [(True, True)],
+                                               grad_out.device)
+            dx = self.engine.sparse.mm(operand.compressed_t, q_dz.t(), operand.scale, s_dz, choice)
+        return dx[:tokens].to(grad_out.dtype)
+
+    def _mvue(self, dz: torch.Tensor, seed: MvueSeed | None) -> torch.Tensor:
+        """MVUE(dZ), groups of 4 along the tokens: the Triton kernel on CUDA (the draws of backends
+        "triton" and "cusparselt" for the same seed), the reference elsewhere."""
+        if dz.is_cuda:
+            return self.engine.kernels().mvue24(dz, dim=0, seed=kernel_seed(seed))
+        from ...methods.mvue import mvue24
+        return mvue24(dz, dim=0, generator=generator_on(dz.device, seed), check=False)
+
+    def _x_for_backward(self, x: torch.Tensor, rows: int):
+        """(q(X), q(X)^T or None, s_x) of the forward when this is its x (same tensor, unchanged), else
+        X cast again with the same scale (nothing advanced in between), counted in ``stats``."""
+        self._record_x()
+        fx, self._forward_x = self._forward_x, None
+        if fx is not None and fx.x() is x and fx.version == x._version and fx.q.shape[0] == rows:
+            return fx.q, fx.q_t, fx.scale
+        self.engine.stats["x_requantized"] += 1
+        q, q_t, scale, a = self._cast("x", self._pad(x, rows), transpose=self.engine.engine != "reference")
+        if fx is None:  # no forward recorded this X's amax
+            self.scaling.record("x", a)
+        return q, q_t, scale
+
+    def grad_weight(self, grad_out, x, mvue, seed):
+        self._check(grad_out, "grad_out")
+        tokens, engine = grad_out.shape[0], self.engine.engine
+        rows = self._rows(tokens, grad_out)
+        dz = self._pad(grad_out, rows)
+        q_x, q_x_t, s_x = self._x_for_backward(x, rows)
+        if mvue:
+            q_g, s_g = self.quantize("dz_mvue", self._mvue(dz, seed))
+        else:
+            q_g, s_g = self.quantize("dz", dz)
+        if engine == "reference":
+            return reference.reference_grad_weight(q_g, s_g, q_x, s_x, grad_out.dtype)
+        if engine == "scaled_mm" or not mvue:
+            return dense.scaled_mm_grad_weight(q_g, s_g, q_x, s_x, q_x_t).to(grad_out.dtype)
+        out_f, in_f = q_g.shape[1], q_x.shape[1]
+        a = self.engine.kernels().compress24(q_g.t())  # q(MVUE(dZ))^T (out, rows), 2:4 along the tokens
+        choice = self.engine.sparse.choose(out_f, rows, in_f, [(False, False), (True, True)], grad_out.device)
+        b_transposed, transpose_result = choice.layout
+        if b_transposed:  # B = q(X) as the .t() of the contiguous q(X)^T (in, rows)
+            b = (q_x_t if q_x_t is not None else q_x.t().contiguous()).t()
+        else:
+            b = q_x
+        dw = self.engine.sparse.mm(a, b, s_g, s_x, choice)
+        return (dw.t() if transpose_result else dw).to(grad_out.dtype)
+
+    def summary(self) -> dict:
+        out = super().summary()
+        if self.engine._sparse is not None:
+            out["algorithms"] = self.engine.sparse.summary()
+        return out
+
+
+def fp8_training_backend(name: str) -> FP8Backend:
+    """What ``get_backend(name)`` builds for the three names; the GPU engines fall back to the
+    reference (with a ``BackendFallbackWarning``) where no CUDA GPU is available."""
+    engine = NAMES[name]
+    if engine != "reference" and not torch.cuda.is_available():
+        from .backend import BackendFallbackWarning
+        reason = "no CUDA GPU is available (torch.cuda.is_available() is False)"
+        warnings.warn(f"backend {name!r} was requested, but {reason}: its layers compute the same FP8 recipe in "
+                      "float32 arithmetic ('fp8_reference') instead", BackendFallbackWarning, stacklevel=3)
+        return FP8Backend(FP8Engine(f"fp8_reference (fallback for {name})", "reference", fallback_reason=reason))
+    return FP8Backend(FP8Engine(name, engine))
+
+
+def register_fp8_training() -> None:
+    from ..base import register_backend
+    for name in NAMES:
+        register_backend(name, lambda name=name: fp8_training_backend(name))
+
+
+def set_fp8_recipe(model: nn.Module, recipe: FP8Recipe) -> int:
+    """Give every FP8 layer of ``model`` a fresh scaling state with ``recipe``; returns how many."""
+    if not isinstance(recipe, FP8Recipe):
+        raise TypeError(f"recipe must be an FP8Recipe, got {type(recipe).__name__}")
+    found = [m for m in model.modules() if isinstance(m, FP8Backend)]
+    for backend in found:
+        backend.set_recipe(recipe)
+    return len(found)

@@ -1,0 +1,43 @@
+"""Exercise of notebook 06 (delayed FP8 scaling): the solution passes, mistakes are named, the stub is not attempted."""
+import math
+
+from sparsity_lab.exercises import fp8_scaling as ex
+from sparsity_lab.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
+from sparsity_lab.exercises.solutions import fp8_scaling as sol
+
+
+def _failed(result, *words):
+    assert result.status == FAILED, result.message
+    for word in words:
+        assert word in result.message, result.message
+
+
+def test_solution_passes_and_the_stub_is_not_attempted():
+    assert ex.check_delayed_scales(sol.delayed_scales, show=False).status == PASSED
+
+    def stub(*args):
+        raise NotImplementedError
+    assert ex.check_delayed_scales(stub, show=False).status == NOT_ATTEMPTED
+
+
+def test_a_window_without_the_current_step_is_caught():
+    def lagging(amaxes, length, margin, fmax):
+        out, scale = [], 1.0
+        for t in range(len(amaxes)):
+            window = amaxes[max(0, t - length):t] or [0.0]
+            a = max(window)
+            if a > 0 and math.isfinite(a):
+                scale = a / fmax * 2.0 ** margin
+            out.append(scale)
+        return out
+    _failed(ex.check_delayed_scales(lagging, show=False), "a spike")
+
+
+def test_ignoring_the_margin_or_a_bad_amax_is_caught():
+    def no_margin(amaxes, length, margin, fmax):
+        return sol.delayed_scales(amaxes, length, 0, fmax)
+    _failed(ex.check_delayed_scales(no_margin, show=False), "margin 2")
+
+    def trusts_every_amax(amaxes, length, margin, fmax):
+        return [max(amaxes[max(0, t - length + 1):t + 1]) / fmax * 2.0 ** margin for t in range(len(amaxes))]
+    _failed(ex.check_delayed_scales(trusts_every_amax, show=False), "infinite")

@@ -1,0 +1,420 @@
+"""FP8 training: the scaling recipe (current / delayed, TE's update), its state in checkpoints and under
+gradient accumulation, the "fp8_reference" backend against the simulation "torch_fp8sim", and (GPU)
+"cusparselt_fp8" / "fp8_dense" against "fp8_reference"."""
+import copy
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+from sparsity_lab import SRSTE, SSTE, STE, MaskedDecay, SparseLinear, attach_optimizer
+from sparsity_lab.backends import get_backend
+from sparsity_lab.backends.base import Backend
+from sparsity_lab.backends.cusparselt.fp8_train import FP8Backend, FP8Engine, set_fp8_recipe
+from sparsity_lab.backends.fp8_sim import fake_fp8
+from sparsity_lab.references.fp8 import quantize_fp8
+from sparsity_lab.methods.fp8_scaling import TENSORS, FP8Recipe, FP8ScalingState, quantize_reference
+
+CUDA = torch.cuda.is_available()
+
+
+def rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def col(name):
+    return TENSORS.index(name)
+
+
+# --- the recipe ---------------------------------------------------------------------------------------------
+def test_delayed_update_follows_transformer_engines_rule():
+    state = FP8ScalingState(FP8Recipe(history_len=3, margin=1))
+    seen = [2.0, 8.0, 4.0, 1.0]
+    for k, a in enumerate(seen):
+        state.record("x", torch.tensor(a))
+        state.advance()
+        window = seen[max(0, k - 2):k + 1]  # the last L = 3 amaxes, the one just recorded included
+        assert float(state.scale[col("x")]) == pytest.approx(max(window) / 448 * 2)
+        assert float(state.inv_scale[col("x")]) == pytest.approx(1 / (max(window) / 448 * 2))
+    # rolled by -1, row 0 zeroed for the next step: rows 1.. are the completed steps, oldest first
+    assert state.amax_history[:, col("x")].tolist() == [0.0, 4.0, 1.0]
+    assert state.history_of("x").tolist() == [4.0, 1.0]
+    assert state.updates == 4
+
+
+def test_most_recent_and_a_zero_or_infinite_amax_keeps_the_scale():
+    state = FP8ScalingState(FP8Recipe(history_len=4, amax_compute="most_recent"))
+    state.record("dz", torch.tensor(57.0))
+    state.advance()
+    assert float(state.scale[col("dz")]) == pytest.approx(57 / 448)
+    state.record("dz", torch.tensor(5.0))
+    state.advance()
+    assert float(state.scale[col("dz")]) == pytest.approx(5 / 448)  # not the max of the window
+    state.advance()  # nothing recorded: amax 0
+    assert float(state.scale[col("dz")]) == pytest.approx(5 / 448)
+    state.record("dz", torch.tensor(float("inf")))
+    state.advance()
+    assert float(state.scale[col("dz")]) == pytest.approx(5 / 448)
+
+
+def test_grad_format_sets_the_largest_value_of_the_gradient_columns():
+    state = FP8ScalingState(FP8Recipe(grad_format="e5m2", history_len=1))
+    for t in TENSORS:
+        state.record(t, torch.tensor(2.0))
+    state.advance()
+    assert state.scale.tolist() == pytest.approx([2 / 448, 2 / 448, 2 / 57344, 2 / 57344])
+
+
+def test_first_step_uses_current_scaling_then_the_history():
+    state = FP8ScalingState(FP8Recipe())
+    x = torch.randn(16, 8) * 3
+    q, s = quantize_reference(state, "x", x)
+    ref_q, ref_s = quantize_fp8(x, "e4m3")
+    assert torch.equal(q.float(), ref_q.float()) and float(s) == float(ref_s)
+    state.advance()
+    y = x * 10  # grows tenfold: delayed scaling clips it to the old range
+    q, s = quantize_reference(state, "x", y)
+    assert float(s) == pytest.approx(float(x.abs().max()) / 448)
+    assert float(q.float().abs().max()) == 448.0
+    assert float(state.amax_history[0, col("x")]) == pytest.approx(float(y.abs().max()))
+
+
+def test_recipe_and_state_reject_bad_input():
+    for kwargs, word in [({"scaling": "later"}, "scaling"), ({"history_len": 0}, "history_len"),
+                         ({"amax_compute": "mean"}, "amax_compute"), ({"margin": -1}, "margin"),
+                         ({"grad_format": "e3m4"}, "fmt")]:
+        with pytest.raises(ValueError, match=word):
+            FP8Recipe(**kwargs)
+    with pytest.raises(TypeError, match="FP8Recipe"):
+        FP8ScalingState("delayed")
+    with pytest.raises(ValueError, match="tensor must be one of"):
+        FP8ScalingState().record("y", torch.tensor(1.0))
+
+
+def test_state_stays_float32_under_a_bfloat16_model():
+    layer = SparseLinear(64, 64, method=STE(backend="fp8_reference"))
+    layer.backend.scaling.scale.fill_(1 / 3)
+    layer.to(torch.bfloat16)
+    assert layer.weight.dtype == torch.bfloat16
+    assert layer.backend.scaling.scale.dtype == torch.float32
+    assert float(layer.backend.scaling.scale[0]) == float(torch.tensor(1 / 3))
+
+
+# --- the layer: checkpoints, accumulation, evaluation --------------------------------------------------------
+def _train(layer, batches, steps_from=0, accumulate=1, lr=0.05):
+    opt = torch.optim.SGD(layer.parameters(), lr=lr)
+    handle = attach_optimizer(layer, opt)
+    for x in batches:
+        for part in x.chunk(accumulate):
+            # sum, not mean: every row's gradient is the same however the batch is split
+            layer(part).square().sum().mul(1e-3).backward()
+        opt.step()
+        opt.zero_grad()
+    handle.remove()
+    return opt
+
+
+def test_accumulated_micro_steps_leave_the_history_of_one_whole_step():
+    torch.manual_seed(0)
+    base = SparseLinear(64, 32, method=STE(backend="fp8_reference"))
+    batches = [torch.randn(32, 64) for _ in range(3)]
+    one, four = copy.deepcopy(base), copy.deepcopy(base)
+    _train(one, batches[:1])
+    _train(four, batches[:1], accumulate=4)
+    s1, s4 = one.backend.scaling, four.backend.scaling
+    # the first step scales each micro-step by its own amax (no history yet), but records the max
+    assert torch.equal(s1.amax_history, s4.amax_history) and torch.equal(s1.scale, s4.scale)
+    assert s1.updates == s4.updates == 1  # once per optimizer step, not per micro-step
+    # from the same state, a delayed-scaling step: the same scales for every micro-step, the same rows
+    one, four = copy.deepcopy(one), copy.deepcopy(one)
+    _train(one, batches[1:2])
+    _train(four, batches[1:2], accumulate=4)
+    assert torch.equal(one.backend.scaling.amax_history, four.backend.scaling.amax_history)
+    torch.testing.assert_close(one.weight, four.weight, rtol=1e-5, atol=1e-7)  # float sums differ in order
+
+
+def test_checkpoint_resumes_scales_and_history_exactly():
+    torch.manual_seed(1)
+    method = SSTE(mvue=True, backend="fp8_reference")
+    layer = SparseLinear(64, 32, method=method)
+    batches = [torch.randn(24, 64) for _ in range(6)]
+    opt = _train(layer, batches[:3])
+    saved = copy.deepcopy((layer.state_dict(), opt.state_dict()))
+    assert {"backend.scaling.amax_history", "backend.scaling.scale", "backend.scaling.inv_scale",
+            "backend.scaling._extra_state"} <= set(saved[0])
+    _train(layer, batches[3:])
+    resumed = SparseLinear(64, 32, method=method)
+    resumed.load_state_dict(saved[0])
+    assert resumed.backend.scaling.updates == 3
+    _train(resumed, batches[3:])
+    assert torch.equal(resumed.weight, layer.weight)
+    assert torch.equal(resumed.backend.scaling.amax_history, layer.backend.scaling.amax_history)
+    assert torch.equal(resumed.backend.scaling.scale, layer.backend.scaling.scale)
+
+
+def test_evaluation_uses_the_scales_and_records_nothing():
+    layer = SparseLinear(64, 32, method=STE(backend="fp8_reference"))
+    _train(layer, [torch.randn(16, 64)])
+    before = layer.backend.scaling.amax_history.clone()
+    with torch.no_grad():
+        layer.eval()(torch.randn(16, 64) * 100)
+    assert torch.equal(layer.backend.scaling.amax_history[:, col("x")], before[:, col("x")])
+
+
+def test_set_fp8_recipe_gives_every_layer_a_fresh_state():
+    model = torch.nn.Sequential(SparseLinear(64, 64, method=STE(backend="fp8_reference")), torch.nn.ReLU(),
+                                SparseLinear(64, 32, method=STE(backend="fp8_reference")))
+    assert set_fp8_recipe(model, FP8Recipe(scaling="current", history_len=4)) == 2
+    assert model[0].backend.scaling.amax_history.shape == (4, 4)
+    assert "backend.scaling.amax_history" in [k.split("0.", 1)[-1] for k in model.state_dict()]
+    with pytest.raises(TypeError, match="FP8Recipe"):
+        set_fp8_recipe(model, "current")
+
+
+@pytest.mark.parametrize("method", [STE(), SRSTE(decay=2e-4), SSTE(), SSTE(mvue=True), MaskedDecay(decay=2e-4, dense_finetune_at=None)],
+                         ids=["ste", "srste", "sste", "sste_mvue", "masked_decay"])
+def test_every_method_trains_close_to_the_exact_products(method):
+    """The same layer on "fp8_reference" and "torch": outputs within FP8 rounding, training finite."""
+    torch.manual_seed(2)
+    exact = SparseLinear(64, 64, method=method)
+    fp8 = copy.deepcopy(exact)
+    fp8.method = dataclasses.replace(method, backend="fp8_reference")
+    fp8.backend = get_backend("fp8_reference").for_layer(fp8)
+    x = torch.randn(32, 64)
+    with torch.no_grad():
+        assert rel(fp8(x), exact(x)) < 0.06
+    _train(fp8, [torch.randn(32, 64) for _ in range(5)])
+    assert torch.isfinite(fp8.weight).all() and fp8.backend.scaling.updates == 5
+
+
+# --- against the simulation ------------------------------------------------------------------------------------
+def test_reference_backend_equals_the_simulation_under_its_recipe():
+    """With current scaling and dZ in E5M2 the products are torch_fp8sim's (same rounding, float32)."""
+    torch.manual_seed(3)
+    layer_backend = FP8Backend(FP8Engine("fp8_reference", "reference"), FP8Recipe(scaling="current", grad_format="e5m2"))
+    sim = get_backend("torch_fp8sim")
+    x, w, dz = torch.randn(24, 64), torch.randn(32, 64) * 0.1, torch.randn(24, 32) * 1e-3
+    op, sim_op = layer_backend.prepare(w), sim.prepare(w)
+    torch.testing.assert_close(layer_backend.linear(x, op, None), sim.linear(x, sim_op, None), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(layer_backend.grad_input(dz, op), sim.grad_input(dz, sim_op), rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(layer_backend.grad_weight(dz, x, False, None), sim.grad_weight(dz, x, False, None),
+                               rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(layer_backend.linear(x, op, None), fake_fp8(x, "e4m3") @ fake_fp8(w, "e4m3").T,
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_e4m3_gradient_error_is_below_e5m2s():
+    """The measurement behind dZ in E4M3: dX = dZ S(W) against float64 (heavy-tailed dZ)."""
+    from sparsity_lab.benchmarks.fp8_training import dx_error
+    err = dx_error(256, 256, 256, "cpu")
+    assert err["bf16"] < 5e-3
+    assert err["dz_e4m3_w_e4m3"] < err["dz_e5m2_w_e4m3"] < 0.1
+    assert err["dz_e4m3_w_e4m3"] < 0.05
+
+
+# --- names, fallback, bad input ------------------------------------------------------------------------------------
+@pytest.mark.skipif(CUDA, reason="the fallback happens only without a CUDA GPU")
+@pytest.mark.parametrize("name", ["cusparselt_fp8", "fp8_dense"])
+def test_gpu_names_fall_back_to_the_reference_with_a_warning(name):
+    from sparsity_lab.backends import base
+    from sparsity_lab.backends.cusparselt.backend import BackendFallbackWarning
+    base._INSTANCES.pop(name, None)
+    with pytest.warns(BackendFallbackWarning, match=name):
+        layer = SparseLinear(64, 64, method=STE(transposable=True, backend=name))
+    assert layer.backend.engine.engine == "reference" and "no CUDA GPU" in layer.backend.fallback_reason
+    assert layer.backend.name == f"fp8_reference (fallback for {name})"
+
+
+def test_sparse_engine_refuses_masks_and_shapes_it_cannot_run():
+    be = FP8Backend(FP8Engine("cusparselt_fp8", "cusparselt")).for_layer(torch.nn.Linear(64, 64))
+    with pytest.raises(ValueError, match="transposable 2:4"):
+        be.mask(torch.randn(64, 64), 2, 4, False)
+    with pytest.raises(ValueError, match="multiples of 64"):
+        be.mask(torch.randn(64, 96), 2, 4, True)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        be.prepare(torch.randn(64, 64))
+    with pytest.raises(ValueError, match="engine must be one of"):
+        FP8Engine("x", "tensor_cores")
+
+
+# --- the backend interface: declared methods, X's amax, q(X) reused ---------------------------------------------
+def test_fp8_backends_declare_per_layer_state_through_the_interface():
+    shared = get_backend("fp8_reference")
+    assert isinstance(shared, Backend) and shared.reads_seed_from_device
+    a = SparseLinear(64, 32, method=STE(backend="fp8_reference"))
+    b = SparseLinear(64, 32, method=STE(backend="fp8_reference"))
+    assert isinstance(a.backend, FP8Backend) and a.backend is not b.backend and a.backend is not shared
+    assert a.backend.engine is b.backend.engine is shared.engine  # what the layers share
+    plain = SparseLinear(64, 32, method=STE())
+    assert plain.backend is get_backend("torch")  # the default for_layer: the shared object
+    assert "backend" not in dict(plain.named_children())
+
+
+def test_training_records_xs_amax_and_reuses_the_forwards_q_x():
+    """X's amax reaches the history (the forward runs with grad disabled inside autograd: it cannot
+    tell training from evaluation, so the backward records it) and the backward casts X no second time."""
+    layer = SparseLinear(64, 32, method=STE(mvue=True, backend="fp8_reference"))
+    before = layer.backend.stats["x_requantized"]
+    x = (torch.randn(24, 64) * 7).requires_grad_(True)  # dX asked for too: dZ is quantized for it
+    opt = torch.optim.SGD(layer.parameters(), lr=0.0)
+    attach_optimizer(layer, opt)
+    layer(x).sum().backward()
+    row0 = layer.backend.scaling.amax_history[0]
+    assert float(row0[col("x")]) == float(x.detach().abs().max())
+    assert float(row0[col("dz")]) == 1.0 and float(row0[col("dz_mvue")]) > 0  # dZ = ones
+    assert layer.backend.stats["x_requantized"] == before
+    opt.step()
+    assert float(layer.backend.scaling.scale[col("x")]) == pytest.approx(float(x.detach().abs().max()) / 448)
+
+
+def test_a_checkpoint_of_another_backend_loads_with_a_fresh_scaling_state_and_a_warning():
+    torch.manual_seed(6)
+    plain = SparseLinear(64, 32, method=STE(backend="torch"))
+    _train(plain, [torch.randn(16, 64)])
+    fp8 = SparseLinear(64, 32, method=STE(backend="fp8_reference"))
+    with pytest.warns(UserWarning, match="no FP8 scaling state.*start fresh"):
+        fp8.load_state_dict(plain.state_dict())
+    assert torch.equal(fp8.weight, plain.weight) and torch.equal(fp8.mask, plain.mask) and fp8.step == 1
+    assert fp8.backend.scaling.updates == 0 and not fp8.backend.scaling.amax_history.any()
+    # and the other way: the FP8 state has nowhere to go, said in a warning
+    _train(fp8, [torch.randn(16, 64)])
+    back = SparseLinear(64, 32, method=STE(backend="torch"))
+    with pytest.warns(UserWarning, match="keeps none: that state is ignored"):
+        back.load_state_dict(fp8.state_dict())
+    assert torch.equal(back.weight, fp8.weight)
+
+
+def test_a_checkpoint_with_another_history_length_is_refused_clearly():
+    a = SparseLinear(64, 32, method=STE(backend="fp8_reference"))
+    b = SparseLinear(64, 32, method=STE(backend="fp8_reference"))
+    set_fp8_recipe(b, FP8Recipe(history_len=4))
+    with pytest.raises(RuntimeError, match=r"history_len=16"):
+        b.load_state_dict(a.state_dict())
+    partial = {k: v for k, v in a.state_dict().items() if k != "backend.scaling.scale"}
+    with pytest.raises(RuntimeError, match="backend.scaling.scale"):
+        a.load_state_dict(partial)
+
+
+# --- the real paths (GPU) --------------------------------------------------------------------------------------------
+def _pair(name, method, shape=(256, 512), tokens=192, seed=4):
+    """(layer on ``name``, the same layer on fp8_reference), bf16 on the GPU, same weights and seeds."""
+    torch.manual_seed(seed)
+    real = SparseLinear(shape[1], shape[0], method=dataclasses.replace(method, backend=name),
+                        device="cuda", dtype=torch.bfloat16)
+    ref = copy.deepcopy(real)
+    ref.method = dataclasses.replace(method, backend="fp8_reference")
+    ref.backend = get_backend("fp8_reference").for_layer(ref)
+    ref.mvue_seed = real.mvue_seed
+    x = torch.randn(tokens, shape[1], device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    return real, ref, x
+
+
+@pytest.mark.gpu
+def test_gpu_cast_kernel_path_equals_the_reference_quantization():
+    be = get_backend("fp8_reference").for_layer(torch.nn.Linear(8, 8, device="cuda"))
+    x = torch.randn(300, 70, device="cuda", dtype=torch.bfloat16) * 5
+    for step in range(3):
+        q, s = be.quantize("x", x * (step + 1))
+        q_ref, s_ref = quantize_reference(copy.deepcopy(be.scaling), "x", x * (step + 1))
+        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
+        be.advance_step()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["cusparselt_fp8", "fp8_dense"])
+@pytest.mark.parametrize("method", [STE(transposable=True, mvue=True), SSTE(transposable=True, mvue=True),
+                                    STE(transposable=True)], ids=["ste_mvue", "sste_mvue", "ste"])
+def test_gpu_products_match_the_reference(name, method):
+    real, ref, x = _pair(name, method)
+    x2 = x.detach().clone().requires_grad_(True)
+    for layer in (real, ref):
+        attach_optimizer(layer, torch.optim.SGD(layer.parameters(), lr=0.0))
+    for step in range(3):  # current scaling first, then delayed
+        z, z_ref = real(x), ref(x2)
+        assert rel(z, z_ref) < 1e-2
+        dz = torch.randn_like(z)
+        z.backward(dz)
+        z_ref.backward(dz)
+        assert rel(x.grad, x2.grad) < 2e-2
+        assert rel(real.weight.grad, ref.weight.grad) < 2e-2
+        torch.testing.assert_close(real.backend.scaling.amax_history, ref.backend.scaling.amax_history,
+                                   rtol=1e-2, atol=0)
+        for layer in (real, ref):
+            layer.advance_step()
+            layer.weight.grad = None
+        x.grad = x2.grad = None
+
+
+@pytest.mark.gpu
+def test_gpu_graph_step_replays_the_eager_fp8_steps():
+    from sparsity_lab.graph_step import CudaGraphStep
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(SparseLinear(256, 512, method=STE(transposable=True, mvue=True, backend="cusparselt_fp8"),
+                                             device="cuda", dtype=torch.bfloat16))
+    eager = copy.deepcopy(model)
+    xs = [torch.randn(128, 256, device="cuda", dtype=torch.bfloat16) for _ in range(6)]
+    loss_fn = lambda m, x: m(x).float().square().mean()  # noqa: E731
+    step = CudaGraphStep(model, loss_fn, warmup_steps=2)
+    opt_g = torch.optim.SGD(model.parameters(), lr=1e-2)
+    opt_e = torch.optim.SGD(eager.parameters(), lr=1e-2)
+    attach_optimizer(model, opt_g)
+    attach_optimizer(eager, opt_e)
+    for x in xs:
+        lg = float(step(x))
+        opt_g.step()
+        opt_g.zero_grad()
+        le = loss_fn(eager, x)
+        le.backward()
+        opt_e.step()
+        opt_e.zero_grad()
+        assert lg == pytest.approx(float(le), rel=1e-3)
+    assert step.recaptures == 1
+    torch.testing.assert_close(model[0].backend.scaling.amax_history, eager[0].backend.scaling.amax_history,
+                               rtol=1e-3, atol=0)
+    torch.testing.assert_close(model[0].weight.float(), eager[0].weight.float(), rtol=2e-2, atol=1e-3)
+
+
+def test_fp8_algorithm_search_checks_every_id_then_split_k_and_skips_wrong_ones():
+    """The search on the CPU with a stand-in for the binding: ids past 5 raise, id 1 is wrong, split-k
+    candidates run for the fastest correct ids, and the choice is a correct configuration."""
+    from sparsity_lab.backends.cusparselt.fp8_algorithms import SPLIT_K, FP8SparseProducts
+
+    class Ops:
+        calls = []
+
+        def mm(self, a, b, s_a, s_b, transpose_result, config, mode):
+            self.calls.append((config, mode))
+            if mode != "multiply_after" or config.alg_id > 5:
+                raise RuntimeError("not supported")
+            out = (a.float() @ b.float()) * (s_a * s_b)
+            out = out.t() if transpose_result else out
+            return (out * 3 if config.alg_id == 1 else out).to(torch.bfloat16)  # id 1 returns wrong results
+
+    search = FP8SparseProducts(ops=Ops(), compress=lambda a: a)
+    choice = search.choose(64, 128, 32, [(True, True)], torch.device("cpu"))
+    assert choice.mode == "multiply_after" and choice.config.alg_id in (0, 2, 3, 4, 5)
+    tried = choice.tried
+    assert any(t["alg"] == 1 and "ms" not in t and t["rel_err"] > 0.5 for t in tried)  # checked, not used
+    split = [t for t in tried if t.get("split_k", 1) != 1]
+    assert len(split) == 3 * len(SPLIT_K)  # every split-k setting for the 3 fastest correct ids
+    assert {t["alg"] for t in split} <= {0, 2, 3, 4, 5}
+    summary = search.summary()[0]
+    assert summary["alg"] == choice.config.alg_id and summary["timed"]
+    assert summary["split_k"]["tried"] == summary["split_k"]["timed"] == 3 * len(SPLIT_K)
+    assert summary["split_k"]["raised"] == summary["split_k"]["wrong"] == 0 and summary["split_k"]["fastest"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["bf16_dense", "fp8_dense", "fp8_24"])
+def test_gpu_graphed_ffn_benchmark_step_runs_all_six_products(variant):
+    """The benchmark's graphed FFN step gives its input a gradient (CudaGraphStep detaches the tensors a
+    step is given: passed as an input, the first layer's dX product would silently not run)."""
+    from sparsity_lab.benchmarks.fp8_training import build_ffn, graphed_step
+    x = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
+    step, graphed = graphed_step(build_ffn(variant, 64), x, dy)
+    step()
+    torch.cuda.synchronize()
+    assert graphed.model.x.grad is not None and float(graphed.model.x.grad.float().abs().sum()) > 0
+    graphed.release()

@@ -1,0 +1,42 @@
+"""``sparsity-lab bench-lab-speed``: the plumbing on the CPU (``--smoke``) and its ratios. No speed asserted."""
+import json
+
+import pytest
+
+from sparsity_lab.benchmarks.lab_speed import ratios
+from sparsity_lab.cli import main
+
+
+def test_smoke_run_writes_every_variant(tmp_path, capsys):
+    status = main(["bench-lab-speed", "--smoke", "--steps", "3", "--skip-steps", "1", "--log-interval", "1",
+                   "--variants", "dense,dense_track_flips,sste_mvue,dense_graph", "--out-dir", str(tmp_path)])
+    assert status == 0
+    result = json.loads((tmp_path / "lab_speed_smoke.json").read_text())
+    assert result["smoke"] and "provenance" in result and result["matmul_probe"]["start"]["tflops"] > 0
+    rec = {r["variant"]: r for r in result["records"]}
+    assert rec["dense"]["tokens_per_s"] > 0 and rec["dense"]["rows_timed"] == 2
+    assert "flip_rate_per_refresh" not in rec["dense"]  # the plain dense GPT: no masks
+    assert rec["dense_track_flips"]["flip_rate_per_refresh"] is not None
+    assert rec["sste_mvue"]["method_options"]["backend"] == "torch" and rec["sste_mvue"]["tokens_per_s"] > 0
+    assert "CUDA GPU" in rec["dense_graph"]["error"]  # no graph on the CPU: recorded, the run goes on
+    assert "sste_mvue" in result["ratios"]["64"] and "wrote" in capsys.readouterr().out
+
+
+def test_bad_arguments_name_the_flag(tmp_path, capsys):
+    assert main(["bench-lab-speed", "--smoke", "--variants", "nope", "--out-dir", str(tmp_path)]) == 2
+    assert "--variants" in capsys.readouterr().err
+    assert main(["bench-lab-speed", "--smoke", "--steps", "4", "--skip-steps", "4", "--out-dir", str(tmp_path)]) == 2
+    assert "--skip-steps" in capsys.readouterr().err
+
+
+def test_ratios_use_the_fastest_dense_and_the_same_mode():
+    def rec(variant, tps):
+        return {"variant": variant, "width": 2048, "tokens_per_step": 8192, "tokens_per_s": tps}
+    records = [rec("dense", 180e3), rec("dense_graph", 200e3), rec("sste_mvue", 216e3), rec("sste_mvue_graph", 260e3),
+               rec("dense_track_flips", 150e3)]
+    r = ratios(records)["2048"]
+    assert r["sste_mvue"]["fastest_dense"] == "graph"
+    assert r["sste_mvue"]["speedup_vs_fastest_dense"] == pytest.approx(216 / 200)
+    assert r["sste_mvue"]["speedup_vs_dense_same_mode"] == pytest.approx(216 / 180)
+    assert r["sste_mvue_graph"]["speedup_vs_dense_same_mode"] == pytest.approx(260 / 200)
+    assert r["dense_track_flips_cost"] == pytest.approx(1 - 150 / 180)
