@@ -148,3 +148,21 @@ def test_torchtitan_0_3_gets_a_clear_import_error(monkeypatch):
     monkeypatch.delitem(sys.modules, "sparsity_lab.integrations.torchtitan")
     with pytest.raises(ImportError, match="0.3 replaced it by ModelConfigConverter"):
         importlib.import_module("sparsity_lab.integrations.torchtitan")
+
+
+def test_the_recorders_24_check_sees_a_layer_that_is_not_24():
+    """torchtitan_record's per-step check: passes on the converted model, fails when a mask keeps 3 of 4."""
+    from sparsity_lab.integrations.torchtitan_record import check_24
+
+    jc = job_config("--sparsity24.method", "sste", "--sparsity24.mvue")
+    model = debug_model(jc, on_meta=True)
+    build_model_converters(jc, ParallelDims(**ONE_PROCESS)).convert(model)
+    initialise(model)
+    good = check_24([model])
+    assert good == {"layers": 6, "masks_exactly_2_of_4": True, "max_nonzeros_per_4_in_used_weight": 2, "dense_now": []}
+    _, layer = sparse_layers(model)[0]
+    with torch.no_grad():
+        layer.mask[0, :4] = 1  # 4 of 4 kept in one group
+    bad = check_24([model])
+    assert not bad["masks_exactly_2_of_4"]
+    assert check_24([torch.nn.Linear(4, 4)])["layers"] == 0
