@@ -7,7 +7,7 @@
 The arguments are torchtitan's (``torchtitan.train``); this module only swaps its ``Trainer`` for a subclass
 that, around each ``train_step``,
 
-- times the step (CUDA synchronised before and after; the first steps include warm-up),
+- times the step (the device synchronised before and after; the first steps include warm-up),
 - keeps the loss torchtitan logs (its ``global_avg_loss``; run with ``metrics.log_freq = 1``),
 - checks every 2:4 layer after the optimizer step: its mask keeps exactly 2 of every 4 weights along the
   input dimension and the weight its products use next (``SparseLinear.sparse_weight()``) has at most 2
@@ -24,6 +24,7 @@ import sys
 import time
 
 import torch
+from torchtitan.tools.utils import device_module
 from torchtitan.train import Trainer, main
 
 from . import torchtitan as _register_converter  # noqa: F401  (registers "sparsity24")
@@ -42,8 +43,10 @@ def nonzeros_per_group(weight: torch.Tensor, m: int = 4) -> torch.Tensor:
 def check_24(model_parts) -> dict:
     """The 2:4 state of every SparseLinear in the model parts now."""
     layers = [(name, layer) for part in model_parts for name, layer in sparse_layers(part)]
+    if not layers:
+        return {"layers": 0, "masks_exactly_2_of_4": None, "max_nonzeros_per_4_in_used_weight": None, "dense_now": []}
     masks_exact = all(bool((nonzeros_per_group(layer.mask) == 2).all()) for _, layer in layers)
-    used_max = max((int(nonzeros_per_group(layer.sparse_weight()).max()) for _, layer in layers), default=None)
+    used_max = max(int(nonzeros_per_group(layer.sparse_weight()).max()) for _, layer in layers)
     dense_now = [name for name, layer in layers if layer.dense_now]
     return {"layers": len(layers), "masks_exactly_2_of_4": masks_exact,
             "max_nonzeros_per_4_in_used_weight": used_max, "dense_now": dense_now}
@@ -65,10 +68,10 @@ class RecordingTrainer(Trainer):
         self.record["before_training"] = check_24(self.model_parts)
 
     def train_step(self, data_iterator):
-        torch.cuda.synchronize()
+        device_module.synchronize()
         start = time.perf_counter()
         super().train_step(data_iterator)
-        torch.cuda.synchronize()
+        device_module.synchronize()
         self.record["step_s"][self.step] = time.perf_counter() - start
         self.record["checks"][self.step] = check_24(self.model_parts)
 
@@ -102,7 +105,7 @@ class RecordingTrainer(Trainer):
                                 for r in backend_report(part)}),
             "check_before_training": rec["before_training"],
             "checks": [rec["checks"][s] for s in sorted(rec["checks"])],
-            "two_four_every_step": bool(layers) and all(
+            "two_four_every_step": None if not layers else all(
                 c["layers"] == len(layers) and c["masks_exactly_2_of_4"]
                 and c["max_nonzeros_per_4_in_used_weight"] <= 2 and not c["dense_now"] for c in checks),
         }
