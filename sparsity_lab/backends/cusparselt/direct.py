@@ -169,6 +169,18 @@ def plan_with_algorithm(lib, h, plan, config: AlgConfig, what: str) -> int:
     return int(size.value)
 
 
+def b_is_transposed(b: torch.Tensor) -> bool:
+    """Whether the dense operand B (k, n) is the ``.t()`` view of a contiguous (n, k) (else contiguous);
+    any other strides raise."""
+    k = b.shape[0]
+    if b.is_contiguous():
+        return False
+    if b.stride() == (1, k):
+        return True
+    raise ValueError(f"b must be contiguous or the .t() of a contiguous tensor, got strides {b.stride()} "
+                     f"for shape {tuple(b.shape)}")
+
+
 def operand_shape(compressed: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int, bool]:
     """(m, k, n, b_transposed) of ``A @ B`` from the compressed A and B (k, n), checked.
 
@@ -184,13 +196,7 @@ def operand_shape(compressed: torch.Tensor, b: torch.Tensor) -> tuple[int, int, 
     if b.dtype not in CUDA_TYPES or compressed.dtype != b.dtype:
         raise TypeError(f"compressed and b must both be float16 or bfloat16, got {compressed.dtype} and {b.dtype}")
     k, n = b.shape
-    if b.is_contiguous():
-        b_transposed = False
-    elif b.stride() == (1, k):
-        b_transposed = True
-    else:
-        raise ValueError(f"b must be contiguous or the .t() of a contiguous tensor, got strides {b.stride()} "
-                         f"for shape {tuple(b.shape)}")
+    b_transposed = b_is_transposed(b)
     if compressed.dim() == 2:  # (m, per-row bytes): PyTorch 2.11's _cslt_compress and our kernels
         m = compressed.shape[0]
     else:  # 1-D (older PyTorch): PyTorch's inference, floor divisions included: cuSPARSELt pads the

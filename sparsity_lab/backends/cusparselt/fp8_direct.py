@@ -28,7 +28,7 @@ from collections import Counter
 import torch
 
 from .direct import (ALIGNMENT, COMPUTE_32F, OP_N, OP_T, ORDER_COL, ORDER_ROW, SPARSITY_50, CusparseltLibrary,
-                     _Opaque, _raw_stream, plan_with_algorithm)
+                     _Opaque, _raw_stream, b_is_transposed, plan_with_algorithm)
 from .ops import AlgConfig
 
 CUDA_R_8F_E4M3 = 28
@@ -91,12 +91,7 @@ def fp8_operand_shape(compressed: torch.Tensor, b: torch.Tensor) -> tuple[int, i
     if not compressed.is_contiguous() or b.dim() != 2:
         raise ValueError("compressed must be contiguous and b 2-D (k, n)")
     k, n = b.shape
-    if b.is_contiguous():
-        b_transposed = False
-    elif b.stride() == (1, k):
-        b_transposed = True
-    else:
-        raise ValueError(f"b must be contiguous or the .t() of a contiguous tensor, got strides {b.stride()}")
+    b_transposed = b_is_transposed(b)
     m = compressed.shape[0] if compressed.dim() == 2 else compressed.numel() * 16 // 10 // k
     if m == 0 or compressed.numel() < m * k * 10 // 16:
         raise ValueError(f"compressed has shape {tuple(compressed.shape)}, too small for a ({m}, {k}) fp8 2:4 matrix")
