@@ -84,6 +84,20 @@ def check_activation_shape(h: torch.Tensor, name: str = "h") -> None:
         raise ValueError(f"{name} with shape {tuple(h.shape)} and strides {h.stride()} exceeds int32 offsets")
 
 
+def compressed_outputs(rows: int, cols: int, out_dtype: torch.dtype, device: torch.device, dense: bool):
+    """(out, values, meta, dense_out): the compressed (rows, cols) 2:4 buffer in cuSPARSELt's layout
+    with its int16 value and uint8 metadata views (what the kernels store into), and the dense
+    (rows, cols) output when asked (else None)."""
+    from sparsity_lab.references import cusparselt_layout as layout
+
+    out = torch.empty(layout.compressed_shape(rows, cols, out_dtype), dtype=out_dtype, device=device)
+    n_values = rows * cols // 2
+    values = out.view(torch.int16).reshape(-1)[:n_values]
+    meta = out.view(torch.uint8).reshape(-1)[2 * n_values:]
+    dense_out = torch.empty(rows, cols, dtype=out_dtype, device=device) if dense else None
+    return out, values, meta, dense_out
+
+
 def act24(h: torch.Tensor, out_dtype: torch.dtype | None = None, dense: bool = True,
           num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(compressed A24, dense A24 or None) for A24 = top2of4(relu(h)^2) along h's rows.
@@ -93,8 +107,6 @@ def act24(h: torch.Tensor, out_dtype: torch.dtype | None = None, dense: bool = T
     operand (``cusparselt_layout.compressed_shape(tokens, hidden, out_dtype)``, what
     ``torch._cslt_compress(A24)`` gives) and, with ``dense=True``, A24 itself (tokens, hidden).
     """
-    from sparsity_lab.references import cusparselt_layout as layout
-
     check_tensor(h, "h", (torch.bfloat16, torch.float16, torch.float32))
     check_activation_shape(h)
     out_dtype = out_dtype or h.dtype
@@ -103,11 +115,7 @@ def act24(h: torch.Tensor, out_dtype: torch.dtype | None = None, dense: bool = T
     check_device(_act24_kernel, h=h)
     rows, cols = h.shape
     groups = cols // 4
-    out = torch.empty(layout.compressed_shape(rows, cols, out_dtype), dtype=out_dtype, device=h.device)
-    n_values = rows * cols // 2
-    values = out.view(torch.int16).reshape(-1)[:n_values]
-    meta = out.view(torch.uint8).reshape(-1)[2 * n_values:]
-    a24 = torch.empty(rows, cols, dtype=out_dtype, device=h.device) if dense else None
+    out, values, meta, a24 = compressed_outputs(rows, cols, out_dtype, h.device, dense)
     block = _block_groups(groups)
     _act24_kernel[(rows // ROW_TILE, groups // block)](
         h, values, meta, a24 if dense else values, h.stride(0), h.stride(1), cols, groups // 8,

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_device, check_same_shape, check_tensor
-from .act24 import _TL_DTYPES, ROW_TILE, _block_groups, _relu2_top2, check_activation_shape
+from .act24 import _TL_DTYPES, ROW_TILE, _block_groups, _relu2_top2, check_activation_shape, compressed_outputs
 from .compress24 import _pick, _store_compressed
 
 
@@ -67,8 +67,6 @@ def act24_backward(h: torch.Tensor, grad_a24: torch.Tensor, out_dtype: torch.dty
     float16 / float32, any strides; tokens and hidden multiples of 64. out_dtype: bfloat16 / float16
     (default grad_a24's dtype).
     """
-    from sparsity_lab.references import cusparselt_layout as layout
-
     check_tensor(h, "h", (torch.bfloat16, torch.float16, torch.float32))
     check_tensor(grad_a24, "grad_a24", (torch.bfloat16, torch.float16, torch.float32))
     check_activation_shape(h)
@@ -79,11 +77,7 @@ def act24_backward(h: torch.Tensor, grad_a24: torch.Tensor, out_dtype: torch.dty
     check_device(_act24_backward_kernel, h=h, grad_a24=grad_a24)
     rows, cols = h.shape
     groups = cols // 4
-    out = torch.empty(layout.compressed_shape(rows, cols, out_dtype), dtype=out_dtype, device=h.device)
-    n_values = rows * cols // 2
-    values = out.view(torch.int16).reshape(-1)[:n_values]
-    meta = out.view(torch.uint8).reshape(-1)[2 * n_values:]
-    dh = torch.empty(rows, cols, dtype=out_dtype, device=h.device) if dense else None
+    out, values, meta, dh = compressed_outputs(rows, cols, out_dtype, h.device, dense)
     block = _block_groups(groups)
     _act24_backward_kernel[(rows // ROW_TILE, groups // block)](
         h, grad_a24, values, meta, dh if dense else values, h.stride(0), h.stride(1), grad_a24.stride(0),

@@ -418,3 +418,11 @@ def test_gpu_graphed_ffn_benchmark_step_runs_all_six_products(variant):
     torch.cuda.synchronize()
     assert graphed.model.x.grad is not None and float(graphed.model.x.grad.float().abs().sum()) > 0
     graphed.release()
+
+
+def test_every_fp8_training_backend_is_registered_without_importing_it():
+    """backends/__init__.py registers the names lazily (``import sparsity_lab`` loads no cuSPARSELt
+    module); the names it registers are the ones fp8_train.py builds."""
+    from sparsity_lab.backends import available_backends
+    from sparsity_lab.backends.cusparselt.fp8_train import NAMES
+    assert set(NAMES) <= set(available_backends())

@@ -1,7 +1,6 @@
 """Backends behind one interface (``base.Backend``): "torch" (the reference), "triton", "cusparselt",
 "cusparselt_auto" and the FP8 simulations; a new one subclasses Backend and calls ``register_backend``."""
 from .base import Backend, MvueSeed, available_backends, get_backend, register_backend
-from .cusparselt.fp8_train import register_fp8_training
 from .fp8_sim import register_fp8_sim
 from .torch_reference import TorchBackend
 
@@ -27,6 +26,16 @@ register_backend("cusparselt", lambda: _cusparselt_backend(False))
 register_backend("cusparselt_auto", lambda: _cusparselt_backend(True))
 register_fp8_sim("torch")  # "torch_fp8sim": simulated FP8 products around any backend (fp8_sim.py)
 register_fp8_sim("triton")  # "triton_fp8sim"
-register_fp8_training()  # "cusparselt_fp8", "fp8_dense", "fp8_reference" (cusparselt/fp8_train.py)
+
+
+def _fp8_training_backend(name: str):
+    # imported only when asked for, like the other cuSPARSELt backends: `import sparsity_lab` stays light
+    from .cusparselt.fp8_train import fp8_training_backend
+    return fp8_training_backend(name)
+
+
+for _name in ("cusparselt_fp8", "fp8_dense", "fp8_reference"):  # cusparselt/fp8_train.py: FP8 training
+    register_backend(_name, lambda name=_name: _fp8_training_backend(name))
+del _name
 
 __all__ = ["Backend", "MvueSeed", "TorchBackend", "available_backends", "get_backend", "register_backend"]

@@ -125,39 +125,19 @@ def median_ms(fn, s: Settings) -> float:
     return statistics.median(a.elapsed_time(b) for a, b in ev)
 
 
-class _InputAsParameter(nn.Module):
-    """model(x) with x held as a parameter: ``CudaGraphStep`` detaches its inputs, so a graphed step
-    of the bare FFN would skip dx, one of the six products; as a parameter x gets its gradient."""
-
-    def __init__(self, model: nn.Module, x: torch.Tensor) -> None:
-        super().__init__()
-        self.model = model
-        self.x = nn.Parameter(x.detach().clone())
-
-    def forward(self):
-        return self.model(self.x)
-
-
 def step_fns(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, s: Settings) -> dict:
     """{"eager": fn, "graph": fn (CUDA only)}: one training step each, dx included (and the 2:4
     layers' step counters)."""
     from ..training_hooks import advance_step, sparse_layers
+    from .ffn.graph import InputHeld
+    from .ffn.variants import train_step
 
     sparse = bool(sparse_layers(model))
-    params = list(model.parameters())
-
-    def eager():
-        for p in params:
-            p.grad = None
-        x.grad = None
-        model(x).backward(dy)
-        if sparse:
-            advance_step(model)
+    eager = train_step(model, x, dy)  # dx included: x requires grad
     fns = {"eager": eager}
     if s.graph and s.device.type == "cuda":
         from ..graph_step import CudaGraphStep
-        wrapped = _InputAsParameter(model, x)
-        graphed = CudaGraphStep(wrapped, lambda m, dy: (m() * dy).sum(), warmup_steps=2)
+        graphed = CudaGraphStep(InputHeld(model, x), lambda held, dy: held(dy), warmup_steps=2)
 
         def graph():
             graphed(dy)

@@ -144,22 +144,41 @@ class _Plan:
         lib.check(lib.cusparseLtMatmulDescriptorInit(h, self.matmul.ptr, OP_N, OP_T if key.b_transposed else OP_N,
                                                      self.a.ptr, self.b.ptr, self.d.ptr, self.d.ptr, COMPUTE_32F),
                   "matmul descriptor")
-        lib.check(lib.cusparseLtMatmulAlgSelectionInit(h, self.alg.ptr, self.matmul.ptr, ALG_DEFAULT),
-                  "algorithm selection")
-        self._set(lib, h, ALG_CONFIG_ID, key.config.alg_id, "algorithm id")
-        if key.config.split_k != 1:  # as PyTorch does: split-k only when asked, its mode only when > 0
-            self._set(lib, h, ALG_SPLIT_K, key.config.split_k, "split-k")
-            if key.config.split_k_mode > 0:
-                self._set(lib, h, ALG_SPLIT_K_MODE, key.config.split_k_mode, "split-k mode")
-        lib.check(lib.cusparseLtMatmulPlanInit(h, self.plan.ptr, self.matmul.ptr, self.alg.ptr), "plan")
-        size = ctypes.c_size_t(0)
-        lib.check(lib.cusparseLtMatmulGetWorkspace(h, self.plan.ptr, ctypes.byref(size)), "workspace size")
-        self.workspace_bytes = int(size.value)
+        self.workspace_bytes = plan_with_algorithm(lib, h, self, key.config, "plan")
 
-    def _set(self, lib, h, attribute: int, value: int, what: str) -> None:
+
+def plan_with_algorithm(lib, h, plan, config: AlgConfig, what: str) -> int:
+    """Select ``config``'s algorithm id (and split-k, as PyTorch does: only when asked, its mode only
+    when > 0) for ``plan``'s matmul descriptor, initialise the plan and return its workspace bytes.
+    ``plan`` holds the opaque ``alg``, ``matmul`` and ``plan`` structures."""
+    def set_alg(attribute: int, value: int, name: str) -> None:
         data = ctypes.c_int(int(value))
-        lib.check(lib.cusparseLtMatmulAlgSetAttribute(h, self.alg.ptr, attribute, ctypes.byref(data),
-                                                      ctypes.sizeof(data)), what)
+        lib.check(lib.cusparseLtMatmulAlgSetAttribute(h, plan.alg.ptr, attribute, ctypes.byref(data),
+                                                      ctypes.sizeof(data)), name)
+
+    lib.check(lib.cusparseLtMatmulAlgSelectionInit(h, plan.alg.ptr, plan.matmul.ptr, ALG_DEFAULT),
+              "algorithm selection")
+    set_alg(ALG_CONFIG_ID, config.alg_id, "algorithm id")
+    if config.split_k != 1:
+        set_alg(ALG_SPLIT_K, config.split_k, "split-k")
+        if config.split_k_mode > 0:
+            set_alg(ALG_SPLIT_K_MODE, config.split_k_mode, "split-k mode")
+    lib.check(lib.cusparseLtMatmulPlanInit(h, plan.plan.ptr, plan.matmul.ptr, plan.alg.ptr), what)
+    size = ctypes.c_size_t(0)
+    lib.check(lib.cusparseLtMatmulGetWorkspace(h, plan.plan.ptr, ctypes.byref(size)), "workspace size")
+    return int(size.value)
+
+
+def b_is_transposed(b: torch.Tensor) -> bool:
+    """Whether the dense operand B (k, n) is the ``.t()`` view of a contiguous (n, k) (else contiguous);
+    any other strides raise."""
+    k = b.shape[0]
+    if b.is_contiguous():
+        return False
+    if b.stride() == (1, k):
+        return True
+    raise ValueError(f"b must be contiguous or the .t() of a contiguous tensor, got strides {b.stride()} "
+                     f"for shape {tuple(b.shape)}")
 
 
 def operand_shape(compressed: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int, bool]:
@@ -177,13 +196,7 @@ def operand_shape(compressed: torch.Tensor, b: torch.Tensor) -> tuple[int, int, 
     if b.dtype not in CUDA_TYPES or compressed.dtype != b.dtype:
         raise TypeError(f"compressed and b must both be float16 or bfloat16, got {compressed.dtype} and {b.dtype}")
     k, n = b.shape
-    if b.is_contiguous():
-        b_transposed = False
-    elif b.stride() == (1, k):
-        b_transposed = True
-    else:
-        raise ValueError(f"b must be contiguous or the .t() of a contiguous tensor, got strides {b.stride()} "
-                         f"for shape {tuple(b.shape)}")
+    b_transposed = b_is_transposed(b)
     if compressed.dim() == 2:  # (m, per-row bytes): PyTorch 2.11's _cslt_compress and our kernels
         m = compressed.shape[0]
     else:  # 1-D (older PyTorch): PyTorch's inference, floor divisions included: cuSPARSELt pads the

@@ -27,8 +27,8 @@ from collections import Counter
 
 import torch
 
-from .direct import (ALG_CONFIG_ID, ALG_DEFAULT, ALG_SPLIT_K, ALG_SPLIT_K_MODE, ALIGNMENT, COMPUTE_32F,
-                                OP_N, OP_T, ORDER_COL, ORDER_ROW, SPARSITY_50, CusparseltLibrary, _Opaque, _raw_stream)
+from .direct import (ALIGNMENT, COMPUTE_32F, OP_N, OP_T, ORDER_COL, ORDER_ROW, SPARSITY_50, CusparseltLibrary,
+                     _Opaque, _raw_stream, b_is_transposed, plan_with_algorithm)
 from .ops import AlgConfig
 
 CUDA_R_8F_E4M3 = 28
@@ -80,22 +80,7 @@ class _FP8Plan:
             for attr, ptr, what in ((A_SCALE_POINTER, self._ptrs[0], "A scale pointer"),
                                     (B_SCALE_POINTER, self._ptrs[1], "B scale pointer")):
                 lib.check(set_attribute(h, self.matmul.ptr, attr, ctypes.byref(ptr), ctypes.sizeof(ptr)), what)
-        lib.check(lib.cusparseLtMatmulAlgSelectionInit(h, self.alg.ptr, self.matmul.ptr, ALG_DEFAULT),
-                  "algorithm selection")
-        self._set(lib, h, ALG_CONFIG_ID, config.alg_id, "algorithm id")
-        if config.split_k != 1:
-            self._set(lib, h, ALG_SPLIT_K, config.split_k, "split-k")
-            if config.split_k_mode > 0:
-                self._set(lib, h, ALG_SPLIT_K_MODE, config.split_k_mode, "split-k mode")
-        lib.check(lib.cusparseLtMatmulPlanInit(h, self.plan.ptr, self.matmul.ptr, self.alg.ptr), "fp8 plan")
-        size = ctypes.c_size_t(0)
-        lib.check(lib.cusparseLtMatmulGetWorkspace(h, self.plan.ptr, ctypes.byref(size)), "workspace size")
-        self.workspace_bytes = int(size.value)
-
-    def _set(self, lib, h, attribute: int, value: int, what: str) -> None:
-        data = ctypes.c_int(int(value))
-        lib.check(lib.cusparseLtMatmulAlgSetAttribute(h, self.alg.ptr, attribute, ctypes.byref(data),
-                                                      ctypes.sizeof(data)), what)
+        self.workspace_bytes = plan_with_algorithm(lib, h, self, config, "fp8 plan")
 
 
 def fp8_operand_shape(compressed: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int, bool]:
@@ -106,12 +91,7 @@ def fp8_operand_shape(compressed: torch.Tensor, b: torch.Tensor) -> tuple[int, i
     if not compressed.is_contiguous() or b.dim() != 2:
         raise ValueError("compressed must be contiguous and b 2-D (k, n)")
     k, n = b.shape
-    if b.is_contiguous():
-        b_transposed = False
-    elif b.stride() == (1, k):
-        b_transposed = True
-    else:
-        raise ValueError(f"b must be contiguous or the .t() of a contiguous tensor, got strides {b.stride()}")
+    b_transposed = b_is_transposed(b)
     m = compressed.shape[0] if compressed.dim() == 2 else compressed.numel() * 16 // 10 // k
     if m == 0 or compressed.numel() < m * k * 10 // 16:
         raise ValueError(f"compressed has shape {tuple(compressed.shape)}, too small for a ({m}, {k}) fp8 2:4 matrix")

@@ -393,12 +393,6 @@ def fp8_training_backend(name: str) -> FP8Backend:
     return FP8Backend(FP8Engine(name, engine))
 
 
-def register_fp8_training() -> None:
-    from ..base import register_backend
-    for name in NAMES:
-        register_backend(name, lambda name=name: fp8_training_backend(name))
-
-
 def set_fp8_recipe(model: nn.Module, recipe: FP8Recipe) -> int:
     """Give every FP8 layer of ``model`` a fresh scaling state with ``recipe``; returns how many."""
     if not isinstance(recipe, FP8Recipe):
