@@ -49,7 +49,8 @@ def scaling_figure(runs: dict, delayed: str | None = None):
                                  name=f"scale of {TENSOR_LABELS[tensor]}"), row=1, col=2)
     fig.update_yaxes(type="log")
     fig.update_xaxes(title_text="optimizer step")
-    fig.update_layout(height=420, legend={"orientation": "h", "y": -0.25})
+    # the legend below the axis titles, anchored by its top so that wrapping rows grow downwards
+    fig.update_layout(height=500, margin={"b": 190}, legend={"orientation": "h", "y": -0.3, "yanchor": "top"})
     return fig
 
 
