@@ -288,9 +288,12 @@ class SparseLinear(nn.Linear):
         if self._operand_cache is None or self._operand_cache[0] != key:
             self.prepare_count += 1
             m = self.method
-            operand = self.backend.prepare_masked(self.weight.detach(), self._mask_for_products(),
-                                                  self.beta if m.soft_threshold else None,
-                                                  m.n, m.m, dtype, backward=backward)
+            if self.dense_now:  # only reached for a backend with products_in_dense_phase
+                operand = self.backend.prepare_dense(self.weight.detach(), dtype)
+            else:
+                operand = self.backend.prepare_masked(self.weight.detach(), self._mask_for_products(),
+                                                      self.beta if m.soft_threshold else None,
+                                                      m.n, m.m, dtype, backward=backward)
             self._operand_cache = (key, operand)
         return self._operand_cache[1]
 
@@ -380,7 +383,8 @@ class SparseLinear(nn.Linear):
     def call_plan(self, x: torch.Tensor, training: bool, grad_needed: bool,
                   dtype: torch.dtype | None = None) -> CallPlan | None:
         """The per-call work before the products: mask refresh when due (training), the operand,
-        SR-STE's decay and the MVUE draw (grad_needed). None in a dense phase (plain F.linear).
+        SR-STE's decay and the MVUE draw (grad_needed). None in a dense phase (plain F.linear), unless
+        the backend runs its products there too (``Backend.products_in_dense_phase``: FP8).
         ``forward`` runs it, and under torch.compile the custom op of ``custom_ops.py`` does;
         ``layer_products`` runs the products of the plan. dtype: the products' dtype (default: as
         nn.Linear would, see ``layer_products.compute_dtype``)."""
@@ -392,11 +396,15 @@ class SparseLinear(nn.Linear):
                     "sparsity_lab.attach_optimizer(model, optimizer)", stacklevel=3)
             if self.mask_due():
                 self.refresh_mask()
-        if self.dense_now:
+        dense = self.dense_now
+        if dense and not self.backend.products_in_dense_phase:
             return None
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must have shape (..., in_features={self.in_features}), got {tuple(x.shape)}")
         dtype = dtype or compute_dtype(x, self.weight)
+        if dense:  # an FP8 backend in a dense phase: dense products in its format, dense dW, no decay
+            return CallPlan(backend=self.backend, operand=self._operand(dtype, backward=grad_needed), dtype=dtype,
+                            mask=self._mask_for_products(), decay=0.0, mvue=False, seed=None)
         return CallPlan(
             backend=self.backend, operand=self._operand(dtype, backward=grad_needed), dtype=dtype,
             mask=self._mask_for_products(),

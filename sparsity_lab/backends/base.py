@@ -62,7 +62,8 @@ class Backend(abc.ABC):
 
     Required: ``name`` (str, the registry name or a description of what runs) and the seven abstract
     methods. Optional methods have defaults in terms of the required ones. Capabilities (class
-    attributes a subclass sets): ``reads_seed_from_device``, ``measures_products``.
+    attributes a subclass sets): ``reads_seed_from_device``, ``measures_products``,
+    ``products_in_dense_phase``.
     """
 
     name: str
@@ -71,6 +72,11 @@ class Backend(abc.ABC):
     reads_seed_from_device: ClassVar[bool] = False
     """True when ``grad_weight`` accepts a device seed tensor (a 0-d int64 tensor that its kernels read
     on the device), which a CUDA-graph step needs: the host cannot hand a new generator to a replay."""
+
+    products_in_dense_phase: ClassVar[bool] = False
+    """True when the products carry a number format of their own (FP8): in a dense phase (a Dense method,
+    the dense fine-tune) the layer then still runs its products here, on the dense W prepared by
+    ``prepare_dense``, instead of ``F.linear`` in the autocast dtype; a dense FP8 run stays FP8."""
 
     measures_products: bool = False
     """True when this backend chooses how to run each product by timing the candidates (an auto policy);
@@ -131,6 +137,12 @@ class Backend(abc.ABC):
         """The step's operand straight from the master W and the mask: ``prepare(sparse_weight_as(...))``.
         backward: whether the input gradient will be asked for (a backend may prepare both forms at once)."""
         return self.prepare(self.sparse_weight_as(weight, mask, beta, n, m, dtype))
+
+    def prepare_dense(self, weight: torch.Tensor, dtype: torch.dtype) -> Any:
+        """The operand of a dense phase's products from the dense W (out, in): asked only of backends with
+        ``products_in_dense_phase``; ``linear``/``grad_input`` then take it like a prepared S(W)."""
+        raise NotImplementedError(f"backend {self.name!r} runs no products in a dense phase "
+                                  "(products_in_dense_phase is False): the layer uses F.linear there")
 
     def for_layer(self, layer: torch.nn.Module) -> "Backend":
         """The backend a layer keeps (``SparseLinear`` calls this once, at set-up). Default: this shared

@@ -18,7 +18,10 @@ mask, soft threshold, MVUE and masked decay); ``register_fp8_sim`` adds one for 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 
 from ..references.fp8 import dequantize_fp8, quantize_fp8
 from .base import Backend, available_backends, get_backend, register_backend
@@ -40,8 +43,18 @@ def fake_fp8(x: torch.Tensor, fmt: str) -> torch.Tensor:
     return dequantize_fp8(q, scale, x.dtype)
 
 
+@dataclass
+class _DenseOperand:
+    """A dense phase's W (out, in), rounded to E4M3: multiplied by plain matmuls."""
+
+    weight: torch.Tensor
+
+
 class FP8SimBackend(Backend):
-    """Backend ``inner`` with every product operand rounded to FP8 first (see the module docstring)."""
+    """Backend ``inner`` with every product operand rounded to FP8 first (see the module docstring).
+    In a dense phase (a Dense method, the dense fine-tune) the dense products are simulated too."""
+
+    products_in_dense_phase = True
 
     def __init__(self, inner: str) -> None:
         if not isinstance(inner, str) or inner.endswith(SUFFIX):
@@ -63,10 +76,18 @@ class FP8SimBackend(Backend):
     def prepare(self, sparse_weight):
         return self.inner.prepare(fake_fp8(sparse_weight, "e4m3"))  # once per optimizer step
 
+    def prepare_dense(self, weight, dtype):
+        # a dense phase: plain products of the rounded operands (the inner backend may only run 2:4 ones)
+        return _DenseOperand(fake_fp8(weight.to(dtype), "e4m3"))
+
     def linear(self, x, operand, bias):
+        if isinstance(operand, _DenseOperand):
+            return F.linear(fake_fp8(x, "e4m3"), operand.weight, bias)
         return self.inner.linear(fake_fp8(x, "e4m3"), operand, bias)
 
     def grad_input(self, grad_out, operand):
+        if isinstance(operand, _DenseOperand):
+            return fake_fp8(grad_out, "e5m2") @ operand.weight
         return self.inner.grad_input(fake_fp8(grad_out, "e5m2"), operand)
 
     def grad_weight(self, grad_out, x, mvue, seed):

@@ -50,6 +50,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..backends import get_backend
 from ..activation24 import attach_activation_schedule, configure_activation_sparsity, weight_selector
 from ..activation_stats import ActivationSparsityTracker
 from ..methods.config import SparsityMethod, method_from_name
@@ -226,9 +227,11 @@ class Trainer:
             raise ValueError(f"cuda_graph needs a CUDA GPU (this run is on {self.device.type}); drop --cuda-graph")
         torch.manual_seed(cfg.seed)  # the same initial weights for every method
         model = build_model(cfg.model).to(self.device)  # on the device first: masks are computed there
-        # the plain dense model unless its flips are asked for (then Dense() computes the would-be masks)
-        # or its activations are 2:4 (the products of Act24MLP run through sparsify)
-        self.plain_dense = is_dense and not self.method.track_flips and not act24
+        # the plain dense model unless its flips are asked for (then Dense() computes the would-be masks),
+        # its activations are 2:4 (the products of Act24MLP run through sparsify) or its backend runs
+        # dense products in a format of its own (FP8: a dense FP8 run)
+        self.plain_dense = (is_dense and not self.method.track_flips and not act24
+                            and not (self.is_24 and get_backend(self.method.backend).products_in_dense_phase))
         if self.plain_dense:
             self.model = model
         else:

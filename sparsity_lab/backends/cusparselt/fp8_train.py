@@ -74,8 +74,9 @@ class FP8Operand:
     """One optimizer step's weight operand: S(W) (compute dtype), q(S(W)) E4M3 and its scale; the
     compressed forms (sparse engine) and q(S(W))^T (dense engine) made on first use."""
 
-    def __init__(self, weight: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, dense: bool = False) -> None:
         self.weight, self.q, self.scale = weight, q, scale
+        self.dense = dense  # a dense phase's W (no 2:4 pattern): dense FP8 products whatever the engine
         self.compressed: torch.Tensor | None = None
         self.compressed_t: torch.Tensor | None = None
         self.q_t: torch.Tensor | None = None
@@ -144,6 +145,7 @@ class FP8Backend(Backend, nn.Module):
     benchmark); ``for_layer`` gives each SparseLinear its own, with the same engine."""
 
     reads_seed_from_device = True  # MVUE on CUDA tensors is the Triton kernel, which reads a device seed
+    products_in_dense_phase = True  # a Dense method or the dense fine-tune stays FP8 (dense FP8 products)
 
     def __init__(self, engine: FP8Engine, recipe: FP8Recipe | None = None, device=None) -> None:
         nn.Module.__init__(self)
@@ -281,9 +283,20 @@ class FP8Backend(Backend, nn.Module):
         q, scale = self.quantize("w", w)  # zeros stay zeros: the 2:4 pattern survives the cast
         return FP8Operand(w, q, scale)
 
+    def prepare_dense(self, weight: torch.Tensor, dtype: torch.dtype) -> FP8Operand:
+        """q(W) of the dense W (out, in) for a dense phase: the products run on dense FP8 tensor cores
+        (``torch._scaled_mm``) on every engine but the reference, since W has no 2:4 pattern."""
+        operand = self.prepare(weight.to(dtype))
+        operand.dense = True
+        return operand
+
+    def _engine_for(self, operand: FP8Operand) -> str:
+        engine = self.engine.engine
+        return "scaled_mm" if operand.dense and engine == "cusparselt" else engine
+
     def linear(self, x, operand: FP8Operand, bias):
         self._check(x, "x")
-        tokens, engine = x.shape[0], self.engine.engine
+        tokens, engine = x.shape[0], self._engine_for(operand)
         rows = self._rows(tokens, x)
         # one pass: q(X) for this product and q(X)^T for the weight gradient's (GPU engines)
         q_x, q_x_t, s_x, a_x = self._cast("x", self._pad(x, rows), transpose=engine != "reference")
@@ -310,7 +323,7 @@ class FP8Backend(Backend, nn.Module):
     def grad_input(self, grad_out, operand: FP8Operand):
         self._check(grad_out, "grad_out")
         self._record_x()
-        tokens, engine = grad_out.shape[0], self.engine.engine
+        tokens, engine = grad_out.shape[0], self._engine_for(operand)
         rows = self._rows(tokens, grad_out)
         q_dz, s_dz = self.quantize("dz", self._pad(grad_out, rows))
         if engine == "reference":
