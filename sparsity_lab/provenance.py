@@ -65,6 +65,13 @@ def provenance(command: str | None = None) -> dict:
         info["cuda"] = torch.version.cuda
         cslt = getattr(torch.backends, "cusparselt", None)
         info["cusparselt"] = cslt.version() if cslt is not None and cslt.is_available() else None
+        if info["cusparselt"] is not None:  # the library loaded may be another (a newer one preloaded)
+            try:
+                from .backends.cusparselt.direct import loaded_library
+                loaded = loaded_library()
+                info["cusparselt_loaded"], info["cusparselt_library"] = loaded["version"], loaded["path"]
+            except Exception as err:  # the binding's errors are named; provenance must not stop a run
+                info["cusparselt_loaded"] = f"unknown ({type(err).__name__}: {err})"
     else:
         info["gpu"] = None
     return info

@@ -215,6 +215,17 @@ def _raw_stream(index: int) -> int:
     return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
 
+def loaded_library() -> dict:
+    """{"version": int, "path": str} of the cuSPARSELt this process runs (which may differ from the one
+    PyTorch was built with, ``torch.backends.cusparselt.version()``, e.g. a newer one preloaded)."""
+    lib = CusparseltLibrary()
+    handle = _Opaque()
+    lib.check(lib.cusparseLtInit(handle.ptr), "cusparseLtInit")
+    version = ctypes.c_int(0)
+    lib.check(lib.cusparseLtGetVersion(handle.ptr, ctypes.byref(version)), "cusparseLtGetVersion")
+    return {"version": int(version.value), "path": lib.path}
+
+
 class DirectCusparseltOps(TorchCusparseltOps):
     """:class:`TorchCusparseltOps` with ``mm`` through cached plans (compression, the algorithm search
     and timing stay PyTorch's: they run once per shape). An operand whose address is not 16-byte
