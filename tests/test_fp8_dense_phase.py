@@ -18,7 +18,8 @@ CUDA = torch.cuda.is_available()
 
 def _dense_layer(backend: str, seed: int = 0) -> SparseLinear:
     torch.manual_seed(seed)
-    layer = SparseLinear(64, 32, method=Dense(track_flips=False, backend=backend))
+    # transposable: "cusparselt_fp8" refuses any other mask at set-up (its sparse phase's dX needs it)
+    layer = SparseLinear(64, 32, method=Dense(track_flips=False, transposable=True, backend=backend))
     attach_optimizer(layer, torch.optim.SGD(layer.parameters(), lr=0.0))
     return layer
 
