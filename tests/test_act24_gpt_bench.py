@@ -44,7 +44,9 @@ def test_smoke_keeps_the_ffn_section_and_adds_the_gpt_section(smoke):
         record = gpt["variants"][name]
         assert record["sparse_layers"] == 2 * n_layer and record["backend"] == "torch"
         assert record["method"].startswith("sste 2:4, transposable") and "MVUE" in record["method"]
-    for name in ("act24", "act24_w24_mvue"):  # the reference products on the CPU: the same loss exactly
+    as_trainer = gpt["variants"]["act24_as_trainer"]  # fc and proj SparseLinear with the Dense method
+    assert as_trainer["sparse_layers"] == 2 * n_layer and as_trainer["method"].startswith("dense")
+    for name in ("act24", "act24_as_trainer", "act24_w24_mvue"):  # reference products on the CPU: exactly equal
         record = gpt["variants"][name]
         assert record["act24_modules"] == n_layer and record["activation_products"] == "reference"
         assert record["loss_check"]["ffn_out_rel_err"] == 0.0
@@ -133,3 +135,33 @@ def test_no_gpt_and_bad_flags(tmp_path):
     with pytest.raises(ValueError, match="variant"):
         config_for("dense", DEFAULTS["smoke"])
     assert torch.device("cpu") == smoke_settings().device
+
+
+@pytest.mark.parametrize("variant,method,options", [
+    ("act24_as_trainer", "dense", {}),
+    ("act24_w24_mvue", "sste", {"mvue": True, "transposable": True}),
+])
+def test_variants_are_built_as_the_trainer_builds_them(variant, method, options):
+    """The FFN modules of a benchmark variant: the same classes, methods and products as the trainer's
+    model for the same run (``train --ffn relu2 --activation-sparsity 2:4 --method ...``)."""
+    from sparsity_lab.lab.data import load_corpus
+    from sparsity_lab.lab.model import GPTConfig
+    from sparsity_lab.lab.trainer import TrainConfig, Trainer
+
+    g = DEFAULTS["smoke"]
+    cfg = GPTConfig(n_layer=g["n_layer"], n_head=g["n_head"], d_model=g["d_model"], context=g["context"],
+                    ffn_kind="relu2", activation_sparsity="2:4")
+    trainer = Trainer(TrainConfig(method=method, method_options=options, steps=3, model=cfg, device="cpu",
+                                  batch_size=2, eval_batches=1), corpus=load_corpus(max_bytes=100_000))
+    built = build_variant(variant, smoke_settings())
+
+    def ffn_modules(model):
+        out = []
+        for block in model.blocks:
+            mlp = block.mlp
+            out.append((type(mlp).__name__, mlp.products.name,
+                        *[(type(lin).__name__, getattr(getattr(lin, "method", None), "name", None),
+                           getattr(getattr(lin, "method", None), "mvue", None),
+                           getattr(getattr(lin, "method", None), "transposable", None)) for lin in (mlp.fc, mlp.proj)]))
+        return out
+    assert ffn_modules(built.model) == ffn_modules(trainer.model)

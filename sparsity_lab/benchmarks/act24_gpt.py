@@ -9,6 +9,10 @@ Variants, built with the library calls the trainer (``lab/trainer.py``) makes fo
     dense_relu2      the plain GPT, y = W2 relu(W1 x)^2: the dense baseline of the same architecture
     act24            ``activation_sparsity="2:4"`` (``Act24MLP`` with plain linears): y = A24 W2^T and
                      dx = dH W1 sparse, the activations compressed by the Triton kernels
+    act24_as_trainer the same as ``train --method dense --activation-sparsity 2:4`` builds it: both linears
+                     wrapped by ``sparsify`` in ``SparseLinear`` with the ``Dense`` method (no flip
+                     tracking), so ``fc`` computes its own input gradient and dx = dH W1 runs dense: of
+                     the six FFN products only y is sparse
     weights24_mvue   relu2, 2:4 weights on both FFN linears (S-STE + MVUE, transposable), activations dense
     act24_w24_mvue   2:4 activations and those 2:4 weights (``sparsify`` with ``weight_selector``, then
                      ``configure_activation_sparsity``): all six FFN products sparse, the combined method
@@ -41,7 +45,7 @@ from .ffn.settings import FULL, SMOKE, Settings
 from .ffn.targets import gpt_headline
 from .conditions import judged
 
-GPT_VARIANTS = ("dense_gelu", "dense_relu2", "act24", "weights24_mvue", "act24_w24_mvue")
+GPT_VARIANTS = ("dense_gelu", "dense_relu2", "act24", "act24_as_trainer", "weights24_mvue", "act24_w24_mvue")
 PAIRED_VARIANTS = ("dense_relu2", "act24", "act24_w24_mvue")
 DENSE = "dense_relu2"  # the dense baseline of the same architecture
 WEIGHTS24 = ("weights24_mvue", "act24_w24_mvue")  # 2:4 weights (S-STE + MVUE) on both FFN linears
@@ -83,6 +87,11 @@ def build_variant(variant: str, s: Settings) -> Built:
     record: dict = {"ffn_kind": model.config.ffn_kind, "activation_sparsity": model.config.activation_sparsity}
     if variant in WEIGHTS24:  # S-STE + MVUE, transposable, on cuSPARSELt: ours_mvue of bench-ffn
         method = method_for("ours_mvue", s)
+        sl.sparsify(model, method, select=weight_selector)
+        record["method"] = method.describe()
+        record["sparse_layers"] = len(sl.sparse_layers(model))
+    elif variant == "act24_as_trainer":  # the trainer's dense weights beside 2:4 activations
+        method = sl.Dense(track_flips=False, backend=s.backends["cusparselt"])
         sl.sparsify(model, method, select=weight_selector)
         record["method"] = method.describe()
         record["sparse_layers"] = len(sl.sparse_layers(model))
