@@ -39,7 +39,7 @@ import math
 
 import torch
 
-from .ffn.gpt import Built, new_gpt, paired_rounds, summarize, time_variant, training_step
+from .ffn.gpt import Built, gpt_batch, new_gpt, paired_rounds, summarize, time_variant, training_step
 from .ffn.measure import Recorder
 from .ffn.settings import FULL, SMOKE, Settings
 from .ffn.targets import gpt_headline
@@ -111,10 +111,7 @@ def loss_against_reference(model, s: Settings) -> dict:
     show there; the loss at initialisation hardly depends on the FFNs)."""
     from ..activation24 import ReferenceProducts, act24_modules
 
-    g = s.gpt
-    gen = torch.Generator(device=s.device).manual_seed(2)  # the batch training_step draws
-    idx = torch.randint(0, 256, (g["batch"], g["context"]), device=s.device, generator=gen)
-    targets = torch.randint(0, 256, (g["batch"], g["context"]), device=s.device, generator=gen)
+    idx, targets = gpt_batch(s.gpt, s)  # the batch the training step runs on
     mods = [m for _, m in act24_modules(model)]
 
     def forward() -> tuple[float, list[torch.Tensor]]:

@@ -91,6 +91,14 @@ def new_gpt(cfg, s: Settings) -> nn.Module:
         return GPT(cfg)
 
 
+def gpt_batch(g: dict, s: Settings) -> tuple[torch.Tensor, torch.Tensor]:
+    """(idx, targets), each (batch, context) random bytes: the one fixed batch every variant trains on."""
+    gen = torch.Generator(device=s.device).manual_seed(2)
+    idx = torch.randint(0, 256, (g["batch"], g["context"]), device=s.device, generator=gen)
+    targets = torch.randint(0, 256, (g["batch"], g["context"]), device=s.device, generator=gen)
+    return idx, targets
+
+
 def training_step(model: nn.Module, g: dict, s: Settings) -> tuple[Callable[[], None], list]:
     """(step, last_loss): one AdamW step (fused on CUDA) under bf16 autocast on one fixed random batch of
     ``g["batch"]`` x ``g["context"]`` bytes, hooked as the trainer hooks it: ``attach_optimizer`` when the
@@ -100,9 +108,7 @@ def training_step(model: nn.Module, g: dict, s: Settings) -> tuple[Callable[[], 
     from ...activation24 import act24_modules, attach_activation_schedule
 
     cuda = s.device.type == "cuda"
-    gen = torch.Generator(device=s.device).manual_seed(2)
-    idx = torch.randint(0, 256, (g["batch"], g["context"]), device=s.device, generator=gen)
-    targets = torch.randint(0, 256, (g["batch"], g["context"]), device=s.device, generator=gen)
+    idx, targets = gpt_batch(g, s)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True if cuda else None)
     if sl.sparse_layers(model):
         sl.attach_optimizer(model, opt)
