@@ -165,3 +165,27 @@ def test_variants_are_built_as_the_trainer_builds_them(variant, method, options)
                            getattr(getattr(lin, "method", None), "transposable", None)) for lin in (mlp.fc, mlp.proj)]))
         return out
     assert ffn_modules(built.model) == ffn_modules(trainer.model)
+
+
+@pytest.mark.gpu
+def test_gpt_section_on_cusparselt_at_a_small_size_on_gpu():
+    """The whole GPT section on the GPU at a small size: every variant timed without error, the activation
+    products on cuSPARSELt within bf16 error of the reference products in every block, the combined
+    method's 2:4 layers on cuSPARSELt."""
+    from sparsity_lab.benchmarks.act24_gpt import gpt_settings, measure_gpt_step
+    from sparsity_lab.benchmarks.ffn.measure import Recorder
+
+    s = gpt_settings(False, {"n_layer": 2, "n_head": 2, "d_model": 256, "context": 128, "batch": 4},
+                     reps=2, warmup=1, rounds=1, idle_s=0.0)
+    rec = Recorder(s)
+    gpt = measure_gpt_step(s, rec)
+    assert rec.errors == [] and "error" not in gpt["paired"]
+    for name, record in gpt["variants"].items():
+        assert record["ms"] > 0 and math.isfinite(record["loss_after"]), name
+    for name in ("act24", "act24_as_trainer", "act24_w24_mvue"):
+        check = gpt["variants"][name]["loss_check"]
+        assert gpt["variants"][name]["activation_products"] == "cusparselt"
+        assert check["ffn_out_rel_err"] < 2e-2 and abs(check["loss"] - check["loss_reference"]) < 1e-2, (name, check)
+    for name in ("weights24_mvue", "act24_w24_mvue"):
+        assert gpt["variants"][name]["backend"] == "cusparselt"
+    assert gpt["headline"]["act24_w24_mvue"]["speedup"] > 0
