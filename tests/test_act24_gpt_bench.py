@@ -31,6 +31,7 @@ def test_smoke_keeps_the_ffn_section_and_adds_the_gpt_section(smoke):
     gpt = result["gpt_step"]
     assert list(gpt["variants"]) == list(GPT_VARIANTS) and result["errors"] == []
     assert gpt["config"]["d_model"] == DEFAULTS["smoke"]["d_model"] and gpt["dense"] == DENSE
+    assert "act24_w24_mvue" in gpt["notes"] and "paired" in gpt["notes"]  # the record describes itself
     assert gpt["tokens_per_step"] == DEFAULTS["smoke"]["batch"] * DEFAULTS["smoke"]["context"]
     dense_ms = gpt["variants"][DENSE]["ms"]
     for name, record in gpt["variants"].items():

@@ -147,7 +147,7 @@ def measure_gpt_step(s: Settings, rec: Recorder, probe: dict | None = None) -> d
     print(f"GPT step: {g['n_layer']} layers, d_model {g['d_model']}, {tokens} tokens per step ...", flush=True)
     result = {"config": dict(g, vocab_size=256, ffn=dense_cfg.hidden), "tokens_per_step": tokens,
               "dense": DENSE, "reps": s.reps, "warmup": s.warmup, "rounds": s.rounds, "idle_s": s.idle_s,
-              "backend": s.backends["cusparselt"], "variants": {}}
+              "backend": s.backends["cusparselt"], "notes": __doc__.split("\n\n", 1)[1].strip(), "variants": {}}
     for variant in GPT_VARIANTS:
         with rec.section(f"gpt {variant} alone"):
             result["variants"][variant] = time_variant(f"gpt {variant}", lambda v=variant: build_variant(v, s), s, rec)
