@@ -20,6 +20,13 @@ over rounds (pairing in time removes the GPU clock's drift from the ratio); per-
 too. Dense TFLOP/s counts the six products, 12 tokens d hidden floating-point operations. Before
 timing, every activation variant's output and input gradient are checked against the reference
 products (``ReferenceProducts``: dense products of the same pruned operands) by relative error.
+
+After the FFN section, the GPT section (``act24_gpt``; ``--no-gpt`` skips it): one training step of the
+lab GPT at d_model 4096 (AdamW included), dense gelu and dense relu2 against 2:4 activations alone and
+combined with 2:4 weights (S-STE + MVUE), tokens/s, alone and in paired rounds, the headline against
+the fastest dense relu2 of the run; stored under ``gpt_step``. Around both sections: the dense matmul
+rate at the start and at the end of the run (``baseline``) and the GPU's clocks, power and temperature
+per section (``conditions``; ``benchmarks/conditions.py``).
 """
 from __future__ import annotations
 
@@ -47,6 +54,8 @@ class Settings:
     reps: int = 5
     warmup: int = 2
     graph: bool = True
+    gpt: dict | None = None  # the GPT section's model and batch (act24_gpt.DEFAULTS); None: no GPT section
+    idle_s: float = 0.5  # idle GPU before each turn of the GPT section's paired rounds
 
 
 class Relu2FFN(nn.Module):
@@ -222,7 +231,50 @@ def benchmark(s: Settings) -> dict:
             "notes": __doc__.split("\n\n", 1)[1].strip()}
 
 
+def measure(s: Settings) -> dict:
+    """The whole run: the dense matmul rate at the start, the FFN section (``benchmark``), the GPT
+    section (``act24_gpt.measure_gpt_step``, when ``s.gpt``), the matmul rate again at the end; the GPU's
+    clocks, power and temperature sampled throughout, per section (``conditions.ConditionSampler``)."""
+    from .act24_gpt import gpt_settings, measure_gpt_step
+    from .conditions import ConditionSampler, matmul_probe
+    from .ffn.measure import Recorder
+
+    gs = gpt_settings(s.smoke, s.gpt, reps=s.reps, warmup=s.warmup, rounds=s.rounds, idle_s=s.idle_s)
+    shapes = {"ffn": (s.tokens, s.d_model, 4 * s.d_model)}  # x W1^T, the largest product of each section
+    if s.gpt:
+        shapes["gpt"] = (s.gpt["batch"] * s.gpt["context"], s.gpt["d_model"], 4 * s.gpt["d_model"])
+    sampler = ConditionSampler(False if s.smoke else None).start()
+    rec = Recorder(gs, sampler)
+
+    def probes(when: str) -> dict:
+        """{"<m>x<k>x<n>": matmul_probe} for each distinct shape (one probe when both sections share it)."""
+        out = {}
+        with rec.section(f"matmul probe ({when})"):
+            for shape in dict.fromkeys(shapes.values()):
+                p, err = rec.attempt(f"matmul probe {shape} ({when})", lambda shape=shape: matmul_probe(
+                    *shape, s.device, torch.bfloat16, label="x W1^T"))
+                out["x".join(map(str, shape))] = p if p is not None else {"error": err}
+        return out
+    try:
+        start = probes("start")
+        with rec.section("ffn"):
+            result = benchmark(s)
+        if s.gpt:
+            probe = start.get("x".join(map(str, shapes["gpt"])))
+            with rec.section("gpt step"):
+                gpt, err = rec.attempt("gpt step", lambda: measure_gpt_step(gs, rec, probe))
+            result["gpt_step"] = gpt if gpt is not None else {"config": dict(s.gpt), "variants": {}, "error": err}
+        result["baseline"] = {"matmul_probe_start": start, "matmul_probe_end": probes("end")}
+    finally:
+        sampler.stop()
+    result["conditions"] = sampler.summary()
+    result["errors"] = rec.errors
+    return result
+
+
 def format_table(result: dict) -> str:
+    from .conditions import format_conditions
+
     lines = [f"{'variant':16} {'eager ms':>9} {'x':>6} {'graph ms':>9} {'x':>6} {'x fastest dense':>16}  y/dx rel err"]
     for r in result["rows"]:
         def f(key, spec=".2f"):
@@ -239,20 +291,74 @@ def format_table(result: dict) -> str:
         verdict = "not judged (smoke)" if tgt["met"] is None else "met" if tgt["met"] else "missed"
         lines.append(f"target {v} >= {tgt['threshold']}x: {verdict} "
                      f"({'-' if m is None else format(m, '.3f')}x)")
+    gpt = result.get("gpt_step")
+    if gpt:
+        from .act24_gpt import format_gpt
+        lines.append(format_gpt(gpt) if not gpt.get("error") else f"GPT step: {gpt['error'][:300]}")
+    for when, probes in (result.get("baseline") or {}).items():
+        for shape, p in probes.items():
+            rate = f"{p['ms']:.3f} ms = {p['tflops']:.0f} TFLOP/s" if "tflops" in p else p.get("error", "-")[:200]
+            lines.append(f"{when.replace('_', ' ')}, {shape} bf16: {rate}")
+    if result.get("conditions"):
+        lines.append(format_conditions(result["conditions"]))
+    if result.get("errors"):
+        lines.append(f"{len(result['errors'])} error(s) recorded (JSON 'errors'); first: "
+                     f"{result['errors'][0]['where']}: {result['errors'][0]['error'][:200]}")
     return "\n".join(lines)
 
 
+SMOKE_FFN = {"tokens": 64, "d_model": 16}  # --smoke's FFN shape unless --tokens / --d-model say otherwise
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tokens", type=int, default=16384, help="tokens per step (default 16384)")
-    parser.add_argument("--d-model", type=int, default=4096, help="model width; hidden = 4 d (default 4096)")
+    parser.add_argument("--tokens", type=int, default=None, help="tokens per FFN step (default 16384; --smoke 64)")
+    parser.add_argument("--d-model", type=int, default=None,
+                        help="FFN width; hidden = 4 d (default 4096; --smoke 16)")
     parser.add_argument("--rounds", type=int, default=3, help="paired timing rounds (default 3)")
     parser.add_argument("--reps", type=int, default=5, help="timed steps per variant and round (default 5)")
-    parser.add_argument("--no-graph", action="store_true", help="eager timing only")
+    parser.add_argument("--no-graph", action="store_true", help="eager timing only (FFN section)")
+    parser.add_argument("--no-gpt", action="store_true", help="skip the GPT section")
+    parser.add_argument("--gpt-layers", type=int, default=None, help="GPT blocks (default 2)")
+    parser.add_argument("--gpt-batch", type=int, default=None, help="sequences per GPT step (default 16)")
+    parser.add_argument("--gpt-context", type=int, default=None, help="bytes per sequence (default 1024)")
+    parser.add_argument("--idle-s", type=float, default=0.5,
+                        help="seconds of idle GPU before each turn of the GPT paired rounds (default 0.5)")
     parser.add_argument("--smoke", action="store_true", help="tiny CPU run with the reference products: checks "
                         "that the script runs; the numbers mean nothing")
     parser.add_argument("--out", default=None, help="write the JSON to this file instead (default: "
                         "results/act24_<gpu>.json on a GPU, nothing in --smoke)")
     parser.add_argument("--out-dir", default=None, help="folder of act24_<gpu>.json (default results/)")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Settings from the command line; ValueError naming the flag for bad input."""
+    from .act24_gpt import DEFAULTS
+
+    tokens = args.tokens if args.tokens is not None else (SMOKE_FFN["tokens"] if args.smoke else 16384)
+    d_model = args.d_model if args.d_model is not None else (SMOKE_FFN["d_model"] if args.smoke else 4096)
+    for flag, value in (("--tokens", tokens), ("--d-model", d_model), ("--rounds", args.rounds),
+                        ("--reps", args.reps)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if d_model % 16 or tokens % 64:
+        raise ValueError(f"--d-model must be a multiple of 16 and --tokens of 64, got {d_model} and {tokens}")
+    if not args.idle_s >= 0:
+        raise ValueError(f"--idle-s must be >= 0, got {args.idle_s}")
+    gpt = None
+    if not args.no_gpt:
+        gpt = dict(DEFAULTS["smoke" if args.smoke else "full"])
+        for key, flag in (("n_layer", "--gpt-layers"), ("batch", "--gpt-batch"), ("context", "--gpt-context")):
+            value = getattr(args, flag[2:].replace("-", "_"))
+            if value is not None:
+                if value < 1:
+                    raise ValueError(f"{flag} must be >= 1, got {value}")
+                gpt[key] = value
+    s = Settings(smoke=args.smoke, device=torch.device("cpu" if args.smoke else "cuda"), tokens=tokens,
+                 d_model=d_model, rounds=args.rounds, reps=args.reps, graph=not args.no_graph, gpt=gpt,
+                 idle_s=args.idle_s)
+    if s.smoke:
+        s = dataclasses.replace(s, warmup=0, reps=1, rounds=min(s.rounds, 2), idle_s=0.0)
+    return s
 
 
 def run(args: argparse.Namespace) -> int:
@@ -261,20 +367,14 @@ def run(args: argparse.Namespace) -> int:
 
     from ..provenance import provenance, write_result
 
-    for name in ("tokens", "d_model", "rounds", "reps"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"sparsity-lab bench-act24: error: --{name.replace('_', '-')} must be >= 1")
-    if not args.smoke and not torch.cuda.is_available():
+    try:
+        s = settings_from_args(args)
+    except ValueError as err:
+        raise SystemExit(f"sparsity-lab bench-act24: error: {err}")
+    if not s.smoke and not torch.cuda.is_available():
         print("sparsity-lab bench-act24: error: needs a CUDA GPU (or --smoke for a CPU check of the script)")
         return 2
-    if args.d_model % 16 or args.tokens % 64:
-        print("sparsity-lab bench-act24: error: --d-model must be a multiple of 16 and --tokens of 64")
-        return 2
-    s = Settings(smoke=args.smoke, device=torch.device("cpu" if args.smoke else "cuda"), tokens=args.tokens,
-                 d_model=args.d_model, rounds=args.rounds, reps=args.reps, graph=not args.no_graph)
-    if s.smoke:
-        s = dataclasses.replace(s, warmup=0, reps=1)
-    result = benchmark(s)
+    result = measure(s)
     print(format_table(result))
     if args.out:
         Path(args.out).write_text(json.dumps({"provenance": provenance(), **result}, indent=2, default=str) + "\n")

@@ -143,22 +143,22 @@ def judge_targets(rows: list[dict], gpt_step: dict | None, target: tuple[int, in
     return targets
 
 
-def gpt_headline(gpt_step: dict | None, variant: str) -> tuple[float | None, dict]:
-    """(headline speed-up, figures beside it) of a GPT variant: its paired median over the fastest dense
-    (timed alone, or in the paired rounds). No baseline check: the step's attention, norms and AdamW
-    have no matmul rate to compare with; the dense step's TFLOP/s is shown instead."""
+def gpt_headline(gpt_step: dict | None, variant: str, dense: str = "dense") -> tuple[float | None, dict]:
+    """(headline speed-up, figures beside it) of a GPT variant: its paired median over the fastest
+    ``dense`` variant (timed alone, or in the paired rounds). No baseline check: the step's attention,
+    norms and AdamW have no matmul rate to compare with; the dense step's TFLOP/s is shown instead."""
     if not gpt_step:
         return None, {}
     alone = gpt_step.get("variants", {})
     pair = (gpt_step.get("paired") or {}).get("by_variant", {}).get(variant)
     variant_ms = pair["ms"] if pair else (alone.get(variant) or {}).get("ms")
-    candidates = {"alone": (alone.get("dense") or {}).get("ms"),
+    candidates = {"alone": (alone.get(dense) or {}).get("ms"),
                   "alternation": (gpt_step.get("paired") or {}).get("dense_ms")}
     h = headline(candidates, variant_ms)
     extra = {"variant_ms": variant_ms, "variant_source": "paired median" if pair else "alone",
              "dense_ms": h["dense_ms"], "dense_source": h["dense_source"], "against_each_dense": h["against"],
              "unpaired": (alone.get(variant) or {}).get("speedup_vs_dense"),
-             "dense_tflops": (alone.get("dense") or {}).get("tflops")}
+             "dense_tflops": (alone.get(dense) or {}).get("tflops")}
     if pair:
         extra.update(paired_ratio=pair["speedup_vs_dense"], paired_min=pair["speedup_min"],
                      paired_max=pair["speedup_max"], rounds=len(pair["round_speedups"]))
