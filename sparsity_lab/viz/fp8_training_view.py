@@ -79,3 +79,35 @@ def recorded_summary(data: dict, ffn_data: dict | None = None) -> dict:
         out["ffn"] = {k: v for k, v in ffn.items() if k.startswith("fp8_24_vs") and not k.endswith("rounds")}
         out["ffn_tflops"] = {v: r["tflops"] for v, r in ffn.get("variants", {}).items()}
     return out
+
+
+# --- does FP8 training keep the loss? ------------------------------------------------------------------
+FP8_ACCURACY_VARIANTS = {"dense": "dense, bfloat16", "dense_fp8": "dense, FP8 (torch._scaled_mm)",
+                         "sste_mvue": "S-STE + MVUE 2:4, bfloat16", "sste_mvue_fp8": "S-STE + MVUE 2:4, FP8 (cuSPARSELt)",
+                         "sste_mvue_fp8sim": "S-STE + MVUE 2:4, FP8 simulated"}
+
+
+def fp8_accuracy_summary(comparisons: list) -> dict:
+    """Final validation losses of recorded FP8 comparisons (``sparsity-lab compare`` folders, one per seed,
+    each a :class:`~sparsity_lab.viz.comparison_view.RecordedComparison`).
+
+    Returns {"runs": [{"seed", "where", "final": {variant: loss}, "claim": claim 6 or None}], "spread":
+    {variant: (min, max) over the seeds}, "labels": FP8_ACCURACY_VARIANTS}. A variant missing from a run is
+    left out of that run's ``final``."""
+    if not comparisons:
+        raise ValueError("comparisons is empty: no recorded FP8 comparison was found")
+    runs = []
+    for comp in comparisons:
+        table = {row["variant"]: row for row in comp.payload["table"]}
+        final = {v: table[v]["final_val_loss"] for v in FP8_ACCURACY_VARIANTS
+                 if v in table and table[v].get("final_val_loss") is not None}
+        claim = next((c for c in comp.payload["claims"] if c["claim"].startswith("6.")), None)
+        seed = next(iter(comp.payload.get("runs", {}).values()), {}).get("config", {}).get("seed")
+        runs.append({"seed": seed, "where": provenance_line(comp.payload["provenance"]), "final": final,
+                     "claim": claim, "folder": comp.name})
+    spread = {}
+    for v in FP8_ACCURACY_VARIANTS:
+        vals = [r["final"][v] for r in runs if v in r["final"]]
+        if vals:
+            spread[v] = (min(vals), max(vals))
+    return {"runs": runs, "spread": spread, "labels": FP8_ACCURACY_VARIANTS}
