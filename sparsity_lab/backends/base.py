@@ -62,7 +62,7 @@ class Backend(abc.ABC):
 
     Required: ``name`` (str, the registry name or a description of what runs) and the seven abstract
     methods. Optional methods have defaults in terms of the required ones. Capabilities (class
-    attributes a subclass sets): ``reads_seed_from_device``, ``measures_products``.
+    attributes a subclass sets): ``reads_seed_from_device``, ``mask_refresh_capturable``, ``measures_products``.
     """
 
     name: str
@@ -71,6 +71,11 @@ class Backend(abc.ABC):
     reads_seed_from_device: ClassVar[bool] = False
     """True when ``grad_weight`` accepts a device seed tensor (a 0-d int64 tensor that its kernels read
     on the device), which a CUDA-graph step needs: the host cannot hand a new generator to a replay."""
+
+    mask_refresh_capturable: ClassVar[bool] = False
+    """True when ``mask`` (2:4) and ``mask_flips`` on CUDA tensors are device kernels only (no host sync, no
+    CPU solver, no shape that depends on the values), so that a CUDA graph can capture a mask refresh
+    (``CudaGraphStep`` refreshes due-every-step masks inside its graph on such backends)."""
 
     measures_products: bool = False
     """True when this backend chooses how to run each product by timing the candidates (an auto policy);

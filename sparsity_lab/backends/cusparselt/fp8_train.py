@@ -144,6 +144,7 @@ class FP8Backend(Backend, nn.Module):
     benchmark); ``for_layer`` gives each SparseLinear its own, with the same engine."""
 
     reads_seed_from_device = True  # MVUE on CUDA tensors is the Triton kernel, which reads a device seed
+    mask_refresh_capturable = True  # 2:4 masks and flip counts on CUDA tensors are the Triton kernels
 
     def __init__(self, engine: FP8Engine, recipe: FP8Recipe | None = None, device=None) -> None:
         nn.Module.__init__(self)
