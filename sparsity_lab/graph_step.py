@@ -63,9 +63,11 @@ def mvue_layers(model: nn.Module) -> list[SparseLinear]:
 
 def fill_seeds(layers: list[SparseLinear]) -> None:
     """Write each MVUE layer's seed for this step into its device seed tensor: the value the eager
-    step would draw (the layer's generator for its next call, advancing ``mvue_calls`` as eager does)."""
+    step would draw (the layer's generator for its next call, advancing ``mvue_calls`` as eager does).
+    A layer in a dense phase draws nothing in an eager step, so it gets no seed (its count stays)."""
     for layer in layers:
-        layer.fill_device_seed()
+        if not layer.dense_now:
+            layer.fill_device_seed()
 
 
 def use_device_seeds(layers: list[SparseLinear], device: torch.device) -> None:
@@ -301,7 +303,7 @@ class CudaGraphStep:
         finally:  # nothing ran yet: the replay's after_graph_refresh advances the counters
             for layer, mask_step in zip(inside, mask_steps):
                 layer.mask_step = mask_step
-        twice = [layer for layer in self._mvue if layer.device_seed_uses != 1]
+        twice = [layer for layer in self._mvue if not layer.dense_now and layer.device_seed_uses != 1]
         if twice:
             raise RuntimeError(f"{len(twice)} MVUE layer(s) ran {twice[0].device_seed_uses} times in one captured step; "
                                "CudaGraphStep supports each SparseLinear running once per step")

@@ -119,6 +119,25 @@ class _CapturableTorch(TorchBackend):
     mask_refresh_capturable = True
 
 
+def test_a_layer_in_its_dense_phase_gets_no_seed():
+    """An eager step in the dense fine-tune phase draws no MVUE numbers, so the graph step writes no seed
+    for that layer (its draw counter stays where an eager run leaves it)."""
+    class DeviceSeedTorch(TorchBackend):
+        reads_seed_from_device = True
+
+        def device_seed_value(self, generator):
+            return int(torch.randint(0, 2**31, (1,), generator=generator))
+
+    model = _mlp("torch", "cpu", dense_finetune_at=0.5, total_steps=2)
+    layers = mvue_layers(model)
+    for layer in layers:
+        layer.backend = DeviceSeedTorch()
+    use_device_seeds(layers, torch.device("cpu"))
+    layers[1].step = 1  # its dense phase
+    fill_seeds(layers)
+    assert [layer.mvue_calls for layer in layers] == [1, 0] and layers[0].device_seed.item() != 0
+
+
 def test_backends_declare_whether_a_graph_can_capture_their_mask_refresh():
     assert TritonBackend.mask_refresh_capturable and CusparseltBackend.mask_refresh_capturable
     assert FP8Backend.mask_refresh_capturable
@@ -336,3 +355,106 @@ def test_auto_under_graph_step_times_in_graphs_and_steps_eagerly_on_a_new_shape(
     losses.append(float(step(x, y)))
     assert step.recaptures == 2
     assert all(torch.isfinite(torch.tensor(losses)))
+
+
+# --- GPU: the mask refresh inside the graph against eager training ---------------------------------
+def _layers(model):
+    return [layer for _, layer in sl.sparse_layers(model)]
+
+
+def _counters(model):
+    return [(l.mask_updates, l.mask_step, l.last_flips, l.flips_total) for l in _layers(model)]
+
+
+def _train_checked(model, batches, step_fn, lr=0.1, reads=(), skip_updates=()):
+    """``_train``, checking after every step (before the update) that each mask refreshed in that step
+    is the mask its backend computes from the weights the step used, and after the 1-based steps in
+    ``reads`` that ``last_flips`` counts the flips of that refresh. Steps in ``skip_updates`` skip the
+    optimizer step (as a GradScaler does on inf), so the layers' step does not advance.
+    Returns (losses, {step: counters read})."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    sl.attach_optimizer(model, opt)
+    losses, seen = [], {}
+    for k, (x, y) in enumerate(batches, start=1):
+        before = [l.mask.clone() for l in _layers(model)]
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(step_fn(model, x, y)))
+        for layer, old in zip(_layers(model), before):
+            if layer.mask_step == layer.step and k > 1:  # refreshed in this step
+                m = layer.method
+                assert torch.equal(layer.mask, layer.backend.mask(layer.weight.detach(), m.n, m.m, m.transposable))
+                if k in reads:
+                    assert layer.last_flips == int((layer.mask ^ old).sum())
+        if k in reads:
+            seen[k] = _counters(model)
+        if k not in skip_updates:
+            opt.step()
+    return losses, seen
+
+
+def _graphed_against_eager(backend, steps=10, in_graph=True, skip_updates=(), reads=(4, 5, 10), **method):
+    """(eager model, graphed model, CudaGraphStep, eager reads, graphed reads), after ``steps`` steps of
+    each (three eager warm-up steps under the graph step), with the losses and weights checked equal."""
+    eager = _mlp(backend, "cuda", d=256, **method).to(torch.bfloat16)
+    graphed = copy.deepcopy(eager)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    batches = [(torch.randn(512, 256, device="cuda", generator=gen).to(torch.bfloat16),
+                torch.randn(512, 256, device="cuda", generator=gen).to(torch.bfloat16)) for _ in range(steps)]
+    step = CudaGraphStep(graphed, _loss, warmup_steps=3, masks_in_graph=in_graph)
+    want, want_seen = _train_checked(eager, batches, _eager_step, reads=reads, skip_updates=skip_updates)
+    got, got_seen = _train_checked(graphed, batches, lambda model, x, y: step(x, y), reads=reads,
+                                   skip_updates=skip_updates)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-3, atol=1e-5)
+    for a, b in zip(eager.parameters(), graphed.parameters()):
+        torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-3)
+    return eager, graphed, step, want_seen, got_seen
+
+
+def _same_masks_and_counters(eager, graphed, want_seen, got_seen):
+    assert got_seen == want_seen  # read after the first replay, the next one, and after five unread replays
+    for a, b in zip(_layers(eager), _layers(graphed)):
+        assert torch.equal(a.mask, b.mask)
+        assert a.counters() == b.counters()  # mask_updates, mask_step, last_flips, flips_total, MVUE draws
+    assert sum(l.flips_total for l in _layers(eager)) > 0  # masks moved: a refresh left out would show
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cusparselt"])
+@pytest.mark.parametrize("interval,in_graph,mode", [(1, True, "graph"), (3, True, "eager"), (1, False, "eager")])
+def test_mask_refresh_under_the_graph_equals_eager_on_gpu(backend, interval, in_graph, mode):
+    """S-STE + MVUE, ten steps: masks due every step refreshed inside the graph (interval 1), or eagerly
+    before each replay (interval 3, and masks_in_graph=False): the same losses and weights as ten eager
+    steps, the same masks bit for bit, the same mask updates, last flips and flip totals."""
+    start = _mlp(backend, "cuda", d=256, mask_refresh_interval=interval)
+    start_masks = [l.mask.clone() for l in _layers(start)]
+    eager, graphed, step, want_seen, got_seen = _graphed_against_eager(backend, in_graph=in_graph,
+                                                                       mask_refresh_interval=interval)
+    assert step.recaptures == 1 and step.eager_steps == 3 and step.mask_refresh == mode
+    assert step.graph_refreshed == (["0", "2"] if mode == "graph" else [])
+    if mode == "eager":
+        assert set(step.eager_refresh_reasons) == {"0", "2"}
+    _same_masks_and_counters(eager, graphed, want_seen, got_seen)
+    assert all(l.mask_updates == 1 + 9 // interval for l in _layers(graphed))
+    assert any(not torch.equal(s, l.mask) for s, l in zip(start_masks, _layers(graphed)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cusparselt"])
+def test_a_step_whose_in_graph_masks_are_not_due_runs_eagerly_on_gpu(backend):
+    """An optimizer step skipped after a replay (the layers' step does not advance): the next call's masks
+    are not due, an eager step leaves them alone, so the graph step steps eagerly instead of replaying."""
+    eager, graphed, step, want_seen, got_seen = _graphed_against_eager(backend, skip_updates=(5,))
+    assert step.recaptures == 1 and step.eager_steps == 4 and step.mask_refresh == "graph"
+    _same_masks_and_counters(eager, graphed, want_seen, got_seen)
+    assert all(l.mask_updates == 9 for l in _layers(graphed))
+
+
+@pytest.mark.gpu
+def test_the_dense_finetune_switch_recaptures_without_the_refresh_on_gpu():
+    """Dense fine-tune from step 5 of 10: the first graph refreshes the masks inside, the switch takes
+    one eager step and a new capture that refreshes none; counters and weights as in eager training."""
+    eager, graphed, step, want_seen, got_seen = _graphed_against_eager(
+        "triton", reads=(4, 5, 8, 10), dense_finetune_at=0.5, total_steps=10)
+    assert step.recaptures == 2 and step.eager_steps == 4 and step.mask_refresh == "none"
+    _same_masks_and_counters(eager, graphed, want_seen, got_seen)
+    assert all(l.mask_updates == 5 and l.dense_now for l in _layers(graphed))
