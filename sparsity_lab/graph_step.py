@@ -10,9 +10,11 @@ What stays exact: a replay draws the MVUE numbers eager mode would draw. Each MV
 seed from a 0-d int64 device tensor that the host writes before every replay with the value the
 eager step would have used (the layer's counter-based generator advances as in eager mode), so the
 draw counters in a checkpoint are the ones an eager run would save. On the H100, ten graphed steps
-matched ten eager steps (losses within 1e-3 relative, weights within bf16 rounding; the draw counters,
-mask updates and flip counts identical: ``tests/test_graph_step.py``). The prepared operands (soft
-threshold, compression) are rebuilt inside the graph from the current weights.
+matched ten eager steps with the masks refreshed eagerly before each replay (losses within 1e-3
+relative, weights within bf16 rounding; the draw counters, mask updates and flip counts identical);
+``tests/test_graph_step.py`` checks the same, masks bit for bit included, with the masks refreshed
+inside the graph. The prepared operands (soft threshold, compression) are rebuilt inside the graph
+from the current weights.
 
 Where the masks are refreshed (``masks_in_graph``, default True; ``mask_refresh`` says which mode a
 capture uses, ``eager_refresh_reasons`` why a layer is left out). A layer whose mask is due every step
