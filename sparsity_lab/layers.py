@@ -121,6 +121,7 @@ class SparseLinear(nn.Linear):
                 self.beta.copy_(sste_beta(w, soft_threshold(w, self.mask, method.n, method.m)))
 
     def __setstate__(self, state: dict) -> None:
+        state.setdefault("_graph_flips", None)  # a layer pickled before CUDA-graph mask refreshes existed
         super().__setstate__(state)
         self.op_key = register_layer(self)  # a copy (deepcopy, pickle) is a layer of its own
 

@@ -277,6 +277,18 @@ def test_a_loaded_checkpoint_replaces_the_counts_of_unread_replays():
     assert all(l.mask_updates == 2 and l.flips_total == l.last_flips > 0 for l in layers)
 
 
+def test_a_layer_pickled_before_graph_flip_counts_existed_still_counts():
+    import pickle
+    layer = sl.sparse_layers(_mlp("torch", "cpu"))[0][1]
+    state = layer.__getstate__()
+    del state["_graph_flips"]
+    old = sl.SparseLinear.__new__(sl.SparseLinear)
+    old.__setstate__(pickle.loads(pickle.dumps(state)))
+    old.weight.data.normal_()
+    old.refresh_mask()
+    assert old.last_flips == old.flips_total > 0
+
+
 def test_release_hands_unread_replays_to_the_eager_counts():
     model = _mlp("torch", "cpu", mvue=False)
     layer = sl.sparse_layers(model)[0][1]
