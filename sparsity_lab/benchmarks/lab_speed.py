@@ -30,10 +30,9 @@ import statistics
 import sys
 import time
 import traceback
+from typing import NamedTuple
 
 import torch
-
-from typing import NamedTuple
 
 from .conditions import ConditionSampler, format_conditions, headline, matmul_probe
 
