@@ -10,10 +10,26 @@ What stays exact: a replay draws the MVUE numbers eager mode would draw. Each MV
 seed from a 0-d int64 device tensor that the host writes before every replay with the value the
 eager step would have used (the layer's counter-based generator advances as in eager mode), so the
 draw counters in a checkpoint are the ones an eager run would save. On the H100, ten graphed steps
-matched ten eager steps (losses within 1e-3 relative, weights within bf16 rounding; the draw counters,
-mask updates and flip counts identical: ``tests/test_graph_step.py``). Masks are refreshed
-eagerly before each replay when due (the flip counts stay exact); the prepared operands (soft
-threshold, compression) are rebuilt inside the graph from the current weights.
+matched ten eager steps with the masks refreshed eagerly before each replay (losses within 1e-3
+relative, weights within bf16 rounding; the draw counters, mask updates and flip counts identical);
+``tests/test_graph_step.py`` checks the same, masks bit for bit included, with the masks refreshed
+inside the graph. The prepared operands (soft threshold, compression) are rebuilt inside the graph
+from the current weights.
+
+Where the masks are refreshed (``masks_in_graph``, default True; ``mask_refresh`` says which mode a
+capture uses, ``eager_refresh_reasons`` why a layer is left out). A layer whose mask is due every step
+(``mask_refresh_interval`` 1, a phase that tracks masks) on a backend whose mask and flip-count kernels
+run on the device alone (``Backend.mask_refresh_capturable``: "triton", "cusparselt", "cusparselt_auto",
+the FP8 backends), with SparseLinear's own refresh (not a sharded layer), is refreshed *inside* the
+graph: at the start of the captured step its new mask is computed from the weight into its mask
+buffer, and its flips r_t = ||m_t XOR m_{t-1}||_1 are counted into a static device buffer that also
+keeps their running sum (``graph_flips.py``). After a replay the host only advances the layer's
+Python counters (``mask_step``, ``mask_updates``); ``last_flips`` / ``flips_total`` read the device
+counts when asked (one host sync), the values an eager refresh gives. Every other layer that tracks
+masks is refreshed eagerly before each replay when due: a mask due only every k > 1 steps would need
+a conditional node in the graph (a replay runs every kernel it holds), so an interval > 1 stays eager.
+A replay whose in-graph masks are not due (the layers' step did not advance, e.g. a GradScaler skipped
+the optimizer step) runs as an eager step instead (``eager_steps`` counts every eager step).
 
 Usage::
 
@@ -29,11 +45,12 @@ gradients, it does not add to them); MVUE needs a backend whose kernels read the
 (``Backend.reads_seed_from_device``: "triton", "cusparselt", "cusparselt_auto", the FP8 backends;
 the reference backend draws on the host). Under autocast, use
 ``torch.autocast(..., cache_enabled=False)`` inside ``loss_fn`` (PyTorch's rule for graphs). A change
-of phase (the dense fine-tune switch) recaptures. ``recaptures`` counts captures.
+of phase (the dense fine-tune switch) or of the set of layers refreshed inside the graph recaptures.
+``recaptures`` counts captures.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -48,9 +65,11 @@ def mvue_layers(model: nn.Module) -> list[SparseLinear]:
 
 def fill_seeds(layers: list[SparseLinear]) -> None:
     """Write each MVUE layer's seed for this step into its device seed tensor: the value the eager
-    step would draw (the layer's generator for its next call, advancing ``mvue_calls`` as eager does)."""
+    step would draw (the layer's generator for its next call, advancing ``mvue_calls`` as eager does).
+    A layer in a dense phase draws nothing in an eager step, so it gets no seed (its count stays)."""
     for layer in layers:
-        layer.fill_device_seed()
+        if not layer.dense_now:
+            layer.fill_device_seed()
 
 
 def use_device_seeds(layers: list[SparseLinear], device: torch.device) -> None:
@@ -69,12 +88,51 @@ def release_device_seeds(layers: list[SparseLinear]) -> None:
         layer.release_device_seed()
 
 
-def refresh_due_masks(model: nn.Module) -> None:
-    """Recompute the masks that are due now, eagerly (so the captured step never contains it)."""
+def refresh_due_masks(model: nn.Module, skip: Iterable[SparseLinear] = ()) -> None:
+    """Recompute the masks that are due now, eagerly (so the captured step never contains it).
+    skip: layers left alone (their refresh is inside the graph)."""
+    skipped = {id(layer) for layer in skip}
     with torch.no_grad():
         for _, layer in sparse_layers(model):
-            if layer.mask_due():
+            if id(layer) not in skipped and layer.mask_due():
                 layer.refresh_mask()
+
+
+def eager_refresh_reason(layer: SparseLinear, masks_in_graph: bool = True) -> str | None:
+    """None when CudaGraphStep can refresh this layer's mask inside its graph (see the module
+    docstring), else why the layer is refreshed eagerly before each replay. Asked of layers that
+    track their mask now (``layer.tracks_mask``)."""
+    m = layer.method
+    if not masks_in_graph:
+        return "masks_in_graph=False"
+    if m.mask_refresh_interval != 1:
+        return (f"mask_refresh_interval {m.mask_refresh_interval}: due on some steps only, and a replay runs "
+                "every kernel it holds")
+    if not layer.backend.mask_refresh_capturable:
+        return f"backend {layer.backend.name!r} computes masks with host work (not capturable)"
+    if (m.n, m.m) != (2, 4):
+        return f"{m.n}:{m.m} masks: the capturable mask kernels are 2:4"
+    if not layer.refreshes_mask_with_own_hooks:
+        return f"{type(layer).__name__} overrides the mask refresh (a sharded mask)"
+    if layer.mask_updates < 1:
+        return "no previous mask to count flips against yet"
+    return None
+
+
+def mask_refresh_plan(model: nn.Module, masks_in_graph: bool = True) -> dict[str, str | None]:
+    """{layer name: None (refreshed inside the graph) or the reason it is refreshed eagerly} for every
+    SparseLinear that tracks its mask now (a layer in a dense phase computes none and is left out)."""
+    return {name: eager_refresh_reason(layer, masks_in_graph)
+            for name, layer in sparse_layers(model) if layer.tracks_mask}
+
+
+def refresh_mode(plan: dict[str, str | None]) -> str:
+    """"graph" (every tracked mask inside the graph), "eager" (none), "mixed", or "none" (no layer
+    tracks its mask, e.g. after the dense fine-tune switch)."""
+    if not plan:
+        return "none"
+    inside = sum(reason is None for reason in plan.values())
+    return "graph" if inside == len(plan) else "eager" if inside == 0 else "mixed"
 
 
 class graph_timing:
@@ -106,22 +164,35 @@ class CudaGraphStep:
     model: on a CUDA device. loss_fn(model, *inputs) -> 0-d loss (call ``.backward()`` not inside it).
     warmup_steps: eager steps on a side stream first (Triton compiles, cuSPARSELt algorithm searches,
     allocations, the auto policy's measurements; PyTorch asks for warm-up before capture).
+    masks_in_graph: refresh the masks that are due every step inside the graph (True), or all masks
+    eagerly before each replay (False, for comparison). Which layers qualify: ``eager_refresh_reason``.
     The returned loss is a tensor the next replay overwrites: ``.item()`` or ``.clone()`` it to keep it.
+
+    After a capture: ``mask_refresh`` ("graph", "eager", "mixed" or "none"), ``eager_refresh_reasons``
+    ({layer: why it is refreshed eagerly}), ``graph_refreshed`` (the layer names refreshed in the graph).
     """
 
-    def __init__(self, model: nn.Module, loss_fn: Callable[..., torch.Tensor], warmup_steps: int = 3) -> None:
+    def __init__(self, model: nn.Module, loss_fn: Callable[..., torch.Tensor], warmup_steps: int = 3,
+                 masks_in_graph: bool = True) -> None:
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable (loss_fn(model, *inputs) -> loss), got {type(loss_fn).__name__}")
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
             raise ValueError(f"warmup_steps must be an int >= 1, got {warmup_steps!r}")
+        if not isinstance(masks_in_graph, bool):
+            raise TypeError(f"masks_in_graph must be True or False, got {masks_in_graph!r}")
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             # DDP's and FSDP2's gradient collectives run from autograd hooks that a replay would skip
             raise RuntimeError("CudaGraphStep does not support data-parallel training (DDP or FSDP2) across "
                                f"{dist.get_world_size()} processes: step eagerly under torchrun")
         self.model, self.loss_fn, self.warmup_steps = model, loss_fn, warmup_steps
+        self.masks_in_graph = masks_in_graph
         self.steps = 0
         self.recaptures = 0
+        self.eager_steps = 0  # warm-up, a new state's first step, a step whose in-graph masks were not due
+        self._layers = dict(sparse_layers(model))
+        self._plan: dict[str, str | None] | None = None  # the latest capture's mask_refresh_plan
+        self._graph_refresh: list[SparseLinear] = []  # the layers whose refresh the graph holds
         self.graph: torch.cuda.CUDAGraph | None = None
         self._key = None
         self._static_inputs: tuple[torch.Tensor, ...] = ()
@@ -143,33 +214,59 @@ class CudaGraphStep:
             raise ValueError(f"the inputs and the model must be on one CUDA device, got {sorted(map(str, devices))}")
         return next(iter(devices))
 
-    def _state_key(self, inputs: tuple) -> tuple:
-        """What the captured graph depends on: the inputs' shapes and dtypes and each layer's phase."""
-        phases = tuple(layer.dense_now for _, layer in sparse_layers(self.model))
-        return tuple((tuple(t.shape), t.dtype) for t in inputs), phases
+    def _state_key(self, inputs: tuple, plan: dict[str, str | None]) -> tuple:
+        """What the captured graph depends on: the inputs' shapes and dtypes, each layer's phase and
+        which layers it refreshes."""
+        phases = tuple(layer.dense_now for layer in self._layers.values())
+        inside = tuple(name for name, reason in plan.items() if reason is None)
+        return tuple((tuple(t.shape), t.dtype) for t in inputs), phases, inside
+
+    # --- which mode is in use -------------------------------------------------------------------------
+    @property
+    def mask_refresh(self) -> str | None:
+        """Where the latest capture refreshes the masks: "graph", "eager", "mixed" or "none" (no layer
+        tracks its mask); None before the first capture."""
+        return None if self._plan is None else refresh_mode(self._plan)
+
+    @property
+    def eager_refresh_reasons(self) -> dict[str, str]:
+        """{layer name: why it is refreshed eagerly before each replay} of the latest capture."""
+        return {name: reason for name, reason in (self._plan or {}).items() if reason is not None}
+
+    @property
+    def graph_refreshed(self) -> list[str]:
+        """Names of the layers whose mask refresh and flip count the latest capture holds."""
+        return [name for name, reason in (self._plan or {}).items() if reason is None]
 
     # --- the step -------------------------------------------------------------------------------------
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         device = self._check_inputs(inputs)
         self.steps += 1
-        key = self._state_key(inputs)
+        plan = mask_refresh_plan(self.model, self.masks_in_graph)
+        key = self._state_key(inputs, plan)
         if self.steps <= self.warmup_steps or (key != self._key and key != self._seen_key):
             # warm-up, or a state (shapes, phase) not stepped yet: one eager step first, so the auto
             # policy's measurements and the algorithm searches never run inside a capture
             self._seen_key = key
             return self._eager(inputs)
+        if not all(self._layers[name].mask_due() for name, reason in plan.items() if reason is None):
+            # the graph would refresh a mask an eager step leaves alone now (its step did not advance)
+            return self._eager(inputs)
         if self.graph is None or key != self._key:
-            self._capture(inputs, device, key)
+            self._capture(inputs, device, key, plan)
         for static, given in zip(self._static_inputs, inputs):
             static.copy_(given)
-        refresh_due_masks(self.model)
+        refresh_due_masks(self.model, skip=self._graph_refresh)
         fill_seeds(self._mvue)
         self.graph.replay()
+        for layer in self._graph_refresh:  # Python counters only: the flips stay on the device until read
+            layer.after_graph_refresh()
         for p, grad in self._static_grads:  # a zero_grad(set_to_none=True) between steps must not lose them
             p.grad = grad
         return self._static_loss
 
     def _eager(self, inputs: tuple) -> torch.Tensor:
+        self.eager_steps += 1
         if any(layer.device_seed is not None for layer in self._mvue):
             # after a capture the layers read their seed on the device: write this step's draw, or the
             # eager step would reuse the last replay's seed and fall one draw behind an eager run
@@ -182,31 +279,48 @@ class CudaGraphStep:
         torch.cuda.current_stream().wait_stream(side)
         return loss.detach()
 
-    def _capture(self, inputs: tuple, device: torch.device, key: tuple) -> None:
+    def _capture(self, inputs: tuple, device: torch.device, key: tuple, plan: dict[str, str | None]) -> None:
         self.graph = None  # free the previous graph's memory pool first
+        self._graph_refresh = []
         torch.cuda.synchronize()
         use_device_seeds(self._mvue, device)
-        refresh_due_masks(self.model)
+        inside = [self._layers[name] for name, reason in plan.items() if reason is None]
+        for layer in inside:
+            layer.use_graph_flips(device)  # static counts, allocated outside the graph's pool
+        refresh_due_masks(self.model, skip=inside)  # the others' refresh for this step; the graph's runs in the replay
         self._static_inputs = tuple(t.detach().clone() for t in inputs)
         for _, layer in sparse_layers(self.model):
             layer.clear_operand_cache()  # the operand must be prepared inside the graph
         for p in self._params:
             p.grad = None  # the backward allocates the gradients in the graph's pool
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), graph_timing(self.model):
-            loss = self.loss_fn(self.model, *self._static_inputs)
-            loss.backward()
-        twice = [layer for layer in self._mvue if layer.device_seed_uses != 1]
+        mask_steps = [layer.mask_step for layer in inside]
+        try:
+            with torch.cuda.graph(graph), graph_timing(self.model):
+                for layer in inside:
+                    layer.refresh_mask_in_graph()
+                    layer.mask_step = layer.step  # captured: the forward below must not refresh it again
+                loss = self.loss_fn(self.model, *self._static_inputs)
+                loss.backward()
+        finally:  # nothing ran yet: the replay's after_graph_refresh advances the counters
+            for layer, mask_step in zip(inside, mask_steps):
+                layer.mask_step = mask_step
+        twice = [layer for layer in self._mvue if not layer.dense_now and layer.device_seed_uses != 1]
         if twice:
             raise RuntimeError(f"{len(twice)} MVUE layer(s) ran {twice[0].device_seed_uses} times in one captured step; "
                                "CudaGraphStep supports each SparseLinear running once per step")
         for _, layer in sparse_layers(self.model):
             layer.clear_operand_cache()  # the captured operand's cache key must not serve an eager call
         self.graph, self._key, self._static_loss = graph, key, loss.detach()
+        self._graph_refresh, self._plan = inside, dict(plan)
         self._static_grads = [(p, p.grad) for p in self._params if p.grad is not None]
         self.recaptures += 1
 
     def release(self) -> None:
-        """Drop the graph and go back to eager mode (the layers draw MVUE seeds on the host again)."""
+        """Drop the graph and go back to eager mode (the layers draw MVUE seeds on the host again; the
+        flips counted in the graph join the layers' counts)."""
         self.graph = None
+        self._graph_refresh = []
         release_device_seeds(self._mvue)
+        for layer in self._layers.values():
+            layer.release_graph_flips()

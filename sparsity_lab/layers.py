@@ -29,6 +29,7 @@ from torch import nn
 from .backends import get_backend
 from .backends.base import MvueSeed
 from .custom_ops import compiled_sparse_linear, register_layer
+from .graph_flips import GraphFlipCounts
 from .layer_products import CallPlan, SparseLinearFn, compute_dtype
 from .methods.config import STE, SparsityMethod
 from .methods.soft_threshold import soft_threshold, sste_beta
@@ -96,6 +97,9 @@ class SparseLinear(nn.Linear):
         self.prepare_count = 0  # how many operands were prepared (diagnostic, not saved)
         self._decayed_at_step = -1  # SR-STE: step whose backward already carries the decay
         self._pending_sum = self._pending_last = None  # flip counts still on the device
+        # CUDA-graph step with the mask refresh inside the graph: the flips it counts on the device (None
+        # otherwise; see use_graph_flips)
+        self._graph_flips: GraphFlipCounts | None = None
         # CUDA-graph step (sparsity_lab.graph_step): the MVUE seed lives in this 0-d int64 device tensor,
         # written by the host before each replay; None in eager mode (see use_device_seed)
         self._device_seed: torch.Tensor | None = None
@@ -117,6 +121,7 @@ class SparseLinear(nn.Linear):
                 self.beta.copy_(sste_beta(w, soft_threshold(w, self.mask, method.n, method.m)))
 
     def __setstate__(self, state: dict) -> None:
+        state.setdefault("_graph_flips", None)  # a layer pickled before CUDA-graph mask refreshes existed
         super().__setstate__(state)
         self.op_key = register_layer(self)  # a copy (deepcopy, pickle) is a layer of its own
 
@@ -139,6 +144,8 @@ class SparseLinear(nn.Linear):
         if missing:
             raise ValueError(f"SparseLinear extra state lacks counters {missing}; was it saved by SparseLinear?")
         self._pending_sum = self._pending_last = None  # the loaded counters replace any pending count
+        if self._graph_flips is not None:
+            self._graph_flips.discard()
         for name in _COUNTERS:
             setattr(self, name, int(state[name]))
         self._operand_cache = None
@@ -196,6 +203,7 @@ class SparseLinear(nn.Linear):
             # counted on the device and read when someone asks (last_flips / flips_total): no host
             # sync in the training step, which would stall the queue of cuSPARSELt calls
             flips = self._count_flips(new)
+            self._take_graph_flips()  # refreshes replayed in a CUDA graph came before this one
             self._pending_last = flips
             self._pending_sum = flips if self._pending_sum is None else self._pending_sum + flips
         self._set_mask(new)
@@ -216,10 +224,21 @@ class SparseLinear(nn.Linear):
         return self.mask
 
     def _settle_flips(self) -> None:
+        self._take_graph_flips()
         if self._pending_sum is not None:
-            self._flips_total += int(self._pending_sum)
-            self._last_flips = int(self._pending_last)
+            total, last = torch.stack((self._pending_sum, self._pending_last)).tolist()  # one host sync
+            self._flips_total += int(total)
+            self._last_flips = int(last)
             self._pending_sum = self._pending_last = None
+
+    def _take_graph_flips(self) -> None:
+        """Fold the flips that CUDA-graph replays counted since the last look into the pending counts, as
+        if each replay's refresh had been an eager ``refresh_mask`` (device tensors, no host sync)."""
+        taken = self._graph_flips.take() if self._graph_flips is not None else None
+        if taken is not None:
+            latest, since = taken
+            self._pending_last = latest
+            self._pending_sum = since if self._pending_sum is None else self._pending_sum + since
 
     @property
     def last_flips(self) -> int:
@@ -326,6 +345,53 @@ class SparseLinear(nn.Linear):
             return self._generator(device)
         self._device_seed_uses += 1
         return self._device_seed
+
+    # --- CUDA-graph mode: the mask refresh inside the graph (sparsity_lab.graph_step) -------------------
+    @property
+    def refreshes_mask_with_own_hooks(self) -> bool:
+        """True when this class keeps SparseLinear's own mask refresh (``refresh_mask``, ``_count_flips``,
+        ``_set_mask``): a sharded layer overrides them (collectives, a DTensor mask) and is refreshed eagerly."""
+        cls = type(self)
+        return all(getattr(cls, name) is getattr(SparseLinear, name)
+                   for name in ("refresh_mask", "_count_flips", "_set_mask"))
+
+    def use_graph_flips(self, device: torch.device) -> GraphFlipCounts:
+        """Give the layer device flip counts for a mask refresh captured in a CUDA graph (kept, with what
+        they counted, when the layer has them on ``device`` already)."""
+        device = torch.device(device)
+        if self._graph_flips is None or self._graph_flips.device != device:
+            self._take_graph_flips()
+            self._graph_flips = GraphFlipCounts(device)
+        return self._graph_flips
+
+    def release_graph_flips(self) -> None:
+        """Back to eager refreshes only: what the replays counted joins the pending counts first."""
+        self._take_graph_flips()
+        self._graph_flips = None
+
+    @torch.no_grad()
+    def refresh_mask_in_graph(self) -> None:
+        """The device work of ``refresh_mask`` for a CUDA-graph capture: the new mask from the weight into
+        the mask buffer (in place) and its flips against the previous mask into the graph flip counts.
+        The host counters are not touched here (a capture runs nothing); ``after_graph_refresh`` updates
+        them after each replay. Needs ``use_graph_flips`` first and a previous mask (``mask_updates`` >= 1)."""
+        if self._graph_flips is None:
+            raise RuntimeError("refresh_mask_in_graph needs use_graph_flips(device) first")
+        if self.mask_updates < 1:
+            raise RuntimeError("refresh_mask_in_graph counts flips against the previous mask; this layer has "
+                               "none yet (mask_updates 0): refresh it eagerly first")
+        m = self.method
+        new = self.backend.mask(self.weight.detach(), m.n, m.m, m.transposable)
+        self._graph_flips.record(self._count_flips(new))
+        self._set_mask(new)
+
+    def after_graph_refresh(self) -> None:
+        """Host bookkeeping after a replay that ran ``refresh_mask_in_graph``: the counters an eager
+        ``refresh_mask`` would have advanced (no device work, no sync)."""
+        self._graph_flips.replayed()
+        self.mask_step = self.step
+        self.mask_updates += 1
+        self._operand_cache = None
 
     # --- CUDA-graph mode: the MVUE seed read on the device (sparsity_lab.graph_step) -------------------
     def use_device_seed(self, device: torch.device) -> None:

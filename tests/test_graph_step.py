@@ -1,19 +1,27 @@
-"""CudaGraphStep: the device-seed path draws what eager mode draws (CPU, Triton interpreter), bad use
+"""CudaGraphStep: the device-seed path draws what eager mode draws (CPU, Triton interpreter), the mask
+refresh it captures counts what an eager refresh counts (its device work run eagerly on the CPU), bad use
 is refused with the reason, and on a GPU a graphed training run equals the eager one step for step."""
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
 from torch import nn
 
 import sparsity_lab as sl
-from sparsity_lab.graph_step import CudaGraphStep, fill_seeds, mvue_layers, release_device_seeds, use_device_seeds
+from sparsity_lab.backends.cusparselt.backend import CusparseltBackend
+from sparsity_lab.backends.cusparselt.fp8_train import FP8Backend
+from sparsity_lab.backends.torch_reference import TorchBackend
+from sparsity_lab.backends.triton import TritonBackend
+from sparsity_lab.graph_flips import GraphFlipCounts
+from sparsity_lab.graph_step import (CudaGraphStep, eager_refresh_reason, fill_seeds, mask_refresh_plan, mvue_layers,
+                                     refresh_mode, release_device_seeds, use_device_seeds)
 
 
-def _mlp(backend: str, device, d: int = 64, seed: int = 0) -> nn.Module:
+def _mlp(backend: str, device, d: int = 64, seed: int = 0, **method) -> nn.Module:
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(d, 2 * d, bias=False), nn.GELU(), nn.Linear(2 * d, d, bias=False)).to(device)
-    sl.sparsify(model, sl.SSTE(mvue=True, transposable=True, backend=backend), select="all")
+    sl.sparsify(model, sl.SSTE(**{"mvue": True, "transposable": True, "backend": backend, **method}), select="all")
     return model
 
 
@@ -95,9 +103,204 @@ def test_bad_arguments_and_no_gpu_are_named():
         CudaGraphStep(model, "not callable")
     with pytest.raises(ValueError, match="warmup_steps"):
         CudaGraphStep(model, _loss, warmup_steps=0)
+    with pytest.raises(TypeError, match="masks_in_graph"):
+        CudaGraphStep(model, _loss, masks_in_graph="yes")
+    step = CudaGraphStep(model, _loss)
+    assert step.masks_in_graph and step.mask_refresh is None and step.graph_refreshed == []
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
             CudaGraphStep(model, _loss)(torch.randn(4, 64), torch.randn(4, 64))
+
+
+# --- the mask refresh inside the graph: its host logic, and its device work run eagerly on the CPU -----
+class _CapturableTorch(TorchBackend):
+    """The reference backend declaring capturable mask kernels: the plan's rule without a GPU."""
+    name = "torch_capturable"
+    mask_refresh_capturable = True
+
+
+def test_a_layer_in_its_dense_phase_gets_no_seed():
+    """An eager step in the dense fine-tune phase draws no MVUE numbers, so the graph step writes no seed
+    for that layer (its draw counter stays where an eager run leaves it)."""
+    class DeviceSeedTorch(TorchBackend):
+        reads_seed_from_device = True
+
+        def device_seed_value(self, generator):
+            return int(torch.randint(0, 2**31, (1,), generator=generator))
+
+    model = _mlp("torch", "cpu", dense_finetune_at=0.5, total_steps=2)
+    layers = mvue_layers(model)
+    for layer in layers:
+        layer.backend = DeviceSeedTorch()
+    use_device_seeds(layers, torch.device("cpu"))
+    layers[1].step = 1  # its dense phase
+    fill_seeds(layers)
+    assert [layer.mvue_calls for layer in layers] == [1, 0] and layers[0].device_seed.item() != 0
+
+
+def test_backends_declare_whether_a_graph_can_capture_their_mask_refresh():
+    assert TritonBackend.mask_refresh_capturable and CusparseltBackend.mask_refresh_capturable
+    assert FP8Backend.mask_refresh_capturable
+    assert not TorchBackend.mask_refresh_capturable  # its transposable solvers may run on the host
+
+
+def test_graph_flip_counts_hand_over_snapshots_that_later_replays_leave_alone():
+    counts = GraphFlipCounts("cpu")
+    assert counts.take() is None  # nothing replayed yet
+    for flips in (3, 5):  # two replays nobody read in between
+        counts.record(torch.tensor(flips))
+        counts.replayed()
+    latest, since = counts.take()
+    counts.record(torch.tensor(7))  # the next replay overwrites counts[0] and adds to counts[1] ...
+    counts.replayed()
+    assert (int(latest), int(since)) == (5, 8)  # ... but not what was taken
+    assert [int(t) for t in counts.take()] == [7, 7]
+    assert counts.take() is None
+    counts.record(torch.tensor(2))
+    counts.replayed()
+    counts.discard()  # e.g. a checkpoint loaded: its counters replace these
+    assert counts.take() is None
+    counts.record(torch.tensor(1))
+    counts.replayed()
+    assert [int(t) for t in counts.take()] == [1, 1]
+
+
+def test_the_plan_names_why_a_layer_is_refreshed_eagerly():
+    model = _mlp("torch", "cpu")
+    plan = mask_refresh_plan(model)
+    assert list(plan) == ["0", "2"] and all("backend 'torch'" in reason for reason in plan.values())
+    assert refresh_mode(plan) == "eager"
+    first, second = (layer for _, layer in sl.sparse_layers(model))
+    for layer in (first, second):
+        layer.backend = _CapturableTorch()
+    assert mask_refresh_plan(model) == {"0": None, "2": None} and refresh_mode(mask_refresh_plan(model)) == "graph"
+    assert set(mask_refresh_plan(model, masks_in_graph=False).values()) == {"masks_in_graph=False"}
+    second.method = replace(second.method, mask_refresh_interval=3)
+    plan = mask_refresh_plan(model)
+    assert plan["0"] is None and "mask_refresh_interval 3" in plan["2"] and refresh_mode(plan) == "mixed"
+    second.method = replace(second.method, mask_refresh_interval=1, dense_finetune_at=0.5, total_steps=2)
+    second.step = 1  # the dense fine-tune phase: no mask computed, so not in the plan
+    assert mask_refresh_plan(model) == {"0": None}
+    first.mask_updates = 0
+    assert "no previous mask" in eager_refresh_reason(first)
+    first.mask_updates = 1
+
+    class OwnFlipCount(sl.SparseLinear):  # as a sharded layer: its own hooks (collectives) stay eager
+        def _count_flips(self, new):
+            return super()._count_flips(new)
+    first.__class__ = OwnFlipCount
+    assert "OwnFlipCount overrides the mask refresh" in eager_refresh_reason(first)
+    first.__class__ = sl.SparseLinear
+    first.method = replace(first.method, m=8, mvue=False)
+    assert "2:8 masks" in eager_refresh_reason(first)
+    first.method = replace(first.method, m=4, dense_finetune_at=0.5, total_steps=2)
+    first.step = 1  # both layers in the dense phase now
+    assert mask_refresh_plan(model) == {} and refresh_mode({}) == "none"
+
+
+def _replay_refresh(layers):
+    """What a replay of a graph holding the refresh does, run eagerly: the captured device work, then
+    the host's bookkeeping (CudaGraphStep.__call__ does the same around ``graph.replay()``)."""
+    for layer in layers:
+        layer.refresh_mask_in_graph()
+    for layer in layers:
+        layer.after_graph_refresh()
+
+
+def _flip_state(model):
+    return [(l.mask_updates, l.mask_step, l.last_flips, l.flips_total,
+             l.last_flip_rate if l.mask_updates >= 2 else None)  # NaN before the second mask: never == itself
+            for _, l in sl.sparse_layers(model)]
+
+
+@pytest.mark.parametrize("schedule", ["EGGGGGGG", "EGGEEGGE", "EEGGGGGG"])
+@pytest.mark.parametrize("reads", [(), (0, 2, 3, 6), tuple(range(8))])
+def test_refresh_in_the_graph_counts_what_an_eager_refresh_counts(schedule, reads):
+    """Eight steps of two copies: one refreshes every mask eagerly (in its forward), the other runs the
+    in-graph refresh's device work and bookkeeping on the steps marked G (eager on E; the first step has
+    no refresh due, the mask comes from sparsify), with the counters read after the steps in ``reads``
+    only (a read settles the device counts; unread replays pile up).
+    Masks, losses and every counter identical, and flips on most steps (a lost refresh would show)."""
+    eager = _mlp("torch", "cpu", mvue=False)
+    graphed = copy.deepcopy(eager)
+    layers = [layer for _, layer in sl.sparse_layers(graphed)]
+    for layer in layers:
+        layer.use_graph_flips(torch.device("cpu"))
+    opts = [torch.optim.SGD(m.parameters(), lr=1.0) for m in (eager, graphed)]
+    for model, opt in zip((eager, graphed), opts):
+        sl.attach_optimizer(model, opt)
+    gen = torch.Generator().manual_seed(2)
+    flips_per_step = []
+    for k, mode in enumerate(schedule):
+        x, y = torch.randn(32, 64, generator=gen), torch.randn(32, 64, generator=gen)
+        if mode == "G":
+            assert all(layer.mask_due() for layer in layers)
+            _replay_refresh(layers)  # the forward below finds the masks fresh
+        losses = []
+        for model, opt in zip((eager, graphed), opts):
+            opt.zero_grad(set_to_none=True)
+            losses.append(float(_eager_step(model, x, y)))
+            opt.step()
+        assert losses[0] == losses[1]
+        for (_, a), b in zip(sl.sparse_layers(eager), layers):
+            assert torch.equal(a.mask, b.mask)
+        if k in reads:
+            assert _flip_state(graphed) == _flip_state(eager)
+        flips_per_step.append(eager[0].last_flips)
+    assert _flip_state(graphed) == _flip_state(eager)
+    assert eager[0].mask_updates == len(schedule) and sum(f > 0 for f in flips_per_step) >= len(schedule) - 2
+
+
+def test_in_graph_refresh_needs_its_counts_and_a_previous_mask():
+    layer = sl.sparse_layers(_mlp("torch", "cpu"))[0][1]
+    with pytest.raises(RuntimeError, match="use_graph_flips"):
+        layer.refresh_mask_in_graph()
+    layer.use_graph_flips(torch.device("cpu"))
+    layer.mask_updates = 0
+    with pytest.raises(RuntimeError, match="mask_updates 0"):
+        layer.refresh_mask_in_graph()
+
+
+def test_a_loaded_checkpoint_replaces_the_counts_of_unread_replays():
+    model = _mlp("torch", "cpu", mvue=False)
+    saved = copy.deepcopy(model.state_dict())
+    layers = [layer for _, layer in sl.sparse_layers(model)]
+    for layer in layers:
+        layer.use_graph_flips(torch.device("cpu"))
+        layer.weight.data.normal_()  # new weights: the next refresh flips
+        layer.step += 1
+    _replay_refresh(layers)
+    model.load_state_dict(saved)
+    assert [(l.mask_updates, l.last_flips, l.flips_total) for l in layers] == [(1, 0, 0), (1, 0, 0)]
+    for layer in layers:
+        layer.weight.data.normal_()
+        layer.step += 1
+    _replay_refresh(layers)  # counted again from here
+    assert all(l.mask_updates == 2 and l.flips_total == l.last_flips > 0 for l in layers)
+
+
+def test_a_layer_pickled_before_graph_flip_counts_existed_still_counts():
+    import pickle
+    layer = sl.sparse_layers(_mlp("torch", "cpu"))[0][1]
+    state = layer.__getstate__()
+    del state["_graph_flips"]
+    old = sl.SparseLinear.__new__(sl.SparseLinear)
+    old.__setstate__(pickle.loads(pickle.dumps(state)))
+    old.weight.data.normal_()
+    old.refresh_mask()
+    assert old.last_flips == old.flips_total > 0
+
+
+def test_release_hands_unread_replays_to_the_eager_counts():
+    model = _mlp("torch", "cpu", mvue=False)
+    layer = sl.sparse_layers(model)[0][1]
+    layer.use_graph_flips(torch.device("cpu"))
+    layer.weight.data.normal_()
+    layer.step += 1
+    _replay_refresh([layer])
+    first = int((layer.mask ^ layer.backend.mask(layer.weight, 2, 4, True)).sum())  # 0: the refresh ran
+    layer.release_graph_flips()
+    assert first == 0 and layer.last_flips == layer.flips_total > 0 and layer.mask_updates == 2
 
 
 @pytest.mark.gpu
@@ -166,3 +369,106 @@ def test_auto_under_graph_step_times_in_graphs_and_steps_eagerly_on_a_new_shape(
     losses.append(float(step(x, y)))
     assert step.recaptures == 2
     assert all(torch.isfinite(torch.tensor(losses)))
+
+
+# --- GPU: the mask refresh inside the graph against eager training ---------------------------------
+def _layers(model):
+    return [layer for _, layer in sl.sparse_layers(model)]
+
+
+def _counters(model):
+    return [(l.mask_updates, l.mask_step, l.last_flips, l.flips_total) for l in _layers(model)]
+
+
+def _train_checked(model, batches, step_fn, lr=0.1, reads=(), skip_updates=()):
+    """``_train``, checking after every step (before the update) that each mask refreshed in that step
+    is the mask its backend computes from the weights the step used, and after the 1-based steps in
+    ``reads`` that ``last_flips`` counts the flips of that refresh. Steps in ``skip_updates`` skip the
+    optimizer step (as a GradScaler does on inf), so the layers' step does not advance.
+    Returns (losses, {step: counters read})."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    sl.attach_optimizer(model, opt)
+    losses, seen = [], {}
+    for k, (x, y) in enumerate(batches, start=1):
+        before = [(l.mask.clone(), l.mask_updates) for l in _layers(model)]
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(step_fn(model, x, y)))
+        for layer, (old, updates) in zip(_layers(model), before):
+            if layer.mask_updates > updates:  # refreshed in this step
+                m = layer.method
+                assert torch.equal(layer.mask, layer.backend.mask(layer.weight.detach(), m.n, m.m, m.transposable))
+                if k in reads:
+                    assert layer.last_flips == int((layer.mask ^ old).sum())
+        if k in reads:
+            seen[k] = _counters(model)
+        if k not in skip_updates:
+            opt.step()
+    return losses, seen
+
+
+def _graphed_against_eager(backend, steps=10, in_graph=True, skip_updates=(), reads=(4, 5, 10), **method):
+    """(eager model, graphed model, CudaGraphStep, eager reads, graphed reads), after ``steps`` steps of
+    each (three eager warm-up steps under the graph step), with the losses and weights checked equal."""
+    eager = _mlp(backend, "cuda", d=256, **method).to(torch.bfloat16)
+    graphed = copy.deepcopy(eager)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    batches = [(torch.randn(512, 256, device="cuda", generator=gen).to(torch.bfloat16),
+                torch.randn(512, 256, device="cuda", generator=gen).to(torch.bfloat16)) for _ in range(steps)]
+    step = CudaGraphStep(graphed, _loss, warmup_steps=3, masks_in_graph=in_graph)
+    want, want_seen = _train_checked(eager, batches, _eager_step, reads=reads, skip_updates=skip_updates)
+    got, got_seen = _train_checked(graphed, batches, lambda model, x, y: step(x, y), reads=reads,
+                                   skip_updates=skip_updates)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-3, atol=1e-5)
+    for a, b in zip(eager.parameters(), graphed.parameters()):
+        torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-3)
+    return eager, graphed, step, want_seen, got_seen
+
+
+def _same_masks_and_counters(eager, graphed, want_seen, got_seen):
+    assert got_seen == want_seen  # read after the first replay, the next one, and after five unread replays
+    for a, b in zip(_layers(eager), _layers(graphed)):
+        assert torch.equal(a.mask, b.mask)
+        assert a.counters() == b.counters()  # mask_updates, mask_step, last_flips, flips_total, MVUE draws
+    assert sum(l.flips_total for l in _layers(eager)) > 0  # masks moved: a refresh left out would show
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cusparselt"])
+@pytest.mark.parametrize("interval,in_graph,mode", [(1, True, "graph"), (3, True, "eager"), (1, False, "eager")])
+def test_mask_refresh_under_the_graph_equals_eager_on_gpu(backend, interval, in_graph, mode):
+    """S-STE + MVUE, ten steps: masks due every step refreshed inside the graph (interval 1), or eagerly
+    before each replay (interval 3, and masks_in_graph=False): the same losses and weights as ten eager
+    steps, the same masks bit for bit, the same mask updates, last flips and flip totals."""
+    start = _mlp(backend, "cuda", d=256, mask_refresh_interval=interval)
+    start_masks = [l.mask.clone() for l in _layers(start)]
+    eager, graphed, step, want_seen, got_seen = _graphed_against_eager(backend, in_graph=in_graph,
+                                                                       mask_refresh_interval=interval)
+    assert step.recaptures == 1 and step.eager_steps == 3 and step.mask_refresh == mode
+    assert step.graph_refreshed == (["0", "2"] if mode == "graph" else [])
+    if mode == "eager":
+        assert set(step.eager_refresh_reasons) == {"0", "2"}
+    _same_masks_and_counters(eager, graphed, want_seen, got_seen)
+    assert all(l.mask_updates == 1 + 9 // interval for l in _layers(graphed))
+    assert any(not torch.equal(s, l.mask) for s, l in zip(start_masks, _layers(graphed)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cusparselt"])
+def test_a_step_whose_in_graph_masks_are_not_due_runs_eagerly_on_gpu(backend):
+    """An optimizer step skipped after a replay (the layers' step does not advance): the next call's masks
+    are not due, an eager step leaves them alone, so the graph step steps eagerly instead of replaying."""
+    eager, graphed, step, want_seen, got_seen = _graphed_against_eager(backend, skip_updates=(5,), reads=(4, 5, 6, 10))
+    assert step.recaptures == 1 and step.eager_steps == 4 and step.mask_refresh == "graph"
+    _same_masks_and_counters(eager, graphed, want_seen, got_seen)
+    assert all(l.mask_updates == 9 for l in _layers(graphed))
+
+
+@pytest.mark.gpu
+def test_the_dense_finetune_switch_recaptures_without_the_refresh_on_gpu():
+    """Dense fine-tune from step 5 of 10: the first graph refreshes the masks inside, the switch takes
+    one eager step and a new capture that refreshes none; counters and weights as in eager training."""
+    eager, graphed, step, want_seen, got_seen = _graphed_against_eager(
+        "triton", reads=(4, 5, 8, 10), dense_finetune_at=0.5, total_steps=10)
+    assert step.recaptures == 2 and step.eager_steps == 4 and step.mask_refresh == "none"
+    _same_masks_and_counters(eager, graphed, want_seen, got_seen)
+    assert all(l.mask_updates == 5 and l.dense_now for l in _layers(graphed))

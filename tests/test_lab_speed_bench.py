@@ -9,7 +9,8 @@ from sparsity_lab.cli import main
 
 def test_smoke_run_writes_every_variant(tmp_path, capsys):
     status = main(["bench-lab-speed", "--smoke", "--steps", "3", "--skip-steps", "1", "--log-interval", "1",
-                   "--variants", "dense,dense_track_flips,sste_mvue,dense_graph", "--out-dir", str(tmp_path)])
+                   "--variants", "dense,dense_track_flips,sste_mvue,dense_graph,sste_mvue_graph_eager_masks",
+                   "--out-dir", str(tmp_path)])
     assert status == 0
     result = json.loads((tmp_path / "lab_speed_smoke.json").read_text())
     assert result["smoke"] and "provenance" in result and result["matmul_probe"]["start"]["tflops"] > 0
@@ -19,6 +20,9 @@ def test_smoke_run_writes_every_variant(tmp_path, capsys):
     assert rec["dense_track_flips"]["flip_rate_per_refresh"] is not None
     assert rec["sste_mvue"]["method_options"]["backend"] == "torch" and rec["sste_mvue"]["tokens_per_s"] > 0
     assert "CUDA GPU" in rec["dense_graph"]["error"]  # no graph on the CPU: recorded, the run goes on
+    eager_masks = rec["sste_mvue_graph_eager_masks"]
+    assert eager_masks["cuda_graph"] and eager_masks["masks_in_graph"] is False and "CUDA GPU" in eager_masks["error"]
+    assert rec["dense_graph"]["masks_in_graph"] is True
     assert "sste_mvue" in result["ratios"]["64"] and "wrote" in capsys.readouterr().out
 
 
@@ -40,3 +44,7 @@ def test_ratios_use_the_fastest_dense_and_the_same_mode():
     assert r["sste_mvue"]["speedup_vs_dense_same_mode"] == pytest.approx(216 / 180)
     assert r["sste_mvue_graph"]["speedup_vs_dense_same_mode"] == pytest.approx(260 / 200)
     assert r["dense_track_flips_cost"] == pytest.approx(1 - 150 / 180)
+    assert "masks_in_graph_speedup" not in r  # only with both graphed S-STE variants
+    with_both = ratios(records + [rec("sste_mvue_graph_eager_masks", 240e3)])["2048"]
+    assert with_both["masks_in_graph_speedup"] == pytest.approx(260 / 240)
+    assert with_both["sste_mvue_graph_eager_masks"]["speedup_vs_dense_same_mode"] == pytest.approx(240 / 200)

@@ -62,7 +62,7 @@ class Backend(abc.ABC):
 
     Required: ``name`` (str, the registry name or a description of what runs) and the seven abstract
     methods. Optional methods have defaults in terms of the required ones. Capabilities (class
-    attributes a subclass sets): ``reads_seed_from_device``, ``measures_products``,
+    attributes a subclass sets): ``reads_seed_from_device``, ``mask_refresh_capturable``, ``measures_products``,
     ``products_in_dense_phase``.
     """
 
@@ -77,6 +77,11 @@ class Backend(abc.ABC):
     """True when the products carry a number format of their own (FP8): in a dense phase (a Dense method,
     the dense fine-tune) the layer then still runs its products here, on the dense W prepared by
     ``prepare_dense``, instead of ``F.linear`` in the autocast dtype; a dense FP8 run stays FP8."""
+
+    mask_refresh_capturable: ClassVar[bool] = False
+    """True when ``mask`` (2:4) and ``mask_flips`` on CUDA tensors are device kernels only (no host sync, no
+    CPU solver, no shape that depends on the values), so that a CUDA graph can capture a mask refresh
+    (``CudaGraphStep`` refreshes due-every-step masks inside its graph on such backends)."""
 
     measures_products: bool = False
     """True when this backend chooses how to run each product by timing the candidates (an auto policy);

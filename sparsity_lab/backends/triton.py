@@ -44,6 +44,7 @@ def _check_24(n: int, m: int) -> None:
 class TritonBackend(Backend):
     name = "triton"
     reads_seed_from_device = True  # the MVUE kernel reads a 0-d int64 device seed (CUDA-graph step)
+    mask_refresh_capturable = True  # the transposable-mask and flip-count kernels (Triton) on CUDA tensors
 
     def __init__(self) -> None:
         if not triton_installed():

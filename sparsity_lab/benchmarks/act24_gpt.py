@@ -91,7 +91,8 @@ def build_variant(variant: str, s: Settings) -> Built:
         record["method"] = method.describe()
         record["sparse_layers"] = len(sl.sparse_layers(model))
     elif variant == "act24_as_trainer":  # the trainer's dense weights beside 2:4 activations
-        method = sl.Dense(track_flips=False, backend=s.backends["cusparselt"])
+        # transposable: the cuSPARSELt backend checks every layer's mask form at set-up (as --transposable does)
+        method = sl.Dense(track_flips=False, transposable=True, backend=s.backends["cusparselt"])
         sl.sparsify(model, method, select=weight_selector)
         record["method"] = method.describe()
         record["sparse_layers"] = len(sl.sparse_layers(model))

@@ -13,6 +13,9 @@ Variants (``VARIANTS``; "graph" ones use ``--cuda-graph``, i.e. ``CudaGraphStep`
                                       dense run of ``compare`` pays for its flip-rate curve)
   sste_mvue, sste_mvue_graph          S-STE + MVUE, transposable masks, backend cusparselt, mask every step
   sste_mvue_refresh40_graph           the same with a mask refresh interval of 40 (its flip rate recorded)
+  sste_mvue_graph_eager_masks         sste_mvue_graph with its masks refreshed eagerly before each replay
+                                      (``--no-masks-in-graph``; sste_mvue_graph refreshes them inside the
+                                      graph): with both, ``ratios`` gives ``masks_in_graph_speedup``
 
 Each run starts after ``--idle-s`` seconds of idle GPU, with the GPU's clocks and power sampled per run
 (``conditions.ConditionSampler``), and a dense matmul probe at the start and the end of the whole
@@ -27,19 +30,30 @@ import statistics
 import sys
 import time
 import traceback
+from typing import NamedTuple
 
 import torch
 
 from .conditions import ConditionSampler, format_conditions, headline, matmul_probe
 
+
+class Variant(NamedTuple):
+    method: str
+    options: dict
+    graph: bool  # --cuda-graph
+    track: bool  # --track-flips (dense)
+    masks_in_graph: bool = True  # with graph: False is --no-masks-in-graph
+
+
+SSTE_MVUE = {"mvue": True, "transposable": True}
 VARIANTS = {
-    "dense": ("dense", {}, False, False),
-    "dense_graph": ("dense", {}, True, False),
-    "dense_track_flips": ("dense", {}, False, True),
-    "sste_mvue": ("sste", {"mvue": True, "transposable": True}, False, False),
-    "sste_mvue_graph": ("sste", {"mvue": True, "transposable": True}, True, False),
-    "sste_mvue_refresh40_graph": ("sste", {"mvue": True, "transposable": True, "mask_refresh_interval": 40},
-                                  True, False),
+    "dense": Variant("dense", {}, False, False),
+    "dense_graph": Variant("dense", {}, True, False),
+    "dense_track_flips": Variant("dense", {}, False, True),
+    "sste_mvue": Variant("sste", SSTE_MVUE, False, False),
+    "sste_mvue_graph": Variant("sste", SSTE_MVUE, True, False),
+    "sste_mvue_graph_eager_masks": Variant("sste", SSTE_MVUE, True, False, masks_in_graph=False),
+    "sste_mvue_refresh40_graph": Variant("sste", {**SSTE_MVUE, "mask_refresh_interval": 40}, True, False),
 }
 DEFAULT_VARIANTS = ("dense", "sste_mvue", "dense_graph", "sste_mvue_graph", "sste_mvue_refresh40_graph")
 MODEL = dict(n_layer=4, n_head=16, context=1024)
@@ -49,9 +63,9 @@ SMOKE_MODEL = dict(n_layer=1, n_head=2, context=32)
 def run_variant(name: str, width: int, args, corpus, sampler: ConditionSampler) -> dict:
     """One training run of ``name`` at ``width``: its rows' median tokens/s after the skipped steps."""
     from ..lab.model import GPTConfig
-    from ..lab.trainer import TrainConfig, Trainer
+    from ..lab.trainer import TrainConfig, Trainer, graph_step_report
 
-    method, options, graph, track = VARIANTS[name]
+    method, options, graph, track, masks_in_graph = VARIANTS[name]
     options = dict(options)
     if method != "dense":
         options["backend"] = args.backend
@@ -59,9 +73,9 @@ def run_variant(name: str, width: int, args, corpus, sampler: ConditionSampler) 
     cfg = TrainConfig(method=method, method_options=options, model=model, batch_size=args.batch, steps=args.steps,
                       warmup_steps=1, eval_interval=10**6, eval_batches=1, log_interval=args.log_interval,
                       device="cpu" if args.smoke else "cuda", progress=False, track_flips=track, cuda_graph=graph,
-                      seed=0)
+                      masks_in_graph=masks_in_graph, seed=0)
     record: dict = {"variant": name, "width": width, "method": method, "method_options": options,
-                    "cuda_graph": graph, "track_flips": track}
+                    "cuda_graph": graph, "track_flips": track, "masks_in_graph": masks_in_graph}
     trainer = None
     try:
         if not args.smoke:
@@ -86,8 +100,9 @@ def run_variant(name: str, width: int, args, corpus, sampler: ConditionSampler) 
             record["mask_updates_per_layer"] = layers[0].mask_updates
             record["flip_rate_per_refresh"] = (sum(layer.flips_total for layer in layers) / computed
                                                if computed else None)
-        if trainer.graph_step is not None:
+        if trainer.graph_step is not None:  # captures, eager steps, where the masks were refreshed
             record["graph_captures"] = trainer.graph_step.recaptures
+            record["graph_step"] = graph_step_report(trainer.graph_step)
     except Exception as err:  # noqa: BLE001 - recorded, the benchmark goes on
         record["error"] = f"{type(err).__name__}: {err}"[:1000]
         text = traceback.format_exc()  # the head names the first failing call of a chained error
@@ -124,6 +139,9 @@ def ratios(records: list[dict]) -> dict:
                             "speedup_vs_dense_other_mode": h["against"]["graph" if same_mode == "eager" else "eager"]}
         if at.get("dense_track_flips", {}).get("tokens_per_s") and dense["eager"]:
             width_out["dense_track_flips_cost"] = 1 - ms_per_step("dense") / ms_per_step("dense_track_flips")
+        in_graph, eager_masks = ms_per_step("sste_mvue_graph"), ms_per_step("sste_mvue_graph_eager_masks")
+        if in_graph and eager_masks:  # > 1: refreshing the masks inside the graph is faster
+            width_out["masks_in_graph_speedup"] = eager_masks / in_graph
         out[str(width)] = width_out
     return out
 
@@ -194,6 +212,9 @@ def run(args: argparse.Namespace) -> int:
               "notes": {"tokens_per_s": "median over the logged rows after skip_steps; a row's tokens/s is its "
                                         "steps' tokens over the wall time between the non-finite checks that "
                                         "bound them (one host sync per step)",
+                        "masks_in_graph_speedup": "ms per step of sste_mvue_graph_eager_masks / ms per step of "
+                                                  "sste_mvue_graph: the graphed step with the masks refreshed "
+                                                  "eagerly before each replay against inside the graph",
                         "flip_rate_per_refresh": "flips over every mask computation of the run / (computations "
                                                  "after the first x mask size): early training, a few dozen "
                                                  "steps, so higher than later in a run"}}
@@ -205,6 +226,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  d{r['width']:<5} {r['variant']:<28} {'error' if tps is None else f'{tps:>10,.0f} tokens/s'}"
               + (f"  flip/refresh {r['flip_rate_per_refresh']:.2e}" if r.get("flip_rate_per_refresh") else ""))
     for width, per in result["ratios"].items():
+        if per.get("masks_in_graph_speedup"):
+            print(f"  d{width:<5} masks refreshed inside the graph: {per['masks_in_graph_speedup']:.3f}x the "
+                  "speed of refreshing them eagerly before each replay")
         for v, x in per.items():
             if isinstance(x, dict) and x["speedup_vs_fastest_dense"] is not None:
                 same = x["speedup_vs_dense_same_mode"]

@@ -33,7 +33,7 @@ TRAIN_OPTIONS = ("data", "data_max_bytes", "batch_size", "grad_accum", "steps", 
                  "warmup_steps", "weight_decay", "grad_clip", "eval_interval", "eval_batches", "seed",
                  "device", "precision")
 # speed and logging options (TrainConfig fields too; they leave the trajectory alone)
-SPEED_OPTIONS = ("track_flips", "log_interval", "cuda_graph")
+SPEED_OPTIONS = ("track_flips", "log_interval", "cuda_graph", "masks_in_graph")
 TRAJECTORY_OPTIONS = (*MODEL_OPTIONS, *TRAIN_OPTIONS, "select", "tokens", "transposable", "mask_refresh_interval",
                       "backend", "method", "decay", "mvue", "fp8_sim", "dense_finetune_at")
 
@@ -134,6 +134,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                    "rows' device reads (flip counts) run only on those steps")
     g.add_argument("--cuda-graph", action="store_true", default=S, help="replay each step's forward and "
                    "backward from a CUDA graph (CudaGraphStep; a CUDA GPU, --grad-accum 1)")
+    g.add_argument("--masks-in-graph", action=argparse.BooleanOptionalAction, default=S, help="with --cuda-graph: "
+                   "refresh the masks that are due every step inside the graph (default), or with "
+                   "--no-masks-in-graph eagerly before each replay (to compare)")
     g.add_argument("--track-flips", action="store_true", default=S, help="dense only: compute the would-be "
                    "2:4 masks every step for the reference flip-rate curve (slower; off by default)")
     g = parser.add_argument_group("2:4")

@@ -23,7 +23,9 @@ at the last step. ``tokens_per_s`` of a row counts the steps since the previous 
 between the two checks.
 
 ``cuda_graph=True`` (``--cuda-graph``): forward and backward replayed by ``CudaGraphStep`` after its
-eager warm-up steps (one micro-batch per step; the optimizer, clipping and hooks run eagerly).
+eager warm-up steps (one micro-batch per step; the optimizer, clipping and hooks run eagerly). Masks due
+every step are refreshed inside the graph; ``masks_in_graph=False`` (``--no-masks-in-graph``) refreshes
+them eagerly before each replay instead, for comparison. The summary's ``cuda_graph`` entry says which.
 
 Resume is exact: the checkpoint holds model (masks, beta and counters included), optimizer,
 scheduler, the data sampler's generator and the torch RNG states, and a resumed run follows the
@@ -67,6 +69,13 @@ from .structures import STRUCTURES, structured_density
 RUN_ONLY_FIELDS = ("log_path", "checkpoint_path", "checkpoint_interval", "progress")
 
 
+def graph_step_report(step) -> dict:
+    """What a CudaGraphStep did: captures, eager steps, and where it refreshed the masks (and why not in
+    the graph, per layer)."""
+    return {"captures": step.recaptures, "eager_steps": step.eager_steps, "masks_in_graph": step.masks_in_graph,
+            "mask_refresh": step.mask_refresh, "eager_refresh_reasons": step.eager_refresh_reasons}
+
+
 class TrainingDiverged(RuntimeError):
     """The loss or the gradient became NaN or infinite; the step was not applied."""
 
@@ -100,6 +109,7 @@ class TrainConfig:
     track_flips: bool = False  # dense only: compute the would-be 2:4 mask every step (the flip-rate curve)
     log_interval: int = 1  # steps between logged rows (an evaluation step and the last step are logged too)
     cuda_graph: bool = False  # forward + backward through CudaGraphStep (a CUDA GPU, grad_accum 1)
+    masks_in_graph: bool = True  # with cuda_graph: masks due every step refreshed inside the graph
     select: str = "ffn"  # which linears are 2:4: "ffn" or "all_linears" (attention projections too)
 
     def __post_init__(self) -> None:
@@ -125,6 +135,11 @@ class TrainConfig:
         if self.cuda_graph and (self.model.ffn_kind == "relu2" or self.model.activation_sparsity != "none"):
             raise ValueError("cuda_graph does not run with --ffn relu2 or 2:4 activations: their measurements and "
                              "schedules run Python code in the forward, which a replay skips")
+        if not isinstance(self.masks_in_graph, bool):
+            raise ValueError(f"masks_in_graph must be True or False, got {self.masks_in_graph!r}")
+        if not self.masks_in_graph and not self.cuda_graph:
+            raise ValueError("masks_in_graph=False (--no-masks-in-graph) is an option of the CUDA-graph step: "
+                             "add --cuda-graph, or drop it")
         if self.cuda_graph and self.grad_accum != 1:
             raise ValueError(f"cuda_graph needs grad_accum 1 (a replay overwrites the gradients), got "
                              f"grad_accum={self.grad_accum}")
@@ -273,7 +288,7 @@ class Trainer:
         self.graph_step = None
         if cfg.cuda_graph:
             from ..graph_step import CudaGraphStep
-            self.graph_step = CudaGraphStep(self.model, self._graph_loss)
+            self.graph_step = CudaGraphStep(self.model, self._graph_loss, masks_in_graph=cfg.masks_in_graph)
         self._last_check = None  # host clock at the previous step's non-finite check
         self._since_row, self._row_seconds = 0, 0.0  # steps since the last logged row, and their seconds
 
@@ -519,13 +534,16 @@ class Trainer:
     def summary(self) -> dict:
         vals = [r for r in self.history if r["val_loss"] is not None]
         speeds = sorted(r["tokens_per_s"] for r in self.history)
-        return {
+        out = {
             "method": self.config.method, "describe": self.describe(), "step": self.step,
             "tokens": self.step * self.config.tokens_per_step,
             "final_val_loss": vals[-1]["val_loss"] if vals else None,
             "median_tokens_per_s": speeds[len(speeds) // 2] if speeds else None,
             "params": self.model.num_params(),
         }
+        if self.graph_step is not None:
+            out["cuda_graph"] = graph_step_report(self.graph_step)
+        return out
 
     def close(self) -> None:
         self.log.close()

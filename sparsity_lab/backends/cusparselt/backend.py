@@ -104,6 +104,7 @@ class CusparseltBackend(OperandPreparation, Backend):
     """
 
     reads_seed_from_device = True  # MVUE runs in the Triton kernels, which read a device seed under graph capture
+    mask_refresh_capturable = True  # masks and flip counts are the Triton kernels on CUDA tensors
 
     def __init__(self, ops: Any = None, policy: AutoPolicy | None = None, sweep: bool = True,
                  grad_weight_transpose_result: bool = False, fast_compress: bool = True,

@@ -146,6 +146,7 @@ class FP8Backend(Backend, nn.Module):
 
     reads_seed_from_device = True  # MVUE on CUDA tensors is the Triton kernel, which reads a device seed
     products_in_dense_phase = True  # a Dense method or the dense fine-tune stays FP8 (dense FP8 products)
+    mask_refresh_capturable = True  # 2:4 masks and flip counts on CUDA tensors are the Triton kernels
 
     def __init__(self, engine: FP8Engine, recipe: FP8Recipe | None = None, device=None) -> None:
         nn.Module.__init__(self)

@@ -29,9 +29,10 @@ class InputHeld(nn.Module):
         return (self.model(self.x) * dy).sum()
 
 
-def graph_step_ms(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, s: Settings) -> float:
+def graph_step_ms(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, s: Settings, row: dict | None = None) -> float:
     """Milliseconds per training step replayed by ``CudaGraphStep`` (see NOTES["graph"]): forward and
-    the backward's dx, dW1, dW2 (``InputHeld``), as in the eager step."""
+    the backward's dx, dW1, dW2 (``InputHeld``), as in the eager step. row: gets ``mask_refresh``, where
+    the graphed step refreshed the masks ("graph", "eager", "mixed", or "none" for dense)."""
     from ...graph_step import CudaGraphStep
     from ...training_hooks import advance_step, sparse_layers
 
@@ -50,6 +51,8 @@ def graph_step_ms(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, s: Settin
     torch.cuda.synchronize()
     if held.x.grad is None:
         raise RuntimeError("the graphed step computed no dx (x.grad is None): it would time five products, not six")
+    if row is not None:
+        row["mask_refresh"] = graphed.mask_refresh
     try:
         return median_ms(step, _long_enough(step, s))
     finally:
@@ -88,7 +91,7 @@ def measure_graph(tokens: int, d: int, s: Settings, rec: Recorder) -> list[dict]
             eager["ms"], e = rec.attempt(f"{label} eager", lambda: median_ms(eager_step, _long_enough(eager_step, s)))
             if e:
                 eager["error"] = e
-            graph["ms"], e = rec.attempt(f"{label} capture+replay", lambda: graph_step_ms(model, *inputs, s))
+            graph["ms"], e = rec.attempt(f"{label} capture+replay", lambda: graph_step_ms(model, *inputs, s, graph))
             if e:
                 graph["error"] = e
         finally:
