@@ -48,3 +48,20 @@ def test_ratios_use_the_fastest_dense_and_the_same_mode():
     with_both = ratios(records + [rec("sste_mvue_graph_eager_masks", 240e3)])["2048"]
     assert with_both["masks_in_graph_speedup"] == pytest.approx(260 / 240)
     assert with_both["sste_mvue_graph_eager_masks"]["speedup_vs_dense_same_mode"] == pytest.approx(240 / 200)
+
+
+def test_fp8_variants_keep_their_backends_and_get_their_ratios(tmp_path):
+    status = main(["bench-lab-speed", "--smoke", "--steps", "2", "--skip-steps", "1", "--log-interval", "1",
+                   "--variants", "dense_fp8_graph,sste_mvue_fp8_graph", "--out-dir", str(tmp_path)])
+    assert status == 0
+    rec = {r["variant"]: r for r in json.loads((tmp_path / "lab_speed_smoke.json").read_text())["records"]}
+    assert rec["dense_fp8_graph"]["method_options"]["backend"] == "fp8_dense"  # not --backend's "torch"
+    assert rec["sste_mvue_fp8_graph"]["method_options"]["backend"] == "cusparselt_fp8"
+
+    def r(variant, tps):
+        return {"variant": variant, "width": 4096, "tokens_per_step": 8192, "tokens_per_s": tps}
+    out = ratios([r("dense_graph", 80e3), r("dense_fp8_graph", 100e3), r("sste_mvue_fp8_graph", 120e3)])["4096"]
+    assert out["fp8_24_vs_dense_fp8_graph"] == pytest.approx(1.2)
+    assert out["dense_fp8_vs_dense_graph"] == pytest.approx(1.25)
+    assert out["sste_mvue_fp8_graph"]["speedup_vs_dense_same_mode"] == pytest.approx(1.5)  # against bf16 dense
+    assert "dense_fp8_graph" not in out  # a dense run is a baseline, not a 2:4 variant

@@ -13,6 +13,9 @@ Variants (``VARIANTS``; "graph" ones use ``--cuda-graph``, i.e. ``CudaGraphStep`
                                       dense run of ``compare`` pays for its flip-rate curve)
   sste_mvue, sste_mvue_graph          S-STE + MVUE, transposable masks, backend cusparselt, mask every step
   sste_mvue_refresh40_graph           the same with a mask refresh interval of 40 (its flip rate recorded)
+  dense_fp8_graph, sste_mvue_fp8_graph the FP8 recipe on dense FP8 tensor cores ("fp8_dense") and on FP8
+                                      2:4 sparse ones ("cusparselt_fp8"), graphed; ratios against the
+                                      bfloat16 dense runs and FP8 2:4 against dense FP8
   sste_mvue_graph_eager_masks         sste_mvue_graph with its masks refreshed eagerly before each replay
                                       (``--no-masks-in-graph``; sste_mvue_graph refreshes them inside the
                                       graph): with both, ``ratios`` gives ``masks_in_graph_speedup``
@@ -54,6 +57,9 @@ VARIANTS = {
     "sste_mvue_graph": Variant("sste", SSTE_MVUE, True, False),
     "sste_mvue_graph_eager_masks": Variant("sste", SSTE_MVUE, True, False, masks_in_graph=False),
     "sste_mvue_refresh40_graph": Variant("sste", {**SSTE_MVUE, "mask_refresh_interval": 40}, True, False),
+    # FP8 training (E4M3 products, delayed per-tensor scaling): its own backends whatever --backend says
+    "dense_fp8_graph": Variant("dense", {"backend": "fp8_dense"}, True, False),
+    "sste_mvue_fp8_graph": Variant("sste", {**SSTE_MVUE, "backend": "cusparselt_fp8"}, True, False),
 }
 DEFAULT_VARIANTS = ("dense", "sste_mvue", "dense_graph", "sste_mvue_graph", "sste_mvue_refresh40_graph")
 MODEL = dict(n_layer=4, n_head=16, context=1024)
@@ -67,7 +73,7 @@ def run_variant(name: str, width: int, args, corpus, sampler: ConditionSampler) 
 
     method, options, graph, track, masks_in_graph = VARIANTS[name]
     options = dict(options)
-    if method != "dense":
+    if method != "dense" and "backend" not in options:
         options["backend"] = args.backend
     model = GPTConfig(d_model=width, **(SMOKE_MODEL if args.smoke else MODEL))
     cfg = TrainConfig(method=method, method_options=options, model=model, batch_size=args.batch, steps=args.steps,
@@ -127,6 +133,7 @@ def ratios(records: list[dict]) -> dict:
         def ms_per_step(v: str) -> float | None:  # tokens/s -> ms per step (conditions.headline takes times)
             r = at.get(v) or {}
             return r["tokens_per_step"] / r["tokens_per_s"] * 1e3 if r.get("tokens_per_s") else None
+        # the bfloat16 dense runs: the FP8 variants are judged against them too (dense_fp8_graph beside)
         dense = {"eager": ms_per_step("dense"), "graph": ms_per_step("dense_graph")}
         width_out = {}
         for v in at:
@@ -139,6 +146,11 @@ def ratios(records: list[dict]) -> dict:
                             "speedup_vs_dense_other_mode": h["against"]["graph" if same_mode == "eager" else "eager"]}
         if at.get("dense_track_flips", {}).get("tokens_per_s") and dense["eager"]:
             width_out["dense_track_flips_cost"] = 1 - ms_per_step("dense") / ms_per_step("dense_track_flips")
+        fp8_24, fp8_dense = ms_per_step("sste_mvue_fp8_graph"), ms_per_step("dense_fp8_graph")
+        if fp8_24 and fp8_dense:  # FP8 2:4 against the dense FP8 recipe, both graphed
+            width_out["fp8_24_vs_dense_fp8_graph"] = fp8_dense / fp8_24
+        if fp8_dense and dense["graph"]:
+            width_out["dense_fp8_vs_dense_graph"] = dense["graph"] / fp8_dense
         in_graph, eager_masks = ms_per_step("sste_mvue_graph"), ms_per_step("sste_mvue_graph_eager_masks")
         if in_graph and eager_masks:  # > 1: refreshing the masks inside the graph is faster
             width_out["masks_in_graph_speedup"] = eager_masks / in_graph
@@ -226,6 +238,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  d{r['width']:<5} {r['variant']:<28} {'error' if tps is None else f'{tps:>10,.0f} tokens/s'}"
               + (f"  flip/refresh {r['flip_rate_per_refresh']:.2e}" if r.get("flip_rate_per_refresh") else ""))
     for width, per in result["ratios"].items():
+        for key, what in (("fp8_24_vs_dense_fp8_graph", "FP8 2:4 against dense FP8 (graph)"),
+                          ("dense_fp8_vs_dense_graph", "dense FP8 against dense bf16 (graph)")):
+            if per.get(key):
+                print(f"  d{width:<5} {what}: {per[key]:.2f}x")
         if per.get("masks_in_graph_speedup"):
             print(f"  d{width:<5} masks refreshed inside the graph: {per['masks_in_graph_speedup']:.3f}x the "
                   "speed of refreshing them eagerly before each replay")
