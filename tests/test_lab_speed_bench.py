@@ -65,3 +65,4 @@ def test_fp8_variants_keep_their_backends_and_get_their_ratios(tmp_path):
     assert out["dense_fp8_vs_dense_graph"] == pytest.approx(1.25)
     assert out["sste_mvue_fp8_graph"]["speedup_vs_dense_same_mode"] == pytest.approx(1.5)  # against bf16 dense
     assert "dense_fp8_graph" not in out  # a dense run is a baseline, not a 2:4 variant
+

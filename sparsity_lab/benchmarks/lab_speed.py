@@ -29,6 +29,7 @@ against the fastest dense of the run (``conditions.headline``). Writes results/l
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -118,9 +119,15 @@ def run_variant(name: str, width: int, args, corpus, sampler: ConditionSampler) 
         if trainer is not None:
             trainer.close()
         trainer = None
+        gc.collect()  # a reference cycle must not keep this run's GPU memory into the next
         if not args.smoke:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
+            # what this run left behind for the next (a later run of one process once ran out of memory)
+            record["cuda_gib_left_allocated"] = torch.cuda.memory_allocated() / 2**30
+            record["cuda_gib_left_reserved"] = torch.cuda.memory_reserved() / 2**30
+            record["cuda_gib_peak"] = torch.cuda.max_memory_allocated() / 2**30
+            torch.cuda.reset_peak_memory_stats()
     return record
 
 

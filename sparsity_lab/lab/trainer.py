@@ -549,3 +549,6 @@ class Trainer:
         self.log.close()
         if self.hooks is not None:
             self.hooks.remove()
+        if self.graph_step is not None:  # the graph, its memory pool and static tensors go now
+            self.graph_step.release()
+            self.graph_step = None
