@@ -170,7 +170,7 @@ def results_table_figure(payload: dict, title: str = ""):
     return _table([t for _, t, _ in shown], columns, title=title)
 
 
-def claims_figure(payload: dict, title: str = "The five claims, as judged when the run was recorded"):
+def claims_figure(payload: dict, title: str = "The claims, as judged when the run was recorded"):
     """Claim, verdict (HOLDS / FAILS / NOT TESTED), the rule and the evidence, as recorded in the JSON."""
     claims = payload["claims"]
     verdicts = [verdict(c) for c in claims]
