@@ -138,7 +138,8 @@ def ffn_flops_fraction(method, steps: int) -> float:
 
 def judge_claims(rows: dict[str, dict], tokens_per_variant: int | None = None,
                  seeds: tuple[int, ...] | None = None) -> list[dict]:
-    """The claims of the seed papers (and, for a comparison with the real FP8 path, claim 6), each with a stated rule, a verdict and its numbers.
+    """The claims of the seed papers (and claim 6 for a comparison with the real FP8 path), each with a
+    stated rule, a verdict and its numbers.
 
     outcome is what the rule gives (True/False, or None when a variant it needs was not run or
     diverged). holds is the verdict: the outcome, or None when the run is too small to judge
