@@ -79,6 +79,10 @@ def test_verdicts_not_judged():
     one = judge_act24(finals(gelu=[1.9], relu2=[1.74], act24=[1.74], act24_ste=[1.76]))
     assert all(x["holds"] is None and x["evidence"].startswith("not judged: 1 seed ") for x in one)
     assert one[2]["values"]["holds_on_mean"] is None
+    short = judge_act24(finals(gelu=[1.9] * 3, relu2=[1.74] * 3, act24=[1.74] * 3, act24_ste=[1.76] * 3), steps=6)
+    assert all(x["holds"] is None and x["evidence"].startswith("not judged: 6 steps") for x in short)
+    assert judge_act24(finals(gelu=[1.9] * 3, relu2=[1.74] * 3, act24=[1.74] * 3, act24_ste=[1.76] * 3),
+                       steps=400)[2]["holds"] is True
     missing = judge_act24(finals(gelu=[1.9] * 3, relu2=[1.74] * 3, act24=[1.74] * 3))
     assert missing[2]["holds"] is None and "act24_ste" in missing[2]["evidence"]
     with pytest.raises(ValueError, match="at least one seed"):

@@ -20,7 +20,8 @@ Writes ``act24_accuracy_<gpu or cpu>.json`` (``--out-dir``, ``--name``) with pro
               read by notebook 13): the summary of ``train`` (config and corpus included) and the
               validation rows with the natural sparsity of the squared ReLU (act_zero, act_le2)
     seeds     {seed: {setting: summary}} for every seed (final_val_loss, tokens/s, last act_zero/act_le2)
-    verdicts  ``act24_verdicts.judge_act24``'s three verdicts, with their rules (not judged below 3 seeds)
+    verdicts  ``act24_verdicts.judge_act24``'s three verdicts, with their rules (not judged below 3 seeds or
+              200 steps)
 """
 from __future__ import annotations
 
@@ -177,7 +178,7 @@ def record(args: argparse.Namespace) -> dict:
 
     from ..lab.data import load_corpus
     from ..lab.trainer import TrainConfig, resolve_device
-    from .act24_verdicts import MIN_SEEDS, judge_act24
+    from .act24_verdicts import MIN_SEEDS, MIN_STEPS, judge_act24
 
     device = resolve_device(args.device)
     backend = args.backend or ("cusparselt" if device.type == "cuda" else "torch")
@@ -201,10 +202,10 @@ def record(args: argparse.Namespace) -> dict:
                      "data_max_bytes": max_bytes, "dense_finetune_at": DENSE_FINETUNE_AT,
                      "variants": {k: {"ffn": s.ffn, "activation_sparsity": s.activation_sparsity, "method": s.method,
                                       "method_options": s.method_options(backend)} for k, s in SETTINGS.items()},
-                     "min_seeds_for_a_verdict": MIN_SEEDS},
+                     "min_seeds_for_a_verdict": MIN_SEEDS, "min_steps_for_a_verdict": MIN_STEPS},
         "runs": runs,
         "seeds": seeds,
-        "verdicts": judge_act24(finals),
+        "verdicts": judge_act24(finals, steps=args.steps),
     }
 
 

@@ -14,14 +14,16 @@ The rules (ours; "within x %" is one-sided, as in ``compare``'s claim 5: a lower
     2. 2:4 activations cost at most 1 %: g_s <= 0.01 at every seed.
     3. the combined method is within 2 % of dense: g_s <= 0.02 at every seed (``holds``); the same on the
        means of the seeds is reported beside it (``holds_on_mean``).
-A verdict needs at least MIN_SEEDS seeds; with fewer, ``holds`` is None and the evidence says
-"not judged: N seeds".
+A verdict needs at least MIN_SEEDS seeds and, when the run's steps are given, at least MIN_STEPS steps (a
+smoke run on the CPU is not judged); otherwise ``holds`` is None and the evidence says "not judged: N seeds"
+or "not judged: N steps".
 """
 from __future__ import annotations
 
 import statistics
 
 MIN_SEEDS = 3
+MIN_STEPS = 200  # the first recording trained 400 steps
 ACT24_TOLERANCE = 0.01  # rule 2
 COMBINED_TOLERANCE = 0.02  # rule 3
 
@@ -36,18 +38,24 @@ def _gaps_text(gaps: list[float]) -> str:
             + f"; mean {100 * statistics.fmean(gaps):+.2f} %, range {100 * min(gaps):+.2f} to {100 * max(gaps):+.2f} %")
 
 
-def judge_act24(final_losses: dict, min_seeds: int = MIN_SEEDS) -> list[dict]:
+def judge_act24(final_losses: dict, steps: int | None = None, min_seeds: int = MIN_SEEDS,
+                min_steps: int = MIN_STEPS) -> list[dict]:
     """The three verdicts of the module docstring.
 
-    final_losses: {seed: {setting: final validation loss}} (seeds as ints or strings, as JSON keeps them).
+    final_losses: {seed: {setting: final validation loss}} (seeds as ints or strings, as JSON keeps them);
+    steps: the optimizer steps of every run (None: not checked).
     Each verdict: claim, rule, holds (True / False / None: not judged), seeds, evidence, and the numbers
     the rule read (``values``).
     """
     seeds = sorted(final_losses, key=lambda s: int(s))
     if not seeds:
         raise ValueError("final_losses must hold at least one seed")
-    judged = len(seeds) >= min_seeds
-    why = "" if judged else f"not judged: {len(seeds)} seed{'s' * (len(seeds) != 1)} (a verdict needs >= {min_seeds}); "
+    why = ""
+    if len(seeds) < min_seeds:
+        why = f"not judged: {len(seeds)} seed{'s' * (len(seeds) != 1)} (a verdict needs >= {min_seeds}); "
+    elif steps is not None and steps < min_steps:
+        why = f"not judged: {steps} steps (a verdict needs >= {min_steps}); "
+    judged = not why
 
     def column(setting: str) -> list[float] | None:
         vals = [final_losses[s].get(setting) for s in seeds]
