@@ -93,6 +93,7 @@ def test_verdicts_not_judged():
     (["--steps", "0"], "--steps"), (["--width", "30"], "--width"), (["--heads", "3"], "--heads"),
     (["--seeds", "1", "1"], "--seeds"), (["--backend", "nope"], "--backend"), (["--name", "x.json"], "--name"),
     (["--eval-batches", "0"], "--eval-batches"), (["--data-max-bytes", "0"], "--data-max-bytes"),
+    (["--data", "/nonexistent/corpus.txt"], "/nonexistent/corpus.txt"),
 ])
 def test_bad_arguments_name_the_flag(argv, flag, tmp_path, capsys):
     args = [a for a in TINY if a != "--no-progress"]
@@ -113,3 +114,12 @@ def test_the_command_is_registered():
 
     args = build_parser("bench-act24-accuracy").parse_args(["bench-act24-accuracy", "--steps", "400"])
     assert args._module == "sparsity_lab.benchmarks.act24_accuracy" and args.seeds == [0, 1, 2]
+
+
+def test_device_cuda_without_a_gpu_names_the_flag(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present: --device cuda is valid here")
+    assert main(["--device", "cuda", "--steps", "1"]) == 2
+    assert "--device cuda" in capsys.readouterr().err

@@ -26,6 +26,7 @@ Writes ``act24_accuracy_<gpu or cpu>.json`` (``--out-dir``, ``--name``) with pro
 from __future__ import annotations
 
 import argparse
+import gc
 import shlex
 import sys
 import time
@@ -69,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto: cuda when a GPU is present (default)")
     parser.add_argument("--backend", default=None, help="products of the 2:4 settings (default: cusparselt "
                         "on a GPU, torch on the CPU)")
-    parser.add_argument("--layers", type=int, default=d["layers"], help=f"transformer blocks (default {d['layers']})")
+    parser.add_argument("--layers", type=int, default=d["layers"],
+                        help=f"transformer blocks (default {d['layers']})")
     parser.add_argument("--width", type=int, default=d["width"], help=f"d_model, divisible by 4 (default {d['width']})")
     parser.add_argument("--heads", type=int, default=None, help="attention heads (default: heads of width 64)")
     parser.add_argument("--context", type=int, default=d["context"], help=f"bytes per sequence (default {d['context']})")
@@ -146,18 +148,24 @@ def train_config(setting: str, seed: int, args: argparse.Namespace, device: str,
 
 def one_run(config, corpus) -> dict:
     """Train one setting: {"summary": train's summary (config, corpus, wall_s), "evals": validation rows}."""
+    import torch
+
     from ..lab.trainer import Trainer
 
     start = time.perf_counter()
     trainer = Trainer(config, corpus=corpus)
     try:
         summary = trainer.run()
+        summary.update(config=trainer.config.to_dict(), corpus=trainer.corpus.describe(),
+                       wall_s=time.perf_counter() - start)
+        evals = [{k: v for k, v in row.items() if k in ("step", "loss", "val_loss") or k.startswith("act_")}
+                 for row in trainer.history if row.get("val_loss") is not None]
     finally:
         trainer.close()
-    summary.update(config=trainer.config.to_dict(), corpus=trainer.corpus.describe(),
-                   wall_s=time.perf_counter() - start)
-    evals = [{k: v for k, v in row.items() if k in ("step", "loss", "val_loss") or k.startswith("act_")}
-             for row in trainer.history if row.get("val_loss") is not None]
+        del trainer
+        gc.collect()  # this run's model and optimizer go before the next one is built
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return {"summary": summary, "evals": evals}
 
 
@@ -234,6 +242,7 @@ def format_result(result: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from ..lab.trainer import TrainingDiverged
     from ..provenance import write_result
 
     try:
@@ -241,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
         if args.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA GPU is available here; use --device cpu")
         result = record(args)
-    except ValueError as err:
+    except (ValueError, OSError, TrainingDiverged) as err:  # OSError names its path (--data)
         print(f"sparsity-lab bench-act24-accuracy: error: {err}", file=sys.stderr)
         return 2
     print(format_result(result))
