@@ -16,7 +16,9 @@ relative, weights within bf16 rounding; the draw counters, mask updates and flip
 inside the graph. The prepared operands (soft threshold, compression) are rebuilt inside the graph
 from the current weights.
 
-Where the masks are refreshed (``masks_in_graph``, default True; ``mask_refresh`` says which mode a
+Where the masks are refreshed (``masks_in_graph``, default False: on the H100 the lab's graphed step ran
+1.5-4 % slower with its masks refreshed inside the graph than eagerly before each replay, at widths 1024
+and 2048, and the same at 4096 (``results/lab_speed_h100_masks_in_graph*.json``); ``mask_refresh`` says which mode a
 capture uses, ``eager_refresh_reasons`` why a layer is left out). A layer whose mask is due every step
 (``mask_refresh_interval`` 1, a phase that tracks masks) on a backend whose mask and flip-count kernels
 run on the device alone (``Backend.mask_refresh_capturable``: "triton", "cusparselt", "cusparselt_auto",
@@ -98,7 +100,7 @@ def refresh_due_masks(model: nn.Module, skip: Iterable[SparseLinear] = ()) -> No
                 layer.refresh_mask()
 
 
-def eager_refresh_reason(layer: SparseLinear, masks_in_graph: bool = True) -> str | None:
+def eager_refresh_reason(layer: SparseLinear, masks_in_graph: bool = False) -> str | None:
     """None when CudaGraphStep can refresh this layer's mask inside its graph (see the module
     docstring), else why the layer is refreshed eagerly before each replay. Asked of layers that
     track their mask now (``layer.tracks_mask``)."""
@@ -119,7 +121,7 @@ def eager_refresh_reason(layer: SparseLinear, masks_in_graph: bool = True) -> st
     return None
 
 
-def mask_refresh_plan(model: nn.Module, masks_in_graph: bool = True) -> dict[str, str | None]:
+def mask_refresh_plan(model: nn.Module, masks_in_graph: bool = False) -> dict[str, str | None]:
     """{layer name: None (refreshed inside the graph) or the reason it is refreshed eagerly} for every
     SparseLinear that tracks its mask now (a layer in a dense phase computes none and is left out)."""
     return {name: eager_refresh_reason(layer, masks_in_graph)
@@ -165,7 +167,7 @@ class CudaGraphStep:
     warmup_steps: eager steps on a side stream first (Triton compiles, cuSPARSELt algorithm searches,
     allocations, the auto policy's measurements; PyTorch asks for warm-up before capture).
     masks_in_graph: refresh the masks that are due every step inside the graph (True), or all masks
-    eagerly before each replay (False, for comparison). Which layers qualify: ``eager_refresh_reason``.
+    eagerly before each replay (False, the default: measured as fast or faster, see the module docstring). Which layers qualify: ``eager_refresh_reason``.
     The returned loss is a tensor the next replay overwrites: ``.item()`` or ``.clone()`` it to keep it.
 
     After a capture: ``mask_refresh`` ("graph", "eager", "mixed" or "none"), ``eager_refresh_reasons``
@@ -173,7 +175,7 @@ class CudaGraphStep:
     """
 
     def __init__(self, model: nn.Module, loss_fn: Callable[..., torch.Tensor], warmup_steps: int = 3,
-                 masks_in_graph: bool = True) -> None:
+                 masks_in_graph: bool = False) -> None:
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable (loss_fn(model, *inputs) -> loss), got {type(loss_fn).__name__}")
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:

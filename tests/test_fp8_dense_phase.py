@@ -16,10 +16,10 @@ from sparsity_lab.lab.model import GPTConfig
 CUDA = torch.cuda.is_available()
 
 
-def _dense_layer(backend: str, seed: int = 0) -> SparseLinear:
+def _dense_layer(backend: str, seed: int = 0, out_features: int = 32) -> SparseLinear:
     torch.manual_seed(seed)
     # transposable: "cusparselt_fp8" refuses any other mask at set-up (its sparse phase's dX needs it)
-    layer = SparseLinear(64, 32, method=Dense(track_flips=False, transposable=True, backend=backend))
+    layer = SparseLinear(64, out_features, method=Dense(track_flips=False, transposable=True, backend=backend))
     attach_optimizer(layer, torch.optim.SGD(layer.parameters(), lr=0.0))
     return layer
 
@@ -94,8 +94,9 @@ def test_compare_fp8_variants_take_their_backends_and_claim_six_is_judged():
 def test_gpu_dense_phase_matches_the_reference(name):
     """Dense W on the GPU engines (dense FP8 products even on the sparse engine) against fp8_reference."""
     torch.manual_seed(4)
-    real = _dense_layer(name).cuda().to(torch.bfloat16)
-    ref = _dense_layer("fp8_reference").cuda().to(torch.bfloat16)
+    # 64 x 64: the sparse FP8 engine checks the sparse phase's shapes (multiples of 64) at set-up
+    real = _dense_layer(name, out_features=64).cuda().to(torch.bfloat16)
+    ref = _dense_layer("fp8_reference", out_features=64).cuda().to(torch.bfloat16)
     ref.load_state_dict(real.state_dict())
     x = torch.randn(256, 64, device="cuda", dtype=torch.bfloat16)
     z, z_ref = real(x), ref(x)

@@ -106,7 +106,8 @@ def test_bad_arguments_and_no_gpu_are_named():
     with pytest.raises(TypeError, match="masks_in_graph"):
         CudaGraphStep(model, _loss, masks_in_graph="yes")
     step = CudaGraphStep(model, _loss)
-    assert step.masks_in_graph and step.mask_refresh is None and step.graph_refreshed == []
+    assert not step.masks_in_graph and step.mask_refresh is None and step.graph_refreshed == []  # eager by default
+    assert CudaGraphStep(model, _loss, masks_in_graph=True).masks_in_graph
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
             CudaGraphStep(model, _loss)(torch.randn(4, 64), torch.randn(4, 64))
@@ -167,35 +168,37 @@ def test_graph_flip_counts_hand_over_snapshots_that_later_replays_leave_alone():
 
 def test_the_plan_names_why_a_layer_is_refreshed_eagerly():
     model = _mlp("torch", "cpu")
-    plan = mask_refresh_plan(model)
+    assert set(mask_refresh_plan(model).values()) == {"masks_in_graph=False"}  # the default
+    plan = mask_refresh_plan(model, masks_in_graph=True)
     assert list(plan) == ["0", "2"] and all("backend 'torch'" in reason for reason in plan.values())
     assert refresh_mode(plan) == "eager"
     first, second = (layer for _, layer in sl.sparse_layers(model))
     for layer in (first, second):
         layer.backend = _CapturableTorch()
-    assert mask_refresh_plan(model) == {"0": None, "2": None} and refresh_mode(mask_refresh_plan(model)) == "graph"
+    in_graph = mask_refresh_plan(model, masks_in_graph=True)
+    assert in_graph == {"0": None, "2": None} and refresh_mode(in_graph) == "graph"
     assert set(mask_refresh_plan(model, masks_in_graph=False).values()) == {"masks_in_graph=False"}
     second.method = replace(second.method, mask_refresh_interval=3)
-    plan = mask_refresh_plan(model)
+    plan = mask_refresh_plan(model, masks_in_graph=True)
     assert plan["0"] is None and "mask_refresh_interval 3" in plan["2"] and refresh_mode(plan) == "mixed"
     second.method = replace(second.method, mask_refresh_interval=1, dense_finetune_at=0.5, total_steps=2)
     second.step = 1  # the dense fine-tune phase: no mask computed, so not in the plan
-    assert mask_refresh_plan(model) == {"0": None}
+    assert mask_refresh_plan(model, masks_in_graph=True) == {"0": None}
     first.mask_updates = 0
-    assert "no previous mask" in eager_refresh_reason(first)
+    assert "no previous mask" in eager_refresh_reason(first, masks_in_graph=True)
     first.mask_updates = 1
 
     class OwnFlipCount(sl.SparseLinear):  # as a sharded layer: its own hooks (collectives) stay eager
         def _count_flips(self, new):
             return super()._count_flips(new)
     first.__class__ = OwnFlipCount
-    assert "OwnFlipCount overrides the mask refresh" in eager_refresh_reason(first)
+    assert "OwnFlipCount overrides the mask refresh" in eager_refresh_reason(first, masks_in_graph=True)
     first.__class__ = sl.SparseLinear
     first.method = replace(first.method, m=8, mvue=False)
-    assert "2:8 masks" in eager_refresh_reason(first)
+    assert "2:8 masks" in eager_refresh_reason(first, masks_in_graph=True)
     first.method = replace(first.method, m=4, dense_finetune_at=0.5, total_steps=2)
     first.step = 1  # both layers in the dense phase now
-    assert mask_refresh_plan(model) == {} and refresh_mode({}) == "none"
+    assert mask_refresh_plan(model, masks_in_graph=True) == {} and refresh_mode({}) == "none"
 
 
 def _replay_refresh(layers):

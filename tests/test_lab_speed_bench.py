@@ -22,7 +22,7 @@ def test_smoke_run_writes_every_variant(tmp_path, capsys):
     assert "CUDA GPU" in rec["dense_graph"]["error"]  # no graph on the CPU: recorded, the run goes on
     eager_masks = rec["sste_mvue_graph_eager_masks"]
     assert eager_masks["cuda_graph"] and eager_masks["masks_in_graph"] is False and "CUDA GPU" in eager_masks["error"]
-    assert rec["dense_graph"]["masks_in_graph"] is True
+    assert rec["dense_graph"]["masks_in_graph"] is False  # the default: eager refresh
     assert "sste_mvue" in result["ratios"]["64"] and "wrote" in capsys.readouterr().out
 
 
@@ -45,7 +45,8 @@ def test_ratios_use_the_fastest_dense_and_the_same_mode():
     assert r["sste_mvue_graph"]["speedup_vs_dense_same_mode"] == pytest.approx(260 / 200)
     assert r["dense_track_flips_cost"] == pytest.approx(1 - 150 / 180)
     assert "masks_in_graph_speedup" not in r  # only with both graphed S-STE variants
-    with_both = ratios(records + [rec("sste_mvue_graph_eager_masks", 240e3)])["2048"]
+    with_both = ratios([*records[:3], {**rec("sste_mvue_graph", 260e3), "masks_in_graph": True},
+                        records[4], {**rec("sste_mvue_graph_eager_masks", 240e3), "masks_in_graph": False}])["2048"]
     assert with_both["masks_in_graph_speedup"] == pytest.approx(260 / 240)
     assert with_both["sste_mvue_graph_eager_masks"]["speedup_vs_dense_same_mode"] == pytest.approx(240 / 200)
 

@@ -129,11 +129,12 @@ def test_select_all_linears_makes_the_attention_projections_2_4_too(corpus):
 def test_cuda_graph_needs_a_gpu_and_one_micro_batch(corpus):
     with pytest.raises(ValueError, match="grad_accum 1"):
         config(cuda_graph=True, grad_accum=2)
-    with pytest.raises(ValueError, match="masks_in_graph=False .* add --cuda-graph"):
-        config(masks_in_graph=False)
+    with pytest.raises(ValueError, match="masks_in_graph=True .* add --cuda-graph"):
+        config(masks_in_graph=True)
     with pytest.raises(ValueError, match="masks_in_graph must be True or False"):
         config(cuda_graph=True, masks_in_graph="no")
-    assert config(cuda_graph=True, masks_in_graph=False).masks_in_graph is False
+    assert config(cuda_graph=True, masks_in_graph=True).masks_in_graph is True
+    assert config(cuda_graph=True).masks_in_graph is False
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA GPU"):
             Trainer(config(cuda_graph=True, device="cpu"), corpus=corpus)

@@ -23,9 +23,10 @@ at the last step. ``tokens_per_s`` of a row counts the steps since the previous 
 between the two checks.
 
 ``cuda_graph=True`` (``--cuda-graph``): forward and backward replayed by ``CudaGraphStep`` after its
-eager warm-up steps (one micro-batch per step; the optimizer, clipping and hooks run eagerly). Masks due
-every step are refreshed inside the graph; ``masks_in_graph=False`` (``--no-masks-in-graph``) refreshes
-them eagerly before each replay instead, for comparison. The summary's ``cuda_graph`` entry says which.
+eager warm-up steps (one micro-batch per step; the optimizer, clipping and hooks run eagerly). Masks are
+refreshed eagerly before each replay when due; ``masks_in_graph=True`` (``--masks-in-graph``) refreshes
+those due every step inside the graph instead (measured slightly slower on the H100; ``graph_step.py``).
+The summary's ``cuda_graph`` entry says which.
 
 Resume is exact: the checkpoint holds model (masks, beta and counters included), optimizer,
 scheduler, the data sampler's generator and the torch RNG states, and a resumed run follows the
@@ -109,7 +110,7 @@ class TrainConfig:
     track_flips: bool = False  # dense only: compute the would-be 2:4 mask every step (the flip-rate curve)
     log_interval: int = 1  # steps between logged rows (an evaluation step and the last step are logged too)
     cuda_graph: bool = False  # forward + backward through CudaGraphStep (a CUDA GPU, grad_accum 1)
-    masks_in_graph: bool = True  # with cuda_graph: masks due every step refreshed inside the graph
+    masks_in_graph: bool = False  # with cuda_graph: masks due every step refreshed inside the graph
     select: str = "ffn"  # which linears are 2:4: "ffn" or "all_linears" (attention projections too)
 
     def __post_init__(self) -> None:
@@ -137,8 +138,8 @@ class TrainConfig:
                              "schedules run Python code in the forward, which a replay skips")
         if not isinstance(self.masks_in_graph, bool):
             raise ValueError(f"masks_in_graph must be True or False, got {self.masks_in_graph!r}")
-        if not self.masks_in_graph and not self.cuda_graph:
-            raise ValueError("masks_in_graph=False (--no-masks-in-graph) is an option of the CUDA-graph step: "
+        if self.masks_in_graph and not self.cuda_graph:
+            raise ValueError("masks_in_graph=True (--masks-in-graph) is an option of the CUDA-graph step: "
                              "add --cuda-graph, or drop it")
         if self.cuda_graph and self.grad_accum != 1:
             raise ValueError(f"cuda_graph needs grad_accum 1 (a replay overwrites the gradients), got "
