@@ -123,3 +123,16 @@ def test_device_cuda_without_a_gpu_names_the_flag(capsys):
         pytest.skip("a CUDA GPU is present: --device cuda is valid here")
     assert main(["--device", "cuda", "--steps", "1"]) == 2
     assert "--device cuda" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_the_recorder_runs_every_setting_on_cusparselt(tmp_path):
+    """The GPU set-up of the recorded run (bf16, products on cuSPARSELt) at a small size: every setting trains."""
+    argv = ["--seeds", "0", "--device", "cuda", "--layers", "1", "--width", "256", "--context", "64", "--batch-size",
+            "8", "--steps", "4", "--eval-interval", "2", "--eval-batches", "2", "--data-max-bytes", "200000",
+            "--no-progress", "--out-dir", str(tmp_path), "--name", "gpu_check"]
+    assert main(argv) == 0
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert result["settings"]["backend"] == "cusparselt"
+    assert all(s["final_val_loss"] > 0 for s in result["seeds"]["0"].values())
+    assert result["runs"]["act24_ste"]["summary"]["config"]["method_options"]["backend"] == "cusparselt"
