@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-ffn": ("sparsity_lab.benchmarks.ffn.cli", "2:4 FFN and GPT step on cuSPARSELt vs dense and PyTorch's path (GPU)"),
     "bench-cslt-calls": ("sparsity_lab.benchmarks.cusparselt_calls", "one cuSPARSELt product: PyTorch's call vs the direct binding (cached plan) vs dense (GPU)"),
     "bench-act24": ("sparsity_lab.benchmarks.act24_speed", "squared-ReLU FFN and GPT step: dense vs 2:4 activations, alone and with 2:4 weights (GPU)"),
+    "bench-act24-accuracy": ("sparsity_lab.benchmarks.act24_accuracy", "gelu, relu2, 2:4 activations, + 2:4 weights: lab runs over seeds, final losses and verdicts (a GPU; --device cpu at small sizes)"),
     "bench-compile": ("sparsity_lab.benchmarks.compile_speed", "torch.compile'd dense and 2:4 FFN and GPT training steps beside eager (GPU)"),
     "bench-export": ("sparsity_lab.benchmarks.export_speed", "the exported lab GPT: prefill tokens/s and decode ms/token, 2:4 vs dense (GPU)"),
     "bench-lab-speed": ("sparsity_lab.benchmarks.lab_speed", "the lab's training loop, dense vs 2:4 tokens/s, eager and CUDA graph (GPU)"),

@@ -47,11 +47,13 @@ REPLACED = ("--time-budget", "--max-tokens")
 TRAINING = ("train", "compare", "decay-search")
 TRAINING_DEFAULTS = {"--steps": "3", "--layers": "1", "--width": "32", "--context": "32", "--batch-size": "2",
                      "--eval-batches": "1", "--data-max-bytes": "100000"}
-COMMAND_DEFAULTS = {"demo": {"--steps": "20", "--size": "64"}, "bench-masks": {"--quick": None, "--repeats": "1"}}
+COMMAND_DEFAULTS = {"demo": {"--steps": "20", "--size": "64"}, "bench-masks": {"--quick": None, "--repeats": "1"},
+                    "bench-act24-accuracy": {**TRAINING_DEFAULTS, "--no-progress": None}}
 # flags whose value is a path the command writes; moved under the test's temporary folder
 OUTPUT_FLAGS = ("--out", "--out-dir", "--report")
 # commands that write results/<name>.json under the current folder unless told otherwise (moved to the test's own)
-WRITES_RESULTS = ("bench-masks", "bench-kernels", "bench-dyad", "bench-ffn", "bench-cslt-calls", "bench-lab-speed", "bench-act24")
+WRITES_RESULTS = ("bench-masks", "bench-kernels", "bench-dyad", "bench-ffn", "bench-cslt-calls", "bench-lab-speed", "bench-act24",
+                  "bench-act24-accuracy")
 
 
 @dataclass
