@@ -175,11 +175,14 @@ def test_bench_act24_dense_ffn_is_unchanged_on_the_cpu():
     assert all(_same_bits(a, b) for a, b in zip(new, old))
 
 
-# --- the CUDA path's autograd, run on the CPU through the Triton interpreter ------------------------
+# --- the CUDA path's autograd, run on the CPU through the Triton interpreter (on CUDA where there is one)
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 @pytest.fixture
 def kernels_on_cpu(monkeypatch):
-    """Route CPU tensors to the kernels (TRITON_INTERPRET=1 is set by conftest.py): the fused branch of
-    Relu2Fn, as it runs on CUDA."""
+    """Route tensors of DEV to the kernels, counting the calls: the fused branch of Relu2Fn as it runs on
+    CUDA, here on the CPU through the interpreter (TRITON_INTERPRET=1 is set by conftest.py)."""
     pytest.importorskip("triton")
     from sparsity_lab.kernels import relu2 as module
 
@@ -202,8 +205,8 @@ def kernels_on_cpu(monkeypatch):
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float16))  # bf16: the interpreter's casts are off by 1 ulp
 def test_fused_branch_of_the_autograd_function_matches_the_two_pass_expression(kernels_on_cpu, dtype):
     gen = torch.Generator().manual_seed(2)
-    h = (3 * torch.randn(11, 37, generator=gen)).to(dtype)
-    dy = torch.randn(11, 37, generator=gen).to(dtype)
+    h = (3 * torch.randn(11, 37, generator=gen)).to(dtype).to(DEV)
+    dy = torch.randn(11, 37, generator=gen).to(dtype).to(DEV)
     y, dh = _fused(h, dy)
     assert kernels_on_cpu == ["forward", "backward"]
     y_old, dh_old = _two_pass(h, dy)
@@ -215,7 +218,7 @@ def test_fused_branch_of_the_autograd_function_matches_the_two_pass_expression(k
 
 
 def test_fused_branch_keeps_double_backward_differentiable(kernels_on_cpu):
-    h = torch.randn(5, 7, dtype=torch.float32, requires_grad=True)
+    h = torch.randn(5, 7, dtype=torch.float32, device=DEV, requires_grad=True)
     (dh,) = torch.autograd.grad(relu2(h).sum(), h, create_graph=True)
     (d2,) = torch.autograd.grad(dh.sum(), h)
     assert kernels_on_cpu == ["forward"]  # the create_graph backward ran the reference's PyTorch ops
