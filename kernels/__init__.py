@@ -37,13 +37,15 @@ from . import mvue24_variants  # noqa: F401  (adds the measured baseline variant
 from .mvue_compress24 import mvue_compress24
 from .prepare24 import prepare24
 from .prune24 import pack_mask24, prune24, unpack_mask24
+from .relu2 import relu2_backward, relu2_forward
 from .scale_product import scale_product_
 from .soft_threshold24 import soft_threshold24
 from .transposable24 import transposable_mask24
 
 __all__ = [
     "act24", "act24_backward", "amax", "compress24", "count_flips", "dequantize_fp8", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "mvue_compress24", "pack_mask24",
-    "prepare24", "prune24", "quantize_fp8", "quantize_fp8_transposed", "quantize_fp8_with_scale", "scale_product_",
+    "prepare24", "prune24", "quantize_fp8", "quantize_fp8_transposed", "quantize_fp8_with_scale", "relu2_backward",
+    "relu2_forward", "scale_product_",
     "soft_threshold24", "transposable_mask24",
     "unpack_mask24",
 ]

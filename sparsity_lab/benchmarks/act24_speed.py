@@ -4,7 +4,7 @@ One training step of one FFN (forward and backward: dx and both weight gradients
 hidden 4d, bf16, no bias, variants of the same architecture and the same initial weights:
 
     variant           sparse products (of y, dA24, dW2, dx, dW1 and the up projection's forward)
-    dense_relu2       none: y = relu(x W1^T)^2 W2^T with nn.Linear
+    dense_relu2       none: y = relu(x W1^T)^2 W2^T with nn.Linear (squared ReLU fused on CUDA)
     weights24         2:4 weights on both linears (STE, transposable): both forwards, dA24, dx
     weights24_mvue    the same + MVUE weight gradients: all six (the weight-only path at its fullest)
     act24             2:4 activations (``activation24.Act24MLP``): y = A24 W2^T and dx = dH W1
@@ -37,8 +37,9 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from ..activations import relu2
 
 VARIANTS = ("dense_relu2", "weights24", "weights24_mvue", "act24", "act24_fc24", "act24_w24", "act24_w24_mvue")
 TARGETS = {"act24": 1.25, "act24_w24_mvue": 1.5}
@@ -59,7 +60,8 @@ class Settings:
 
 
 class Relu2FFN(nn.Module):
-    """y = relu(x W1^T)^2 W2^T; linears named ``fc`` and ``proj`` as in the lab GPT."""
+    """y = relu(x W1^T)^2 W2^T; linears named ``fc`` and ``proj`` as in the lab GPT. The activation is
+    ``activations.relu2``, one fused pass each way on CUDA, as in the lab GPT's dense relu2 FFN."""
 
     def __init__(self, d: int, hidden: int) -> None:
         super().__init__()
@@ -67,7 +69,7 @@ class Relu2FFN(nn.Module):
         self.proj = nn.Linear(hidden, d, bias=False)
 
     def forward(self, x):
-        return self.proj(F.relu(self.fc(x)).square())
+        return self.proj(relu2(self.fc(x)))
 
 
 def build(variant: str, s: Settings) -> nn.Module:

@@ -12,7 +12,8 @@ FFN kinds, for x (B, T, d):
     relu2   y = W2 relu(W1 x)^2                     W1 (h, d), W2 (d, h), h = 4d by default
 The gated kinds use one fused linear for gate and up (one product, then a split). relu2 (squared
 ReLU, So et al. 2021, https://arxiv.org/abs/2109.08668) gives naturally sparse activations, which
-``activation_sparsity="2:4"`` prunes to 2:4 for the down projection (``sparsity_lab.activation24``).
+``activation_sparsity="2:4"`` prunes to 2:4 for the down projection (``sparsity_lab.activation24``);
+the dense relu2 runs ``sparsity_lab.activations.relu2`` (one fused pass each way on CUDA).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..activations import relu2
 from ..ffn_width import default_ffn_hidden
 
 
@@ -148,7 +150,7 @@ class MLP(nn.Module):
         if self.kind == "gelu":
             h = F.gelu(h)
         elif self.kind == "relu2":
-            h = F.relu(h).square()
+            h = relu2(h)  # relu(h)^2: fused kernels on CUDA, F.relu(h).square()'s exact values on the CPU
         else:
             gate, up = h.chunk(2, dim=-1)
             h = (F.silu(gate) if self.kind == "swiglu" else F.gelu(gate)) * up

@@ -11,7 +11,11 @@ One run, one GPU, everything side by side:
   90-pattern search (``masks.patterns.solve_patterns`` plus the pruned W and W^T); targets >= 1x
   and >= 10x;
 * 6 gated activations: fused against the unfused PyTorch sequence (forward: split, activation,
-  product; backward: autograd of that sequence), both layouts, ratio printed.
+  product; backward: autograd of that sequence), both layouts, ratio printed;
+* 16 squared ReLU: forward and backward as fractions of the ceiling, and forward + backward against
+  the two-pass PyTorch expression F.relu(h).square() with its autograd backward, h (16384, 16384) bf16
+  at the default size.
+``--only 16`` (numbers, comma-separated) runs only those sections, into <name>_only_<numbers>.json.
 Every kernel's output is checked against its PyTorch reference on the benchmark tensors before it
 is timed. Times: ``triton.testing.do_bench`` medians (it clears the L2 between runs).
 The last line of the table is the worst fraction of the ceiling. Writes results/<name>.json.
@@ -20,7 +24,7 @@ numbers mean nothing).
 
 One module per part: ``run`` (the command: sizes, the copy ceiling, the sections in order, the JSON),
 ``bench`` (what the sections share), ``checks``, ``report`` (the table), and the sections, one
-function per kernel: ``masks`` (1, 2, 3, 9), ``gradients`` (4, 5), ``activations`` (6, 7),
+function per kernel: ``masks`` (1, 2, 3, 9), ``gradients`` (4, 5), ``activations`` (6, 7, 16),
 ``compressed`` (8, 10, 11).
 """
 from .report import Report

@@ -1,4 +1,4 @@
-"""Kernel benchmark sections for the activation-side kernels: 7 FP8 cast and 6 gated activations."""
+"""Kernel benchmark sections for the activation-side kernels: 7 FP8 cast, 6 gated activations, 16 squared ReLU."""
 from __future__ import annotations
 
 import torch
@@ -9,6 +9,8 @@ from ...references.fp8 import dequantize_fp8 as ref_dequantize
 from ...references.fp8 import quantize_fp8 as ref_quantize
 from ...references.gated import gated_backward as ref_gated_bwd
 from ...references.gated import gated_forward as ref_gated_fwd
+from ...references.relu2 import relu2 as ref_relu2
+from ...references.relu2 import relu2_grad as ref_relu2_grad
 from .bench import BF16 as bf16
 from .bench import Bench
 from .checks import check, ulp_ok
@@ -79,3 +81,42 @@ def gated(bench: Bench) -> None:
             report.rows[-1].update(config=cfg_b, all_configs=all_b)
             del hg, gate, value, out_graph
         del h, dout
+
+
+def relu2(bench: Bench) -> None:
+    """16. Fused squared ReLU forward and backward against the two-pass PyTorch expression F.relu(h).square().
+
+    h and dy (rows, 4 cols) bf16: 16384 x 16384 at the default --mib 128. Fused: forward reads h and writes y,
+    backward reads h and dy and writes dh. The baseline is what the dense FFN ran before: the two passes
+    forward and autograd's backward of them (forward + backward timed together, graph built each call).
+    """
+    device, timer, report = bench.device, bench.timer, bench.report
+    shape = (bench.rows, 4 * bench.cols)
+    h = torch.randn(shape, device=device, dtype=bf16)
+    dy = torch.randn(shape, device=device, dtype=bf16)
+    n = h.numel()
+    y, dh = K.relu2_forward(h), K.relu2_backward(dy, h)
+    # bit for bit on a GPU; the interpreter (--smoke) truncates float32 -> bf16 (1 ulp)
+    same = torch.equal if device.type == "cuda" else ulp_ok
+    check("relu2 forward and backward", bool(same(y, ref_relu2(h))) and bool(same(dh, ref_relu2_grad(h, dy))))
+    del y, dh
+    cfgs = [{"block": b, "num_warps": nw} for b, nw in ((2048, 4), (4096, 8), (1024, 4), (8192, 8))]
+    ms_f, cfg_f, all_f = bench.sweep(lambda **c: (lambda: K.relu2_forward(h, **c)), cfgs)
+    report.memory_bound("16 relu2", "forward (read h, write y)", shape, 2 * n + 2 * n, ms_f, cfg_f, all_f)
+    ms_b, cfg_b, all_b = bench.sweep(lambda **c: (lambda: K.relu2_backward(dy, h, **c)), cfgs)
+    report.memory_bound("16 relu2", "backward (read h, dy, write dh)", shape, 3 * 2 * n, ms_b, cfg_b, all_b)
+
+    def fused_step():
+        return K.relu2_forward(h, **cfg_f), K.relu2_backward(dy, h, **cfg_b)
+
+    hg = h.detach().requires_grad_(True)
+
+    def two_pass_step():
+        out = F.relu(hg).square()
+        return out, torch.autograd.grad(out, hg, dy)
+
+    report.ratio("16 relu2", "forward + backward", shape, timer(fused_step), "two-pass PyTorch (autograd)",
+                 timer(two_pass_step), 1.0, nbytes=2 * n + 2 * n + 3 * 2 * n)
+    report.ratio("16 relu2", "forward", shape, ms_f, "two-pass PyTorch", timer(lambda: F.relu(h).square()), 1.0,
+                 nbytes=2 * n + 2 * n)
+    del h, dy, hg

@@ -14,7 +14,10 @@ from .report import Report
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", default=None, help="where to write <name>.json (default results/)")
-    parser.add_argument("--name", default="kernels_h100", help="result file name (default kernels_h100)")
+    parser.add_argument("--name", default=None,
+                        help="result file name (default kernels_h100; with --only, kernels_h100_only_<numbers>)")
+    parser.add_argument("--only", default=None, metavar="N[,N...]",
+                        help="run only the sections with these numbers (e.g. 16, or 6,16); default: every section")
     parser.add_argument("--mib", type=int, default=128,
                         help="size of each kernel's main bf16 tensor in MiB (default 128; the targets need >= 64)")
     parser.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time per measurement (ms)")
@@ -32,13 +35,33 @@ def sections() -> list[tuple[str, object]]:
             ("5. masked decay", gradients.masked_decay), ("7. FP8", activations.fp8),
             ("6. gated activations", activations.gated), ("8. compress24", compressed.compress24),
             ("9. count_flips", masks.count_flips), ("10. mvue_compress24", compressed.mvue_compress24),
-            ("11. prepare24", compressed.prepare24)]
+            ("11. prepare24", compressed.prepare24), ("16. squared ReLU", activations.relu2)]
+
+
+def chosen_sections(only: str | None) -> list[tuple[str, object]] | str:
+    """The sections that ``--only`` names by number (all of them for None), or an error message."""
+    every = sections()
+    if only is None:
+        return every
+    numbers = {title.split(".")[0]: (title, fn) for title, fn in every}
+    wanted = [part.strip() for part in only.split(",") if part.strip()]
+    unknown = [w for w in wanted if w not in numbers]
+    if not wanted or unknown:
+        return (f"--only {only!r}: expected section numbers from {', '.join(numbers)} separated by commas"
+                + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+    return [numbers[w] for w in numbers if w in wanted]
 
 
 def run(args: argparse.Namespace) -> int:
     device = bench_device(args.smoke, "bench-kernels")
     if device is None:
         return 2
+    chosen = chosen_sections(args.only)
+    if isinstance(chosen, str):
+        print(f"bench-kernels: {chosen}")
+        return 2
+    name = args.name or ("kernels_h100" if args.only is None else
+                         "kernels_h100_only_" + "_".join(title.split(".")[0] for title, _ in chosen))
     if not args.smoke and args.mib < 64:
         print(f"warning: --mib {args.mib} is below the 64 MiB the targets are stated for")
     from ...provenance import write_result
@@ -56,14 +79,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu (smoke)'}; "
           f"copy ceiling {copy_gbps:.0f} GB/s ({4 * rows * cols * 2 / MIB:.0f} MiB moved per copy)")
     bench = Bench(device, timer, report, rows, cols, args.smoke, w=torch.randn(rows, cols, device=device, dtype=BF16))
-    for title, kernel_section in sections():
+    for title, kernel_section in chosen:
         with section(title, failures):
             kernel_section(bench)
 
     sync(device)
     payload = {"smoke": bool(args.smoke), "main_tensor_mib": (rows * cols * 2) / MIB, "summary": report.summary(),
+               "sections": [title for title, _ in chosen],
                "failed_checks": failures, "rows": report.rows}
-    path = write_result(args.name, payload, directory=Path(args.out_dir) if args.out_dir else None)
+    path = write_result(name, payload, directory=Path(args.out_dir) if args.out_dir else None)
     print(f"wrote {path}")
     if args.smoke:
         print("(smoke run on the CPU interpreter: the numbers below are not measurements of the kernels)")
