@@ -9,9 +9,9 @@ only kernel by kernel with that in mind; bench-act24 gives the timed ratios.
 from __future__ import annotations
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from .act24_speed import Settings, build, step_fns
+from .kernel_profile import kernel_lines, kernel_profile
 
 VARIANTS = ("dense_relu2", "weights24_mvue", "act24_w24_mvue", "act24")
 
@@ -28,15 +28,9 @@ def main() -> int:
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                fn()
-            torch.cuda.synchronize()
-        averages = prof.key_averages()
-        total = sum(e.self_device_time_total for e in averages) / 5 / 1e3
+        total, kernels = kernel_profile(fn)
         print(f"== {variant}: {total:.2f} ms of kernels per step")
-        for e in sorted(averages, key=lambda e: -e.self_device_time_total)[:12]:
-            print(f"   {e.self_device_time_total / 5 / 1e3:7.3f} ms  x{e.count // 5:<3} {e.key[:95]}")
+        print("\n".join(kernel_lines(kernels, top=12, width=95)))
         del model, fn
         torch.cuda.empty_cache()
     return 0

@@ -13,8 +13,8 @@ import statistics
 import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
+from ..kernel_profile import kernel_lines, kernel_profile
 from .settings import Settings
 from .variants import build_ffn, sparse_backend, train_step
 
@@ -47,15 +47,9 @@ def main(argv: list[str] | None = None) -> int:
             step()
             torch.cuda.synchronize()
             walls.append((time.perf_counter() - t0) * 1e3)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                step()
-            torch.cuda.synchronize()
-        averages = prof.key_averages()
-        kernels = sum(e.self_device_time_total for e in averages) / 5 / 1e3
-        print(f"== {variant}: wall {statistics.median(walls):.3f} ms per step, kernels {kernels:.3f} ms per step")
-        for e in sorted(averages, key=lambda e: -e.self_device_time_total)[:8]:
-            print(f"   {e.self_device_time_total / 5 / 1e3:7.3f} ms  x{e.count // 5:<3} {e.key[:90]}")
+        total, kernels = kernel_profile(step)
+        print(f"== {variant}: wall {statistics.median(walls):.3f} ms per step, kernels {total:.3f} ms per step")
+        print("\n".join(kernel_lines(kernels, top=8, width=90)))
         backend = sparse_backend(model)
         if backend is not None and backend.measures_products:
             for d in backend.summary().get("decisions", []):
