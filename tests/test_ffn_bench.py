@@ -249,6 +249,21 @@ def test_auto_under_graph_replay_is_judged_from_the_graph_rows():
     assert not t["complete"] and not t["met"]
 
 
+def test_auto_at_refresh_10_is_judged_against_dense_at_every_grid_point():
+    grid = [(8, 1024), (8, 2048)]
+    graph = [{"tokens": 8, "d_model": d, "variant": v, "mode": m, "ms": ms}
+             for d, v, m, ms in ((1024, "dense", "graph", 1.0), (1024, "auto_refresh10", "graph", 1.02),
+                                 (1024, "auto", "graph", 1.3), (1024, "auto_refresh10", "eager", 0.5),
+                                 (2048, "dense", "graph", 2.0), (2048, "auto_refresh10", "graph", 1.6))]
+    t = judge_targets([], None, (8, 2048), grid, None, graph)["auto_refresh10_vs_dense_graph"]
+    assert t["measured"] == pytest.approx(1.0 / 1.02) and t["met"] and t["complete"]  # the eager row is not used
+    graph[1]["ms"] = 1.1  # 0.91x at d_model 1024: every point counts here, 1024 too
+    t = judge_targets([], None, (8, 2048), grid, None, graph)["auto_refresh10_vs_dense_graph"]
+    assert t["measured"] == pytest.approx(1.0 / 1.1) and not t["met"]
+    t = judge_targets([], None, (8, 2048), grid, None, graph[:4])["auto_refresh10_vs_dense_graph"]
+    assert not t["complete"] and not t["met"] and THRESHOLDS["auto_refresh10_vs_dense_graph"] == 0.97
+
+
 def test_gpt_targets_ffn_only_and_all_linears():
     gpt = {"config": {"d_model": 4096}, "tokens_per_step": 16384, "dense_flops_per_token": 1e9,
            "variants": {"dense": {"ms": 100.0}, "ours_mvue": {"ms": 85.0, "speedup_vs_dense": 100 / 85},

@@ -32,12 +32,12 @@ FFN_KEYS = ("tokens", "d_model", "ffn", "variant", "phase", "ms", "speedup_vs_de
 # the writer's names (sparsity_lab/benchmarks/ffn/schema.py, KNOWN_VARIANTS; viz does not import the
 # benchmarks, and tests/test_ffn_bench.py checks that the two lists agree)
 FFN_VARIANTS = ("dense", "ours_fixed_mask", "ours_mask_every_step", "ours_mvue", "ours_mvue_refresh40",
-                "ours_mvue_dense_products", "pytorch_semi_structured", "auto", "ours_fp8")
+                "ours_mvue_dense_products", "pytorch_semi_structured", "auto", "ours_fp8", "auto_refresh10")
 PHASES = ("fwd", "fwd_bwd")
 PHASE_TITLES = {"fwd": "forward", "fwd_bwd": "forward + backward"}
 COLORS = {"ours_fixed_mask": "#1f77b4", "ours_mask_every_step": "#2ca02c", "ours_mvue": "#9467bd", "ours_mvue_refresh40": "#17becf",
           "ours_mvue_dense_products": "#bcbd22", "ours_fp8": "#8c564b", "pytorch_semi_structured": "#d62728",
-          "auto": "#ff7f0e", "dense": "#7f7f7f"}
+          "auto": "#ff7f0e", "auto_refresh10": "#e377c2", "dense": "#7f7f7f"}
 
 
 def recorded(name: str, directory: str | Path | None = None) -> dict | None:

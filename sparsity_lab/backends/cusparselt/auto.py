@@ -12,6 +12,10 @@ per-step compression of the operand once, as if each optimizer step had a single
 conservative case). The measuring runs only on a GPU; the selection and the report here are plain
 Python, tested on the CPU with injected timings.
 
+The forward and the input gradient share the operand S(W): with ``measure_layer`` set (the cuSPARSELt
+backend sets it) they are decided together per layer (``layer_plan.py``: a mixed plan pays for both
+operand forms, so it wins only where that still pays); the weight gradient stays per product.
+
 ``sparsity_lab.sparsify.backend_report(model)`` lists every SparseLinear: which backend it asked
 for, which one runs (with the reason when the reference runs instead), and per product whether it
 is sparse, with the measured speed-up where ``auto`` decided.
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..base import PRODUCTS
+from .layer_plan import LayerDecision, LayerShape, LayerTimes, choose_plan, plan_name, unsupported_plan
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class Decision:
     dense_ms: float | None
     sparse_ms: float | None
     reason: str
+    layer: LayerDecision | None = None  # set when the layer's plan decided this product
 
     @property
     def speedup(self) -> float | None:
@@ -86,6 +92,8 @@ class Decision:
 
     def describe(self) -> str:
         what = "sparse" if self.sparse else "dense"
+        if self.layer is not None:
+            return f"{what} (layer plan: {self.layer.describe()})"
         if self.speedup is None:
             return f"{what} ({self.reason})"
         return f"{what} {self.speedup:.2f}x @{self.shape.tokens} tokens"
@@ -102,13 +110,17 @@ class AutoPolicy:
     """Sparse or dense per product shape, decided once per shape from ``measure``.
 
     measure: ProductShape -> (dense_ms, sparse_ms); on a GPU the cuSPARSELt backend supplies one.
+    measure_layer: LayerShape -> LayerTimes, for ``decide_layer`` (forward and grad_input together);
+    None: those two are decided per product too.
     min_speedup: sparse is chosen when dense_ms / sparse_ms >= min_speedup (default 1.0).
     """
 
     measure: Callable[[ProductShape], tuple[float, float]] | None = None
     min_speedup: float = 1.0
     label: str = ""  # how the timings were taken, for the reasons (e.g. " in a CUDA graph")
+    measure_layer: Callable[[LayerShape], LayerTimes] | None = None
     _decisions: dict[ProductShape, Decision] = field(default_factory=dict, repr=False)
+    _layers: dict[LayerShape, LayerDecision] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         s = self.min_speedup
@@ -134,6 +146,34 @@ class AutoPolicy:
         self._decisions[shape] = decision
         return decision
 
+    def decide_layer(self, shape: LayerShape, unsupported: str | None = None) -> LayerDecision:
+        """The (cached) plan for the forward and grad_input of a layer ``shape`` (``layer_plan.py``);
+        their per-product :class:`Decision` entries are recorded too (with the product times alone),
+        so the reports list them. ``unsupported`` (a reason) forces all-dense, unmeasured."""
+        if shape in self._layers:
+            return self._layers[shape]
+        if unsupported is not None:
+            decision, times = unsupported_plan(shape, unsupported), None
+        else:
+            if self.measure_layer is None:
+                raise RuntimeError("AutoPolicy has no measure_layer function: per-layer plans are decided from "
+                                   "timings taken on a GPU (the cuSPARSELt backend provides one)")
+            times = self.measure_layer(shape)
+            if not isinstance(times, LayerTimes):
+                raise TypeError(f"measure_layer({shape}) must return LayerTimes, got {type(times).__name__}")
+            decision = choose_plan(shape, times, self.min_speedup, self.label)
+        self._layers[shape] = decision
+        for product, sparse in zip(("forward", "grad_input"), decision.plan):
+            ps = ProductShape.of_layer(product, shape.out_features, shape.in_features, shape.tokens, shape.dtype)
+            dense_ms = getattr(times, f"{product}_dense") if times else None
+            sparse_ms = getattr(times, f"{product}_sparse") if times else None
+            self._decisions[ps] = Decision(ps, sparse, dense_ms, sparse_ms, decision.reason, decision)
+        return decision
+
+    @property
+    def layer_decisions(self) -> list[LayerDecision]:
+        return list(self._layers.values())
+
     @property
     def decisions(self) -> list[Decision]:
         return list(self._decisions.values())
@@ -156,5 +196,10 @@ class AutoPolicy:
             speed = f"{d.speedup:7.2f}x" if d.speedup is not None else f"{'-':>8}"
             rows.append(f"{s.product:<12} {s.m:>6} {s.k:>6} {s.n:>6} {s.dtype:<9} {dense} {sparse} {speed}  "
                         f"{'sparse' if d.sparse else 'dense'} ({d.reason})")
+        for layer in self._layers.values():
+            s = layer.shape
+            costs = ", ".join(f"{plan_name(p)} {ms:.3f} ms" for p, ms in layer.costs.items())
+            rows.append(f"layer ({s.out_features}, {s.in_features}) @{s.tokens} tokens {s.dtype}: "
+                        f"{layer.describe()}" + (f" [{costs}]" if costs else ""))
         return "\n".join(rows)
 

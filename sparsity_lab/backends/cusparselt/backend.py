@@ -58,10 +58,11 @@ import torch
 import torch.nn.functional as F
 
 from .auto import PRODUCTS, AutoPolicy, ProductShape
+from .layer_plan import LayerShape, plan_name
 from ..base import Backend, MvueSeed, kernel_seed
 from .algorithms import AlgorithmCache, ProductKey
 from ...methods.flip_rate import mask_flips_tensor
-from .measure import measure_product
+from .measure import measure_layer, measure_product
 from .operand import CusparseltOperand, OperandPreparation
 from .ops import (PRODUCT_DTYPES, SPARSE_MULTIPLE, check_product_dtype, check_sparse_shape, padded,
                   sparse_shape_problem, transposed_view, unavailable_reason)
@@ -157,6 +158,7 @@ class CusparseltBackend(OperandPreparation, Backend):
             policy = None
             if self.policy is not None:
                 policy = AutoPolicy(measure=self.policy.measure, min_speedup=self.policy.min_speedup,
+                                    measure_layer=self.policy.measure_layer,
                                     label=" in a CUDA graph" if mode == "graph" else "")
             self.policy, self._decided = policy, {}
         self._timing = mode
@@ -228,6 +230,12 @@ class CusparseltBackend(OperandPreparation, Backend):
         key = (product, out_f, in_f, tokens, dtype)
         sparse = self._decided.get(key)
         if sparse is None:
+            if product != "grad_weight" and self.policy.measure_layer is not None:
+                # forward and grad_input share S(W): one plan for the layer (layer_plan.py)
+                layer = LayerShape(out_f, in_f, tokens, _dtype_name(dtype))
+                plan = self.policy.decide_layer(layer, sparse_shape_problem(out_f, in_f, dtype)).plan
+                self._decided[("forward",) + key[1:]], self._decided[("grad_input",) + key[1:]] = plan
+                return self._decided[key]
             shape = ProductShape.of_layer(product, out_f, in_f, tokens, _dtype_name(dtype))
             rows, cols = {"forward": (out_f, in_f), "grad_input": (in_f, out_f), "grad_weight": (out_f, tokens)}[product]
             sparse = self._decided[key] = self.policy.decide(shape, sparse_shape_problem(rows, cols, dtype)).sparse
@@ -328,6 +336,11 @@ class CusparseltBackend(OperandPreparation, Backend):
         (``measure.measure_product``)."""
         return measure_product(self, shape)
 
+    def measure_layer(self, shape: LayerShape):
+        """``LayerTimes`` of a layer's weight-side work on the GPU, for the auto policy's per-layer plan
+        (``measure.measure_layer``)."""
+        return measure_layer(self, shape)
+
     # --- reports -------------------------------------------------------------------------------------
     def product_plan(self, out_features: int, in_features: int, mvue: bool) -> dict[str, str]:
         """Per product, how a layer (out, in) runs here (for ``backend_report``)."""
@@ -353,7 +366,13 @@ class CusparseltBackend(OperandPreparation, Backend):
                                    dtype=d.shape.dtype, sparse=d.sparse, dense_ms=d.dense_ms,
                                    sparse_ms=d.sparse_ms, speedup=d.speedup, reason=d.reason, timing=mode)
                               for mode, policy in self._policies()
-                              for d in (policy.decisions if policy else [])]}
+                              for d in (policy.decisions if policy else [])],
+                "layer_plans": [dict(out_features=d.shape.out_features, in_features=d.shape.in_features,
+                                     tokens=d.shape.tokens, dtype=d.shape.dtype, plan=plan_name(d.plan),
+                                     speedup=d.speedup, reason=d.reason, timing=mode,
+                                     costs_ms={plan_name(p): ms for p, ms in d.costs.items()})
+                                for mode, policy in self._policies()
+                                for d in (policy.layer_decisions if policy else [])]}
 
     def _policies(self) -> list[tuple[str, AutoPolicy | None]]:
         """(timing mode, policy) for the current mode and the other one, if it was used."""
@@ -384,4 +403,5 @@ def cusparselt_backend(auto: bool = False, min_speedup: float = 1.0):
     backend = CusparseltBackend(policy=AutoPolicy(min_speedup=min_speedup), fused_mvue_compress=fused,
                                 fused_prepare=prepare)
     backend.policy.measure = backend.measure_product
+    backend.policy.measure_layer = backend.measure_layer
     return backend

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from .algorithms import ProductKey, synthetic_operands
 from .auto import ProductShape
+from .layer_plan import LayerShape, LayerTimes
 
 
 def measure_product(backend, shape: ProductShape) -> tuple[float, float]:
@@ -45,6 +46,55 @@ def measure_product(backend, shape: ProductShape) -> tuple[float, float]:
     compressed = compress(a)
     sparse_ms = t(lambda: compress(a)) + t(lambda: backend._ops.mm(compressed, b, None, True, config))
     return dense_ms, sparse_ms
+
+
+def measure_layer(backend, shape: LayerShape) -> LayerTimes:
+    """``LayerTimes`` of one layer's weight-side work on synthetic operands, as ``CusparseltBackend``
+    runs it: the dense S(W) (``sparse_weight_as``, S-STE's soft threshold), the compressed forms (kernel
+    11 from W when ``prepare_masked`` would use it, else the dense S(W) compressed), and the forward and
+    input-gradient products alone, dense and sparse (searched algorithm). W is kept in the product
+    dtype: the dense and the compressed operand read it alike."""
+    from ...references.cusparselt_layout import fast_layout_problem
+    from .ops import PRODUCT_DTYPES
+
+    device, dtype = torch.device("cuda"), getattr(torch, shape.dtype)
+    t = graph_time_ms if backend.timing == "graph" else backend._ops.time_ms
+    out_f, in_f, tokens = shape.out_features, shape.in_features, shape.tokens
+    gen = torch.Generator(device=device)
+    gen.manual_seed(0)
+    w = torch.randn(out_f, in_f, generator=gen, device=device).to(dtype)
+    mask = backend.mask(w, 2, 4, True)
+    beta = torch.tensor(0.9, device=device)
+
+    def dense_operand():
+        return backend.sparse_weight_as(w, mask, beta, 2, 4, dtype).contiguous()
+    s_w = dense_operand()
+    fused = (backend.fast_compress and backend.fused_prepare and dtype in PRODUCT_DTYPES
+             and fast_layout_problem(out_f, in_f, dtype) is None)
+    dense_ms = t(dense_operand)
+    if fused:
+        k = backend._k()
+        both = t(lambda: k.prepare24(w, mask, beta, out_dtype=dtype, forward=True, transposed=True))
+        fwd_only = t(lambda: k.prepare24(w, mask, beta, out_dtype=dtype, forward=True, transposed=False))
+        t_only = t(lambda: k.prepare24(w, mask, beta, out_dtype=dtype, forward=False, transposed=True))
+    else:  # the dense S(W), then each form compressed from it
+        compress, _ = backend._compressor(s_w)
+        c_fwd, c_t = t(lambda: compress(s_w)), t(lambda: compress(s_w.t()))
+        fwd_only, t_only, both = dense_ms + c_fwd, dense_ms + c_t, dense_ms + c_fwd + c_t
+    rows = backend._rows_for(tokens, dtype)
+    products = {}
+    for product, (m, k_dim) in (("forward", (out_f, in_f)), ("grad_input", (in_f, out_f))):
+        key = ProductKey(m, k_dim, rows, dtype, True, True)
+        a, b, _ = synthetic_operands(key, device)  # a: S(W) or S(W)^T; b: X^T or dZ^T (a view)
+        config = backend.algorithms.get(key, device)
+        rows_major = b.t()
+        dense_product = (lambda: F.linear(rows_major, a)) if product == "forward" else (lambda: rows_major @ a.t())
+        compress, _ = backend._compressor(a)
+        compressed = compress(a)
+        products[f"{product}_dense"] = t(dense_product)
+        products[f"{product}_sparse"] = t(lambda: backend._ops.mm(compressed, b, None, True, config))
+    return LayerTimes(dense_operand=dense_ms, sparse_operands=both, forward_operand=fwd_only,
+                      transposed_operand=t_only, **products)
 
 
 def graph_time_ms(fn, reps: int = 5, warmup: int = 1) -> float:

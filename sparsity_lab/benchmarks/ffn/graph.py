@@ -7,8 +7,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .measure import Recorder, _cleanup, _inputs, median_ms
-from .schema import GRAPH_VARIANTS, MAX_ROUND_REPS, MIN_ROUND_MS, _row, fill_speedups
+from .measure import Recorder, _cleanup, _inputs, cycle_ms, median_ms
+from .schema import GRAPH_VARIANTS, MAX_ROUND_REPS, MIN_ROUND_MS, REFRESH, _row, fill_speedups
 from .settings import Settings
 from .variants import build_ffn, train_step
 
@@ -29,10 +29,12 @@ class InputHeld(nn.Module):
         return (self.model(self.x) * dy).sum()
 
 
-def graph_step_ms(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, s: Settings, row: dict | None = None) -> float:
+def graph_step_ms(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, s: Settings, row: dict | None = None,
+                  cycle: int = 1) -> float:
     """Milliseconds per training step replayed by ``CudaGraphStep`` (see NOTES["graph"]): forward and
     the backward's dx, dW1, dW2 (``InputHeld``), as in the eager step. row: gets ``mask_refresh``, where
-    the graphed step refreshed the masks ("graph", "eager", "mixed", or "none" for dense)."""
+    the graphed step refreshed the masks ("graph", "eager", "mixed", or "none" for dense). cycle: the
+    mask refresh interval; above 1 the mean over whole cycles (NOTES["refresh"]) is returned."""
     from ...graph_step import CudaGraphStep
     from ...training_hooks import advance_step, sparse_layers
 
@@ -54,9 +56,19 @@ def graph_step_ms(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, s: Settin
     if row is not None:
         row["mask_refresh"] = graphed.mask_refresh
     try:
-        return median_ms(step, _long_enough(step, s))
+        return _timed(step, s, cycle)
     finally:
         graphed.release()
+
+
+def _timed(fn: Callable[[], None], s: Settings, cycle: int) -> float:
+    """Median ms per call (cycle 1), or the mean over whole refresh cycles after one cycle of warm-up."""
+    import dataclasses
+
+    timing = _long_enough(fn, s)
+    if cycle == 1:
+        return median_ms(fn, timing)
+    return cycle_ms(fn, dataclasses.replace(timing, warmup=cycle + 1), cycle)
 
 
 def _long_enough(fn: Callable[[], None], s: Settings) -> Settings:
@@ -88,10 +100,14 @@ def measure_graph(tokens: int, d: int, s: Settings, rec: Recorder) -> list[dict]
             continue
         try:
             eager_step = train_step(model, *inputs)
-            eager["ms"], e = rec.attempt(f"{label} eager", lambda: median_ms(eager_step, _long_enough(eager_step, s)))
+            cycle = REFRESH.get(variant, 1)
+            if cycle > 1:
+                eager["timing"] = graph["timing"] = f"mean over whole cycles of {cycle} steps (NOTES['refresh'])"
+            eager["ms"], e = rec.attempt(f"{label} eager", lambda: _timed(eager_step, s, cycle))
             if e:
                 eager["error"] = e
-            graph["ms"], e = rec.attempt(f"{label} capture+replay", lambda: graph_step_ms(model, *inputs, s, graph))
+            graph["ms"], e = rec.attempt(f"{label} capture+replay",
+                                         lambda: graph_step_ms(model, *inputs, s, graph, cycle=cycle))
             if e:
                 graph["error"] = e
         finally:

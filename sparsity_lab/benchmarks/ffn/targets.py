@@ -15,7 +15,8 @@ from .baseline import ffn_step_flops
 
 THRESHOLDS = {"ffn_fwd_bwd_ours_mvue": 1.40, "ffn_fwd_bwd_refresh40": 1.45, "ffn_fwd_ours": 1.5,
               "auto_vs_dense_products": 0.97, "auto_vs_dense_products_graph": 0.97,
-              "auto_vs_dense_graph_from_2048": 0.97, "gpt_step": 1.20, "gpt_step_all_linears": 1.30}
+              "auto_vs_dense_graph_from_2048": 0.97, "auto_refresh10_vs_dense_graph": 0.97, "gpt_step": 1.20,
+              "gpt_step_all_linears": 1.30}
 GRAPH_FROM_D_MODEL = 2048  # auto against dense under CUDA-graph replay: judged from this width up
 
 
@@ -121,10 +122,10 @@ def judge_targets(rows: list[dict], gpt_step: dict | None, target: tuple[int, in
 
     g_ms = {(r["tokens"], r["d_model"], r["variant"]): r.get("ms") for r in graph or [] if r.get("mode") == "graph"}
 
-    def graph_points(numerator: str, min_d: int = 0) -> list[dict]:
+    def graph_points(numerator: str, min_d: int = 0, variant: str = "auto") -> list[dict]:
         return [{"tokens": t, "d_model": dd, "ratio": g_ms[(t, dd, numerator)] / a}
                 for (t, dd, v), a in g_ms.items()
-                if v == "auto" and dd >= min_d and a and g_ms.get((t, dd, numerator))]
+                if v == variant and dd >= min_d and a and g_ms.get((t, dd, numerator))]
     targets["auto_vs_dense_products_graph"] = every_point(
         "auto_vs_dense_products_graph", graph_points("ours_mvue_dense_products"), set(grid),
         "auto against the same method with every product dense, both replayed by CudaGraphStep, every grid point")
@@ -132,6 +133,10 @@ def judge_targets(rows: list[dict], gpt_step: dict | None, target: tuple[int, in
         "auto_vs_dense_graph_from_2048", graph_points("dense", GRAPH_FROM_D_MODEL),
         {p for p in grid if p[1] >= GRAPH_FROM_D_MODEL},
         f"auto against dense, both replayed by CudaGraphStep, every grid point from d_model {GRAPH_FROM_D_MODEL} up")
+    targets["auto_refresh10_vs_dense_graph"] = every_point(
+        "auto_refresh10_vs_dense_graph", graph_points("dense", variant="auto_refresh10"), set(grid),
+        "auto with the mask refreshed every 10 steps against dense, both replayed by CudaGraphStep, every grid point "
+        "(mean over whole refresh cycles)")
 
     d_gpt = gpt_step["config"]["d_model"] if gpt_step else None
     for key, variant, what in (("gpt_step", "ours_mvue", "FFN linears 2:4"),

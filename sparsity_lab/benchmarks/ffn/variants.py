@@ -61,6 +61,8 @@ def method_for(variant: str, s: Settings):
         return sl.SSTE(mvue=True, transposable=True, backend=cslt, mask_refresh_interval=REFRESH[variant])
     if variant == "auto":
         return sl.SSTE(mvue=True, transposable=True, backend=auto)
+    if variant == "auto_refresh10":
+        return sl.SSTE(mvue=True, transposable=True, backend=auto, mask_refresh_interval=REFRESH[variant])
     if variant == "ours_mvue_dense_products":
         return sl.SSTE(mvue=True, transposable=True, backend=s.backends["dense_products"])
     raise ValueError(f"variant must be one of {OURS}, got {variant!r}")
