@@ -383,3 +383,13 @@ def test_the_graphed_step_computes_dx_like_the_eager_step():
     model.zero_grad()
     model(xx).backward(dy)
     assert torch.allclose(held.x.grad, xx.grad)
+
+
+def test_graph_section_mask_refresh_mode_is_an_option_and_recorded():
+    import argparse
+
+    from sparsity_lab.benchmarks.ffn.cli import add_arguments, settings_from_args
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert settings_from_args(parser.parse_args(["--smoke"])).masks_in_graph is True
+    assert settings_from_args(parser.parse_args(["--smoke", "--no-masks-in-graph"])).masks_in_graph is False

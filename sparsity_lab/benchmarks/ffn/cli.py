@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls first (algorithm search, compiles)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="start no new shape after this many seconds")
     parser.add_argument("--no-graph", action="store_true", help="skip the eager vs CUDA-graph section")
+    parser.add_argument("--masks-in-graph", action=argparse.BooleanOptionalAction, default=True,
+                        help="graph section: refresh the masks due every step inside the CUDA graph (default), or "
+                             "eagerly before each replay (--no-masks-in-graph); recorded as masks_in_graph")
     parser.add_argument("--rounds", type=int, default=5,
                         help="rounds of the paired section at the target shape (0 skips it): dense and ours "
                              "built side by side and timed in turn, the speed-up taken per round")
@@ -94,7 +97,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                     warmup=min(args.warmup, 1) if args.smoke else args.warmup,
                     budget_s=args.budget_s, graph=not args.no_graph, gpt=gpt, backends=backends,
                     rounds=min(args.rounds, 2) if args.smoke else args.rounds,
-                    idle_s=0.0 if args.smoke else args.idle_s)
+                    idle_s=0.0 if args.smoke else args.idle_s, masks_in_graph=args.masks_in_graph)
 
 
 # --- the run ------------------------------------------------------------------------------------------------
@@ -201,7 +204,8 @@ def _benchmark(s: Settings, rec: Recorder) -> dict:
         "dtype": str(s.dtype).replace("torch.", ""), "backends": s.backends,
         "grid": {"tokens": s.tokens, "d_model": s.d_models},
         "target_shape": {"tokens": s.target[0], "d_model": s.target[1], "ffn": 4 * s.target[1]},
-        "reps": s.reps, "warmup": s.warmup, "budget_s": s.budget_s, "idle_s": s.idle_s, "notes": NOTES,
+        "reps": s.reps, "warmup": s.warmup, "budget_s": s.budget_s, "idle_s": s.idle_s,
+        "masks_in_graph": s.masks_in_graph, "notes": NOTES,
         "baseline": baseline, "conditions": rec.sampler.summary() if rec.sampler is not None else None,
         "rows": rows, "shapes": shapes, "paired": paired, "graph": graph, "gpt_step": gpt_step,
         "backend_report": reports, "rounds": s.rounds,

@@ -42,7 +42,8 @@ def graph_step_ms(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, s: Settin
         raise RuntimeError("CUDA graphs need a CUDA GPU (this run is on the CPU)")
     sparse = bool(sparse_layers(model))
     held = InputHeld(model, x)
-    graphed = CudaGraphStep(held, lambda held, dy: held(dy), warmup_steps=max(2, s.warmup))
+    graphed = CudaGraphStep(held, lambda held, dy: held(dy), warmup_steps=max(2, s.warmup),
+                            masks_in_graph=s.masks_in_graph)
 
     def step() -> None:
         graphed(dy)

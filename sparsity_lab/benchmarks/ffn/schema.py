@@ -42,9 +42,11 @@ NOTES = {
     "ffn_fwd": "the FFN forward: both products and the GELU (ours: operand prepared once, reused)",
     "graph": "one fwd_bwd step (loss = sum(y * dy), so dy reaches y as in the eager step; x held as a parameter "
              "of the graphed module, so dx is computed as in the eager step) through "
-             "sparsity_lab.CudaGraphStep: eager warm-up steps, one capture, then replays; masks refreshed eagerly "
-             "before each replay when due (CudaGraphStep's default; the graph row's mask_refresh says where: "
-             "rows that say \"graph\" refreshed masks due every step inside the graph), the operands (soft threshold, compression), "
+             "sparsity_lab.CudaGraphStep: eager warm-up steps, one capture, then replays; masks due every step "
+             "refreshed inside the graph when the recording's masks_in_graph is true, else eagerly before each replay, "
+             "and masks due on some steps only (a refresh interval > 1) always eagerly before the replay they are due "
+             "in (each graph row's mask_refresh says where: \"graph\", \"eager\", \"mixed\" or \"none\"); "
+             "the operands (soft threshold, compression), "
              "products and MVUE replay inside the graph, each MVUE seed written to the device before the replay (the draws eager "
              "mode would make)",
     "gpt_step": "AdamW (fused on CUDA) step included, bf16 autocast with fp32 master weights, random bytes",

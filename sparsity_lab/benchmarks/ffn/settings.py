@@ -29,6 +29,7 @@ class Settings:
     backends: dict[str, str]  # the backend each role runs on: "cusparselt", "cusparselt_auto", "dense_products"
     rounds: int = 5  # rounds of the paired section (0: no paired section)
     idle_s: float = 0.0  # idle GPU before each paired turn at the target shape and in the GPT rounds
+    masks_in_graph: bool = True  # graph section: masks due every step refreshed inside the CUDA graph
 
     @property
     def grid(self) -> list[tuple[int, int]]:
