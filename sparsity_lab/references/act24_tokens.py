@@ -79,8 +79,10 @@ def top2of4_tokens_mask(b: torch.Tensor) -> torch.Tensor:
     where the real entries are fewer than two or tie with them: it changes no value). Ties to the
     lowest row, NaN ranks first, as ``references.act24.top2of4_mask`` along rows.
     """
-    _check_matrix(b, "b")
+    _check_matrix(b, "b", min_features=0)  # no sparse feature (all dense): an empty mask
     tokens = b.shape[0]
+    if b.shape[1] == 0:
+        return torch.zeros(b.shape, dtype=torch.bool, device=b.device)
     padded = F.pad(b.detach().t(), (0, -tokens % GROUP))  # (f, tokens rounded up to 4): groups along the rows
     return top2of4_mask(padded)[:, :tokens].t()
 
@@ -148,8 +150,8 @@ def tokens24_dropped(a: torch.Tensor, perm: torch.Tensor, dense_count: int) -> d
             "dropped": lost, "nonzeros": nonzeros}
 
 
-def _check_matrix(x, name: str) -> None:
+def _check_matrix(x, name: str, min_features: int = 1) -> None:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {type(x).__name__} {getattr(x, 'dtype', '')}")
-    if x.dim() != 2 or x.shape[0] < 1 or x.shape[1] < 1:
+    if x.dim() != 2 or x.shape[0] < 1 or x.shape[1] < min_features:
         raise ValueError(f"{name} must be a non-empty 2-D (tokens, features) tensor, got shape {tuple(x.shape)}")
