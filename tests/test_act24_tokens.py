@@ -9,6 +9,7 @@ import sparsity_lab as sl
 from sparsity_lab import activation24
 from sparsity_lab.activation24 import (Act24MLP, ReferenceProducts, configure_activation_sparsity, permutation_seed,
                                        weight_selector)
+from _lab_testing import without_speed
 from sparsity_lab.references.act24 import act24, act24_grad
 from sparsity_lab.references.act24_tokens import (dense_feature_count, dense_features, tokens24_dropped,
                                                   tokens24_kept, tokens24_weight_grad, top2of4_tokens_mask)
@@ -276,3 +277,56 @@ def test_reference_products_can_round_the_sparse_features_as_cusparselt_does():
     a24, _ = act24(x @ mlp.fc.weight.detach().t())
     assert dense_feature_count(128, 0.05, 64) == 64
     torch.testing.assert_close(mlp.proj.weight.grad, tokens24_weight_grad(a24, dy, _perm(2, 0, 6), 64).t())
+
+
+# --- the lab: GPTConfig, the trainer and `sparsity-lab train` ----------------------------------------
+def test_lab_config_trains_with_token_gradients_and_resumes_exactly(tmp_path):
+    from _lab_testing import tiny_config
+
+    from sparsity_lab.lab import GPTConfig, Trainer, load_corpus
+    from sparsity_lab.lab.model import ACT24_WEIGHT_GRADS
+
+    assert ACT24_WEIGHT_GRADS == activation24.WEIGHT_GRADS
+    with pytest.raises(ValueError, match="act24_weight_grads must be one of"):
+        GPTConfig(ffn_kind="relu2", activation_sparsity="2:4", act24_weight_grads="mvue")
+    with pytest.raises(ValueError, match="needs activation_sparsity='2:4'"):
+        GPTConfig(ffn_kind="relu2", act24_weight_grads="tokens24")
+    with pytest.raises(ValueError, match="act24_dense_fraction"):
+        GPTConfig(ffn_kind="relu2", activation_sparsity="2:4", act24_dense_fraction=2.0)
+    corpus = load_corpus(max_bytes=50_000)
+    cfg = GPTConfig(n_layer=2, n_head=2, d_model=16, context=16, ffn_kind="relu2", activation_sparsity="2:4",
+                    act24_weight_grads="tokens24", act24_dense_fraction=0.1)
+
+    def trainer(steps, **kw):
+        return Trainer(tiny_config(cfg, method="dense", steps=steps, **kw), corpus=corpus)
+    full = trainer(4)
+    mods = [m for _, m in activation24.act24_modules(full.model)]
+    assert all(m.weight_grads == "tokens24" and m.dense_fraction == 0.1 for m in mods)
+    assert len({int(m.token_seed) for m in mods}) == 2 and "weight gradients tokens24" in full.describe()
+    full.run()
+    assert all(int(m.token_draws) == 2 * 4 for m in mods)  # dW2 and dW1 per step (one micro-step each)
+    dense = Trainer(tiny_config(GPTConfig(**{**cfg.__dict__, "act24_weight_grads": "dense"}), method="dense",
+                                steps=4), corpus=corpus)
+    dense.run()
+    assert without_speed(dense.history) != without_speed(full.history)  # the option changes the trajectory
+    ckpt = tmp_path / "ck.pt"
+    first = trainer(4, checkpoint_path=str(ckpt))
+    first.run(stop_at=2)
+    first.close()
+    resumed = Trainer.resume(ckpt, corpus=corpus)
+    assert all(int(m.token_draws) == 4 for _, m in activation24.act24_modules(resumed.model))
+    resumed.run()
+    assert without_speed(resumed.history) == without_speed(full.history[2:])
+
+
+def test_cli_train_takes_the_token_gradient_options(tmp_path, capsys):
+    from _lab_testing import CLI_TINY
+
+    from sparsity_lab.cli import main
+    code = main(["train", *CLI_TINY, "--steps", "1", "--ffn", "relu2", "--activation-sparsity", "2:4",
+                 "--act24-weight-grads", "tokens24", "--act24-dense-fraction", "0.2", "--out", str(tmp_path / "r")])
+    assert code == 0, capsys.readouterr().err
+    assert "weight gradients tokens24 (0.2 of features dense)" in capsys.readouterr().out
+    code = main(["train", *CLI_TINY, "--steps", "1", "--ffn", "relu2", "--act24-weight-grads", "tokens24",
+                 "--out", str(tmp_path / "r2")])
+    assert code == 2 and "needs activation_sparsity='2:4'" in capsys.readouterr().err
