@@ -481,18 +481,27 @@ class Act24MLP(nn.Module):
 
     def _up(self, x: torch.Tensor, dtype: torch.dtype, tg: TokenWeightGrads | None) -> torch.Tensor:
         """h = fc(x); with token-dimension weight gradients its dW1 is C(dH, x) (``_TokenGradLinearFn``),
-        the forward and dx running as fc runs them (its 2:4 products for a ``SparseLinear``)."""
+        the forward and dx running as fc runs them (its 2:4 products for a ``SparseLinear``). fc is still
+        called as a module, so its hooks run (the trainer measures the activations' sparsity there)."""
         if tg is None:
             return self.fc(x)
         from .layers import SparseLinear
 
-        x2 = x.reshape(-1, x.shape[-1])
-        plan = None
-        if isinstance(self.fc, SparseLinear):
-            grad_w = self.fc.weight.requires_grad
-            plan = self.fc.call_plan(x2, self.training, grad_w, dtype)
-        h = _TokenGradLinearFn.apply(x2, self.fc.weight, self.fc.bias, plan, dtype, tg)
-        return h.reshape(*x.shape[:-1], h.shape[-1])
+        fc = self.fc
+
+        def forward(inp: torch.Tensor) -> torch.Tensor:
+            x2 = inp.reshape(-1, inp.shape[-1])
+            plan = None
+            if isinstance(fc, SparseLinear):
+                plan = fc.call_plan(x2, self.training, fc.weight.requires_grad, dtype)
+            h = _TokenGradLinearFn.apply(x2, fc.weight, fc.bias, plan, dtype, tg)
+            return h.reshape(*inp.shape[:-1], h.shape[-1])
+
+        fc.forward = forward  # for this call only: fc's hooks run around it as around its own forward
+        try:
+            return fc(x)
+        finally:
+            del fc.forward
 
 
 def act24_modules(model: nn.Module) -> list[tuple[str, Act24MLP]]:

@@ -330,3 +330,16 @@ def test_cli_train_takes_the_token_gradient_options(tmp_path, capsys):
     code = main(["train", *CLI_TINY, "--steps", "1", "--ffn", "relu2", "--act24-weight-grads", "tokens24",
                  "--out", str(tmp_path / "r2")])
     assert code == 2 and "needs activation_sparsity='2:4'" in capsys.readouterr().err
+
+
+def test_the_up_projection_stays_a_module_call_so_its_hooks_run():
+    """With 2:4 weights on fc, the tokens24 path still calls fc as a module (the trainer's activation-sparsity
+    tracker is a forward hook on mlp.fc), and leaves fc's own forward in place afterwards."""
+    model = torch.nn.Sequential()
+    model.add_module("mlp", Act24MLP(8, 16, weight_grads="tokens24"))
+    sl.sparsify(model, sl.STE(transposable=True), select=weight_selector)
+    sl.attach_optimizer(model, torch.optim.SGD(model.parameters(), lr=0.0))
+    seen = []
+    model.mlp.fc.register_forward_hook(lambda mod, args, out: seen.append(out.shape))
+    model(torch.randn(5, 8)).sum().backward()
+    assert seen == [torch.Size([5, 16])] and "forward" not in vars(model.mlp.fc)
