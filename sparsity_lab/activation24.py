@@ -10,6 +10,28 @@ The maths and the six products of one training step are written out in
     "cusparselt"       y  = A24 @ W2^T sparse  dx = dH @ W1 sparse (dH is 2:4 in A24's pattern);
                                                dA24 = dY W2, dW2 = dY^T A24, dW1 = dH^T x dense
 
+Which of the six products run sparse (plain linears; ``weight_grads`` is an option of the module):
+
+    product          sums over   weight_grads="dense" (default)   weight_grads="tokens24"
+    y  = A24 W2^T    hidden      sparse, exact (A24)              sparse, exact (A24)
+    dA24 = dY W2     d_model     dense                            dense
+    dW2 = dY^T A24   tokens      dense, exact                     D dense + S sparse (2:4 along tokens)
+    dx = dH W1       hidden      sparse, exact (dH)               sparse, exact (dH)
+    dW1 = dH^T x     tokens      dense, exact                     D dense + S sparse (2:4 along tokens)
+    H = x W1^T       d_model     dense                            dense
+
+``weight_grads="tokens24"`` (``references.act24_tokens``, after the paper's idea as public summaries
+describe it): the ``dense_fraction`` (default 0.05) of hidden features with the most non-zeros in the
+batch (D) keep exact products; for the others (S) the tokens are shuffled by a fresh permutation per
+product and the 2 largest |values| of every 4 consecutive permuted tokens are kept, so A_S^T
+(|S|, tokens) is 2:4 along the summed dimension: on "cusparselt" it is gathered, pruned and compressed
+in one pass (``kernels/prune24_tokens.py``) and multiplied by cuSPARSELt. An approximation of dW (what
+is dropped is lost; ``record_dropped`` reports the share); |S| is rounded to whole 64-row tiles there.
+The permutations come from a counter-based stream per module (``token_seed``, ``token_draws``:
+buffers, so a resumed run draws the same ones), drawn on the host: a CUDA-graph capture is refused.
+With 2:4 weights on the linears (below) the token-dimension products take the weight gradients in place
+of the layers' own (dense or MVUE), the forwards and input gradients still on the 2:4 weights.
+
 A24 and dH are produced compressed by the Triton kernels ``kernels/act24.py`` and
 ``kernels/act24_backward.py`` (activation, selection and cuSPARSELt's layout in one pass) and
 multiplied through cuSPARSELt with the activation on the left: cuSPARSELt's structured operand A of
@@ -370,7 +392,9 @@ class Act24MLP(nn.Module):
 
     x (..., d) -> (..., d). ``fc`` (hidden, d) and ``proj`` (d, hidden) are named as in the plain MLP,
     so ``sparsify`` can make ``fc`` 2:4 (``weight_selector`` picks it alone). ``products`` is set by
-    ``configure_activation_sparsity`` (default: the reference).
+    ``configure_activation_sparsity`` (default: the reference). ``weight_grads``, ``dense_fraction`` and
+    ``token_seed``: the weight gradients dense (exact) or "tokens24" (module docstring,
+    ``set_weight_grads``).
     """
 
     def __init__(self, d_model: int, hidden: int, bias: bool = False, dropout: float = 0.0,
