@@ -83,9 +83,58 @@ def test_bad_inputs_are_refused_with_the_reason():
         prune24_tokens(a, perm, feats + 1, check=True)
 
 
-# --- on the GPU: the cuSPARSELt weight-gradient products (run by hand on the H100) ------------------
 def _rel(got, want):
     return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
+
+
+class _DecompressingOps:
+    """cuSPARSELt's product A @ B stood in for on the CPU: the compressed A decompressed through the
+    reference layout, then a float32 product rounded to B's dtype."""
+
+    def mm(self, compressed, b, bias, transpose_result, config):
+        assert bias is None and not transpose_result
+        return (decompress24_reference(compressed, compressed.shape[0], b.shape[0]).float() @ b.float()).to(b.dtype)
+
+
+def _products_with_stand_in_ops():
+    import types
+
+    from sparsity_lab.activation24 import CusparseltProducts
+
+    products = CusparseltProducts(ops=_DecompressingOps(), sweep=False)
+    products.algorithms = types.SimpleNamespace(get=lambda key, device: None)  # no algorithm search
+    return products
+
+
+def test_cusparselt_products_with_stand_in_ops_match_the_reference():
+    """The cuSPARSELt path's own work (token padding, the dense features, kernels 12, 13 and 17, G[P], where
+    the results land) with the sparse product stood in for: Act24MLP with tokens24 against
+    ReferenceProducts(feature_multiple=64) on 70 tokens (padded to 128), bf16."""
+    from sparsity_lab.activation24 import Act24MLP, ReferenceProducts
+
+    if DEVICE.type == "cuda":
+        pytest.skip("the stand-in product runs on the CPU (the GPU tests below use cuSPARSELt itself)")
+    runs = []
+    for products in (_products_with_stand_in_ops(), ReferenceProducts(feature_multiple=64)):
+        torch.manual_seed(0)
+        mlp = Act24MLP(32, 128, weight_grads="tokens24", token_seed=4).to(torch.bfloat16)
+        mlp.products = products
+        x = torch.randn(70, 32, dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(70, 32, dtype=torch.bfloat16)
+        y = mlp(x)
+        y.backward(dy)
+        runs.append([y.detach(), x.grad, mlp.fc.weight.grad, mlp.proj.weight.grad])
+    for name, fast, ref in zip(("y", "dx", "dW1", "dW2"), *runs):
+        assert _rel(fast, ref) < 2e-2, (name, _rel(fast, ref))
+    gen = torch.Generator().manual_seed(3)
+    a = _fresh(70, 192, torch.bfloat16, gen, "zeros")
+    g = _fresh(70, 24, torch.bfloat16, gen, "plain")
+    perm = torch.randperm(70, generator=gen)
+    got = _products_with_stand_in_ops().token_weight_grad(a, g, perm, 64)
+    assert _rel(got, tokens24_weight_grad(a.float(), g.float(), perm, 64)) < 1e-2
+
+
+# --- on the GPU: the cuSPARSELt weight-gradient products (run by hand on the H100) ------------------
 
 
 @pytest.mark.gpu
