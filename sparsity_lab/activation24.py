@@ -437,6 +437,20 @@ class Act24MLP(nn.Module):
             self.token_draws.zero_()
         self.weight_grads, self.dense_fraction = weight_grads, float(dense_fraction)
 
+    def check_weight_grads(self) -> None:
+        """With "tokens24" the token-dimension products compute the weight gradients of fc and proj: a 2:4
+        layer there whose method asks for MVUE weight gradients is refused (the two would compete)."""
+        from .layers import SparseLinear
+
+        if self.weight_grads != "tokens24":
+            return
+        for name in ("fc", "proj"):
+            layer = getattr(self, name)
+            if isinstance(layer, SparseLinear) and layer.method.mvue:
+                raise ValueError(f"weight_grads='tokens24' computes the weight gradients of {name}, whose 2:4 method "
+                                 f"({layer.method.describe()}) asks for MVUE weight gradients: use mvue=False with "
+                                 "tokens24, or weight_grads='dense' with MVUE")
+
     def next_token_permutation(self, tokens: int, device: torch.device) -> torch.Tensor:
         """Permutation number ``token_draws`` of range(tokens), on ``device`` (int64): drawn on the host from
         a generator seeded by ``permutation_seed(token_seed, token_draws)`` (no device sync)."""
@@ -481,6 +495,7 @@ class Act24MLP(nn.Module):
         tg = None
         if self.weight_grads == "tokens24" and torch.is_grad_enabled():
             refuse_capture(x.device)
+            self.check_weight_grads()
             tg = TokenWeightGrads(self, self.products)
         if isinstance(self.proj, SparseLinear):
             h = self._up(x, dtype, tg)
@@ -561,6 +576,7 @@ def configure_activation_sparsity(model: nn.Module, backend: str = "torch", tota
         mod.set_dense_from(dense_from)
         if weight_grads is not None:
             mod.set_weight_grads(weight_grads, dense_fraction, permutation_seed(token_seed, i) % 2**62)
+        mod.check_weight_grads()
     return mods
 
 

@@ -343,3 +343,16 @@ def test_the_up_projection_stays_a_module_call_so_its_hooks_run():
     model.mlp.fc.register_forward_hook(lambda mod, args, out: seen.append(out.shape))
     model(torch.randn(5, 8)).sum().backward()
     assert seen == [torch.Size([5, 16])] and "forward" not in vars(model.mlp.fc)
+
+
+def test_mvue_weight_gradients_and_tokens24_are_refused_together():
+    model = torch.nn.Sequential()
+    model.add_module("mlp", Act24MLP(8, 16, weight_grads="tokens24"))
+    sl.sparsify(model, sl.STE(transposable=True, mvue=True), select=weight_selector)
+    sl.attach_optimizer(model, torch.optim.SGD(model.parameters(), lr=0.0))
+    with pytest.raises(ValueError, match="asks for MVUE weight gradients"):
+        model(torch.randn(4, 8))
+    with pytest.raises(ValueError, match="asks for MVUE weight gradients"):
+        configure_activation_sparsity(model)
+    configure_activation_sparsity(model, weight_grads="dense")  # MVUE with exact weight gradients: fine
+    model(torch.randn(4, 8)).sum().backward()
