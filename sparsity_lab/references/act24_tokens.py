@@ -117,8 +117,8 @@ def tokens24_weight_grad(a: torch.Tensor, g: torch.Tensor, perm: torch.Tensor, d
     a: (tokens, h) A24 or dH; g: (tokens, k) dY or x, a's dtype and device; perm: (tokens,) a
     permutation of the tokens; dense_count: |D| (``dense_feature_count``). The products run in a's dtype
     (as the dense ``a.t() @ g``). dW1 = C(dH, x); dW2 = C(A24, dY)^T. ``dense_count = h`` gives the exact
-    product; C equals A^T G exactly when every group of 4 permuted tokens of the columns S already has
-    at most 2 non-zeros.
+    product; C equals A^T G (up to the order of the sums) when every group of 4 permuted tokens of the
+    columns S already has at most 2 non-zeros.
     """
     _check_matrix(a, "a")
     _check_matrix(g, "g")
