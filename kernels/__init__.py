@@ -21,6 +21,8 @@ package (named in its docstring) and a test against it (tests/test_kernels_*.py)
     act24_backward    13. its straight-through gradient dH, recomputing the selection, compressed, one pass
     fp8_cast_transpose 14. FP8 cast writing q and q^T in one pass (the weight gradient reads q(X)^T)
     scale_product     15. a product multiplied in place by two per-tensor scales read on the device
+    relu2             16. squared ReLU forward and backward, one pass each
+    prune24_tokens    17. permuted tokens of chosen features gathered, 2:4 along the tokens, compressed, one pass
 
 Importing this package imports triton: set TRITON_INTERPRET=1 first to run on a CPU.
 """
@@ -37,6 +39,7 @@ from . import mvue24_variants  # noqa: F401  (adds the measured baseline variant
 from .mvue_compress24 import mvue_compress24
 from .prepare24 import prepare24
 from .prune24 import pack_mask24, prune24, unpack_mask24
+from .prune24_tokens import prune24_tokens
 from .relu2 import relu2_backward, relu2_forward
 from .scale_product import scale_product_
 from .soft_threshold24 import soft_threshold24
@@ -44,7 +47,7 @@ from .transposable24 import transposable_mask24
 
 __all__ = [
     "act24", "act24_backward", "amax", "compress24", "count_flips", "dequantize_fp8", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "mvue_compress24", "pack_mask24",
-    "prepare24", "prune24", "quantize_fp8", "quantize_fp8_transposed", "quantize_fp8_with_scale", "relu2_backward",
+    "prepare24", "prune24", "prune24_tokens", "quantize_fp8", "quantize_fp8_transposed", "quantize_fp8_with_scale", "relu2_backward",
     "relu2_forward", "scale_product_",
     "soft_threshold24", "transposable_mask24",
     "unpack_mask24",

@@ -33,8 +33,15 @@ def test_the_recorder_writes_every_setting_at_every_seed(recorded):
         assert [e["step"] for e in run["evals"]] == [3, 6]
         assert ("act_zero" in run["evals"][-1]) == (setting != "gelu")  # the squared ReLU's natural sparsity
     models = {k: r["summary"]["config"]["model"] for k, r in recorded["runs"].items()}
-    assert [m["ffn_kind"] for m in models.values()] == ["gelu", "relu2", "relu2", "relu2"]
-    assert [m["activation_sparsity"] for m in models.values()] == ["none", "none", "2:4", "2:4"]
+    assert [m["ffn_kind"] for m in models.values()] == ["gelu", "relu2", "relu2", "relu2", "relu2"]
+    assert [m["activation_sparsity"] for m in models.values()] == ["none", "none", "2:4", "2:4", "2:4"]
+    assert [m["act24_weight_grads"] for m in models.values()] == ["dense"] * 4 + ["tokens24"]
+    for per in recorded["seeds"].values():  # the dropped share, measured on the trained model
+        drop = per["act24_tok24"]["tokens24_dropped"]
+        assert set(drop) == {"dW2_mass", "dW1_mass", "dW2_count", "dW1_count"}
+        assert all(0.0 <= v <= 1.0 for v in drop.values())
+        assert all("tokens24_dropped" not in per[k] for k in SETTINGS_ORDER[:4])
+    assert set(recorded["runs"]["act24_tok24"]["summary"]["tokens24_dropped"]["per_block"]) == {"blocks.0.mlp"}
     combined = recorded["runs"]["act24_ste"]["summary"]["config"]
     assert combined["method"] == "ste" and combined["method_options"] == {
         "transposable": True, "backend": "torch", "dense_finetune_at": 0.9}
@@ -44,7 +51,7 @@ def test_the_recorder_writes_every_setting_at_every_seed(recorded):
 
 
 def test_two_seeds_are_not_judged(recorded):
-    assert len(recorded["verdicts"]) == 3
+    assert len(recorded["verdicts"]) == 4
     for v in recorded["verdicts"]:
         assert v["holds"] is None and v["evidence"].startswith("not judged: 2 seeds")
 
@@ -57,8 +64,8 @@ def finals(**columns):
 
 def test_verdicts_hold():
     v = judge_act24(finals(gelu=[1.90, 1.92, 1.91], relu2=[1.74, 1.75, 1.73], act24=[1.745, 1.76, 1.73],
-                           act24_ste=[1.76, 1.78, 1.75]))
-    assert [x["holds"] for x in v] == [True, True, True]
+                           act24_ste=[1.76, 1.78, 1.75], act24_tok24=[1.75, 1.755, 1.74]))
+    assert [x["holds"] for x in v] == [True, True, True, True]
     assert v[0]["values"]["outcome"] == "relu2 lower" and not v[0]["values"]["ranges_overlap"]
     assert v[2]["values"]["holds_on_mean"] is True and v[2]["seeds"] == [0, 1, 2]
 
@@ -66,8 +73,9 @@ def test_verdicts_hold():
 def test_verdicts_fail():
     # ranges overlap; act24 1.7 % worse at seed 1; the combined method within 2 % on the mean but not at seed 2
     v = judge_act24(finals(gelu=[1.76, 1.80, 1.78], relu2=[1.74, 1.75, 1.79], act24=[1.74, 1.78, 1.79],
-                           act24_ste=[1.75, 1.76, 1.83]))
-    assert [x["holds"] for x in v] == [False, False, False]
+                           act24_ste=[1.75, 1.76, 1.83], act24_tok24=[1.74, 1.75, 1.81]))
+    assert [x["holds"] for x in v] == [False, False, False, False]
+    assert v[3]["values"]["max_gap"] == pytest.approx(1.81 / 1.79 - 1)
     assert v[0]["values"]["outcome"] == "ranges overlap"
     assert v[1]["values"]["max_gap"] == pytest.approx(1.78 / 1.75 - 1)
     assert v[2]["values"]["holds_on_mean"] is True
@@ -76,15 +84,17 @@ def test_verdicts_fail():
 
 
 def test_verdicts_not_judged():
-    one = judge_act24(finals(gelu=[1.9], relu2=[1.74], act24=[1.74], act24_ste=[1.76]))
+    one = judge_act24(finals(gelu=[1.9], relu2=[1.74], act24=[1.74], act24_ste=[1.76], act24_tok24=[1.75]))
     assert all(x["holds"] is None and x["evidence"].startswith("not judged: 1 seed ") for x in one)
     assert one[2]["values"]["holds_on_mean"] is None
-    short = judge_act24(finals(gelu=[1.9] * 3, relu2=[1.74] * 3, act24=[1.74] * 3, act24_ste=[1.76] * 3), steps=6)
+    short = judge_act24(finals(gelu=[1.9] * 3, relu2=[1.74] * 3, act24=[1.74] * 3, act24_ste=[1.76] * 3,
+                               act24_tok24=[1.75] * 3), steps=6)
     assert all(x["holds"] is None and x["evidence"].startswith("not judged: 6 steps") for x in short)
     assert judge_act24(finals(gelu=[1.9] * 3, relu2=[1.74] * 3, act24=[1.74] * 3, act24_ste=[1.76] * 3),
                        steps=400)[2]["holds"] is True
     missing = judge_act24(finals(gelu=[1.9] * 3, relu2=[1.74] * 3, act24=[1.74] * 3))
     assert missing[2]["holds"] is None and "act24_ste" in missing[2]["evidence"]
+    assert missing[3]["holds"] is None and "act24_tok24" in missing[3]["evidence"]  # recorded before it existed
     with pytest.raises(ValueError, match="at least one seed"):
         judge_act24({})
 
@@ -136,3 +146,5 @@ def test_the_recorder_runs_every_setting_on_cusparselt(tmp_path):
     assert result["settings"]["backend"] == "cusparselt"
     assert all(s["final_val_loss"] > 0 for s in result["seeds"]["0"].values())
     assert result["runs"]["act24_ste"]["summary"]["config"]["method_options"]["backend"] == "cusparselt"
+    assert result["runs"]["act24_tok24"]["summary"]["config"]["model"]["act24_weight_grads"] == "tokens24"
+    assert 0.0 <= result["seeds"]["0"]["act24_tok24"]["tokens24_dropped"]["dW2_mass"] <= 1.0

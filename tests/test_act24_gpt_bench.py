@@ -58,6 +58,23 @@ def test_smoke_keeps_the_ffn_section_and_adds_the_gpt_section(smoke):
     assert "matmul probe start" in printed and "GPU conditions" in printed
 
 
+def test_smoke_runs_the_token_dimension_weight_gradient_variants(smoke):
+    """The tokens24 variants: in the FFN section checked against the reference (weight gradients too)
+    with the dropped share reported, timed eagerly; in the GPT section built with act24_weight_grads."""
+    result, printed = smoke
+    rows = {r["variant"]: r for r in result["rows"]}
+    for name in ("act24_tok24", "act24_w24_tok24"):
+        row = rows[name]
+        assert row["y_rel_err"] == row["dx_rel_err"] == row["dw1_rel_err"] == row["dw2_rel_err"] == 0.0
+        assert set(row["dropped"]) == {"dW1", "dW2"} and row["dense_fraction"] == 0.05
+        assert all(0.0 <= d["mass_fraction"] <= 1.0 and d["nonzeros"] > 0 for d in row["dropped"].values())
+    assert "dropped" not in rows["act24"] and rows["act24"]["dw2_rel_err"] == 0.0
+    gpt = result["gpt_step"]["variants"]
+    assert gpt["act24_tok24"]["weight_grads"] == gpt["act24_w24_tok24"]["weight_grads"] == "tokens24"
+    assert gpt["act24"]["weight_grads"] == "dense" and "MVUE" not in gpt["act24_w24_tok24"]["method"]
+    assert "dropped mass dW2" in printed
+
+
 def test_smoke_paired_rounds_and_headline(smoke):
     """Per round the speed-up is dense relu2 ms / the variant's ms of that round; the headline is the
     fastest dense relu2 of the run (alone or paired median) over the variant's paired median."""
@@ -183,7 +200,7 @@ def test_gpt_section_on_cusparselt_at_a_small_size_on_gpu():
     assert rec.errors == [] and "error" not in gpt["paired"]
     for name, record in gpt["variants"].items():
         assert record["ms"] > 0 and math.isfinite(record["loss_after"]), name
-    for name in ("act24", "act24_as_trainer", "act24_w24_mvue"):
+    for name in ("act24", "act24_as_trainer", "act24_w24_mvue", "act24_tok24", "act24_w24_tok24"):
         check = gpt["variants"][name]["loss_check"]
         assert gpt["variants"][name]["activation_products"] == "cusparselt"
         assert check["ffn_out_rel_err"] < 2e-2 and abs(check["loss"] - check["loss_reference"]) < 1e-2, (name, check)

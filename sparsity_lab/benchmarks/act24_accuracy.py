@@ -1,8 +1,8 @@
-"""``sparsity-lab bench-act24-accuracy``: the accuracy of 2:4 activations, four lab runs per seed.
+"""``sparsity-lab bench-act24-accuracy``: the accuracy of 2:4 activations, five lab runs per seed.
 
     python -m sparsity_lab.benchmarks.act24_accuracy --seeds 0 1 2 --device cuda
 
-Each seed trains four settings of the lab GPT (``lab.trainer.Trainer``, the loop of ``sparsity-lab
+Each seed trains five settings of the lab GPT (``lab.trainer.Trainer``, the loop of ``sparsity-lab
 train``) on the same bytes with the same trainer options:
 
     gelu       dense, y = W2 gelu(W1 x)
@@ -10,6 +10,10 @@ train``) on the same bytes with the same trainer options:
     act24      relu2 with 2:4 activations (``--activation-sparsity 2:4``, method dense, transposable)
     act24_ste  2:4 activations and 2:4 weights on both FFN linears (STE, transposable), both dense for the
                last tenth of the steps (``--dense-finetune-at 0.9``)
+    act24_tok24  act24 with the FFN weight gradients 2:4 along permuted tokens (``--act24-weight-grads
+               tokens24``, 5 % of the hidden features dense; ``references.act24_tokens``); its summary adds
+               ``tokens24_dropped``: the share of A24 and dH that the token-dimension 2:4 drops, measured
+               after training on the first validation batch (mean over blocks)
 
 The defaults are the sizes of the first recording (one seed, run by hand): 4 layers, width 256, context
 256, 32 sequences per step, 400 steps, validation every 100 steps on 10 batches. The 2:4 products run on
@@ -20,7 +24,7 @@ Writes ``act24_accuracy_<gpu or cpu>.json`` (``--out-dir``, ``--name``) with pro
               read by notebook 13): the summary of ``train`` (config and corpus included) and the
               validation rows with the natural sparsity of the squared ReLU (act_zero, act_le2)
     seeds     {seed: {setting: summary}} for every seed (final_val_loss, tokens/s, last act_zero/act_le2)
-    verdicts  ``act24_verdicts.judge_act24``'s three verdicts, with their rules (not judged below 3 seeds or
+    verdicts  ``act24_verdicts.judge_act24``'s four verdicts, with their rules (not judged below 3 seeds or
               200 steps)
 """
 from __future__ import annotations
@@ -32,7 +36,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-SETTINGS_ORDER = ("gelu", "relu2", "act24", "act24_ste")
+SETTINGS_ORDER = ("gelu", "relu2", "act24", "act24_ste", "act24_tok24")
 DEFAULTS = {"layers": 4, "width": 256, "context": 256, "batch_size": 32, "steps": 400, "eval_interval": 100,
             "eval_batches": 10}
 DENSE_FINETUNE_AT = 0.9  # act24_ste: the last tenth of the steps dense
@@ -44,6 +48,7 @@ class Setting:
     activation_sparsity: str
     method: str
     two_four: bool  # 2:4 activations or weights: the backend and transposable masks apply
+    weight_grads: str = "dense"  # with 2:4 activations: GPTConfig.act24_weight_grads
 
     def method_options(self, backend: str) -> dict:
         if not self.two_four:
@@ -59,6 +64,7 @@ SETTINGS = {
     "relu2": Setting("relu2", "none", "dense", False),
     "act24": Setting("relu2", "2:4", "dense", True),
     "act24_ste": Setting("relu2", "2:4", "ste", True),
+    "act24_tok24": Setting("relu2", "2:4", "dense", True, "tokens24"),
 }
 
 
@@ -138,7 +144,8 @@ def train_config(setting: str, seed: int, args: argparse.Namespace, device: str,
 
     s = SETTINGS[setting]
     model = GPTConfig(n_layer=args.layers, n_head=args.heads or default_heads(args.width), d_model=args.width,
-                      context=args.context, ffn_kind=s.ffn, activation_sparsity=s.activation_sparsity)
+                      context=args.context, ffn_kind=s.ffn, activation_sparsity=s.activation_sparsity,
+                      act24_weight_grads=s.weight_grads)
     extra = {} if args.data_max_bytes is None else {"data_max_bytes": args.data_max_bytes}
     return TrainConfig(method=s.method, method_options=s.method_options(backend), model=model, data=args.data,
                        batch_size=args.batch_size, steps=args.steps, warmup_steps=max(1, round(0.05 * args.steps)),
@@ -160,6 +167,8 @@ def one_run(config, corpus) -> dict:
                        wall_s=time.perf_counter() - start)
         evals = [{k: v for k, v in row.items() if k in ("step", "loss", "val_loss") or k.startswith("act_")}
                  for row in trainer.history if row.get("val_loss") is not None]
+        if config.model.act24_weight_grads == "tokens24":
+            summary["tokens24_dropped"] = tokens24_dropped_after(trainer)
     finally:
         trainer.close()
         del trainer
@@ -167,6 +176,35 @@ def one_run(config, corpus) -> dict:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return {"summary": summary, "evals": evals}
+
+
+def tokens24_dropped_after(trainer) -> dict:
+    """The share of A24 (for dW2) and dH (for dW1) that the token-dimension 2:4 drops, on the trained model:
+    one forward and backward of the first validation batch (eval mode, no optimizer step, gradients
+    cleared after), ``Act24MLP.record_dropped`` on. {"dW2_mass", "dW1_mass", "dW2_count", "dW1_count"}: means
+    over the blocks of ``tokens24_dropped``'s mass_fraction and count_fraction, and ``per_block``."""
+    import statistics
+
+    from ..activation24 import act24_modules
+
+    mods = act24_modules(trainer.model)
+    x, y = trainer.val_batches[0]
+    trainer.model.eval()
+    try:
+        for _, m in mods:
+            m.record_dropped, m.last_dropped = True, {}
+        with trainer._autocast():
+            _, loss = trainer.model(x, y)
+        loss.backward()
+    finally:
+        trainer.model.zero_grad(set_to_none=True)
+        trainer.model.train()
+        for _, m in mods:
+            m.record_dropped = False
+    per_block = {name: dict(m.last_dropped) for name, m in mods}
+    out = {f"{w}_{k}": statistics.fmean(d[w][f"{k}_fraction"] for d in per_block.values())
+           for w in ("dW2", "dW1") for k in ("mass", "count")}
+    return {**out, "per_block": per_block}
 
 
 def seed_summary(run: dict) -> dict:
@@ -177,6 +215,8 @@ def seed_summary(run: dict) -> dict:
     for key in ("act_zero", "act_le2"):
         if key in last:
             out[key] = last[key]
+    if "tokens24_dropped" in s:
+        out["tokens24_dropped"] = {k: v for k, v in s["tokens24_dropped"].items() if k != "per_block"}
     return out
 
 
@@ -209,6 +249,7 @@ def record(args: argparse.Namespace) -> dict:
                      **{k: getattr(args, k) for k in DEFAULTS}, "heads": args.heads, "data": args.data,
                      "data_max_bytes": max_bytes, "dense_finetune_at": DENSE_FINETUNE_AT,
                      "variants": {k: {"ffn": s.ffn, "activation_sparsity": s.activation_sparsity, "method": s.method,
+                                      "weight_grads": s.weight_grads,
                                       "method_options": s.method_options(backend)} for k, s in SETTINGS.items()},
                      "min_seeds_for_a_verdict": MIN_SEEDS, "min_steps_for_a_verdict": MIN_STEPS},
         "runs": runs,
@@ -235,6 +276,11 @@ def format_result(result: dict) -> str:
     lines = []
     for seed, per in result["seeds"].items():
         lines.append(f"seed {seed}: " + ", ".join(f"{k} {v['final_val_loss']:.4f}" for k, v in per.items()))
+        drop = (per.get("act24_tok24") or {}).get("tokens24_dropped")
+        if drop:
+            lines.append(f"  act24_tok24 after training: dropped mass dW2 {drop['dW2_mass']:.2%}, "
+                         f"dW1 {drop['dW1_mass']:.2%} (non-zeros dropped {drop['dW2_count']:.2%}, "
+                         f"{drop['dW1_count']:.2%})")
     lines.append(verdict_lines(result["verdicts"]))
     return "\n".join(lines)
 

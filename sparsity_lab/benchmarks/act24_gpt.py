@@ -16,6 +16,10 @@ Variants, built with the library calls the trainer (``lab/trainer.py``) makes fo
     weights24_mvue   relu2, 2:4 weights on both FFN linears (S-STE + MVUE, transposable), activations dense
     act24_w24_mvue   2:4 activations and those 2:4 weights (``sparsify`` with ``weight_selector``, then
                      ``configure_activation_sparsity``): all six FFN products sparse, the combined method
+    act24_tok24      act24 with ``act24_weight_grads="tokens24"``: the weight gradients 2:4 along permuted
+                     tokens outside the 5 % densest hidden features (``references.act24_tokens``)
+    act24_w24_tok24  2:4 activations, 2:4 weights on both FFN linears (S-STE, transposable, no MVUE) and the
+                     token-dimension weight gradients in place of MVUE: all six FFN products sparse
 
 The products run on cuSPARSELt (backend "cusparselt"; ``--smoke``: backend "torch" and the reference
 activation products on the CPU). Before timing, each act24 variant's FFN outputs on the batch are compared
@@ -45,8 +49,9 @@ from .ffn.settings import FULL, SMOKE, Settings
 from .ffn.targets import gpt_headline
 from .conditions import judged
 
-GPT_VARIANTS = ("dense_gelu", "dense_relu2", "act24", "act24_as_trainer", "weights24_mvue", "act24_w24_mvue")
-PAIRED_VARIANTS = ("dense_relu2", "act24", "act24_w24_mvue")
+GPT_VARIANTS = ("dense_gelu", "dense_relu2", "act24", "act24_as_trainer", "weights24_mvue", "act24_w24_mvue",
+                "act24_tok24", "act24_w24_tok24")
+PAIRED_VARIANTS = ("dense_relu2", "act24", "act24_w24_mvue", "act24_tok24", "act24_w24_tok24")
 DENSE = "dense_relu2"  # the dense baseline of the same architecture
 WEIGHTS24 = ("weights24_mvue", "act24_w24_mvue")  # 2:4 weights (S-STE + MVUE) on both FFN linears
 TARGETS = {"act24_w24_mvue": 1.35}  # GPT step tokens/s at d_model 4096, against the fastest dense relu2
@@ -72,8 +77,10 @@ def config_for(variant: str, g: dict):
         raise ValueError(f"variant must be one of {GPT_VARIANTS}, got {variant!r}")
     kind = "gelu" if variant == "dense_gelu" else "relu2"
     act = "2:4" if variant.startswith("act24") else "none"
+    grads = "tokens24" if variant.endswith("_tok24") else "dense"
     return GPTConfig(vocab_size=256, context=g["context"], n_layer=g["n_layer"], n_head=g["n_head"],
-                     d_model=g["d_model"], ffn_kind=kind, activation_sparsity=act, bias=False, dropout=0.0)
+                     d_model=g["d_model"], ffn_kind=kind, activation_sparsity=act, act24_weight_grads=grads,
+                     bias=False, dropout=0.0)
 
 
 def build_variant(variant: str, s: Settings) -> Built:
@@ -90,6 +97,11 @@ def build_variant(variant: str, s: Settings) -> Built:
         sl.sparsify(model, method, select=weight_selector)
         record["method"] = method.describe()
         record["sparse_layers"] = len(sl.sparse_layers(model))
+    elif variant == "act24_w24_tok24":  # S-STE without MVUE: the token-dimension products take the weight gradients
+        method = sl.SSTE(transposable=True, backend=s.backends["cusparselt"])
+        sl.sparsify(model, method, select=weight_selector)
+        record["method"] = method.describe()
+        record["sparse_layers"] = len(sl.sparse_layers(model))
     elif variant == "act24_as_trainer":  # the trainer's dense weights beside 2:4 activations
         # transposable: the cuSPARSELt backend checks every layer's mask form at set-up (as --transposable does)
         method = sl.Dense(track_flips=False, transposable=True, backend=s.backends["cusparselt"])
@@ -100,6 +112,7 @@ def build_variant(variant: str, s: Settings) -> Built:
         mods = configure_activation_sparsity(model, s.backends["cusparselt"])
         record["activation_products"] = mods[0][1].products.name
         record["act24_modules"] = len(mods)
+        record["weight_grads"] = mods[0][1].weight_grads
         record["loss_check"] = loss_against_reference(model, s)
     step, last_loss = training_step(model, g, s)
     return Built(model, step, last_loss, record)

@@ -11,6 +11,13 @@ hidden 4d, bf16, no bias, variants of the same architecture and the same initial
     act24_fc24        + 2:4 weights on the up projection: up forward, y, dx (on S(W1))
     act24_w24         + 2:4 weights on both linears: up forward, y (A24 sparse), dA24 (on S(W2)), dx
     act24_w24_mvue    + MVUE weight gradients: all six products sparse
+    act24_tok24       act24 + weight gradients 2:4 along permuted tokens (``weight_grads="tokens24"``, 5 % of
+                      the hidden features dense): y, dx, and dW2, dW1 outside the dense features
+    act24_w24_tok24   act24_w24 + the same token-dimension weight gradients (in place of MVUE): all six sparse
+
+The tokens24 variants draw a token permutation on the host per weight-gradient product, which a CUDA
+graph would freeze: they are timed eagerly only (their rows say so in ``graph_skipped``), and their
+headline ratio is their eager step against the fastest dense step of either mode.
 
 Each variant is timed eagerly and replayed from a CUDA graph (``CudaGraphStep``; the input x is a
 parameter of a wrapper there, so the graph computes dx too), in ``--rounds`` rounds; in each round
@@ -19,7 +26,10 @@ dense step of the round (either mode) over the variant's fastest step of the rou
 over rounds (pairing in time removes the GPU clock's drift from the ratio); per-mode ratios are kept
 too. Dense TFLOP/s counts the six products, 12 tokens d hidden floating-point operations. Before
 timing, every activation variant's output and input gradient are checked against the reference
-products (``ReferenceProducts``: dense products of the same pruned operands) by relative error.
+products (``ReferenceProducts``: dense products of the same pruned operands) by relative error, and
+the weight gradients too (for tokens24 the reference of the same permutations and dense features);
+the tokens24 rows report the share of A24 and dH that the token-dimension 2:4 drops (``dropped``,
+from that checking step: random inputs and initial weights, not a trained model's activations).
 
 After the FFN section, the GPT section (``act24_gpt``; ``--no-gpt`` skips it): one training step of the
 lab GPT at d_model 4096 (AdamW included), dense gelu and dense relu2 against 2:4 activations alone and
@@ -41,7 +51,9 @@ from torch import nn
 
 from ..activations import relu2
 
-VARIANTS = ("dense_relu2", "weights24", "weights24_mvue", "act24", "act24_fc24", "act24_w24", "act24_w24_mvue")
+VARIANTS = ("dense_relu2", "weights24", "weights24_mvue", "act24", "act24_fc24", "act24_w24", "act24_w24_mvue",
+            "act24_tok24", "act24_w24_tok24")
+DENSE_FRACTION = 0.05  # the tokens24 variants' share of dense hidden features
 TARGETS = {"act24": 1.25, "act24_w24_mvue": 1.5}
 
 
@@ -81,7 +93,8 @@ def build(variant: str, s: Settings) -> nn.Module:
     if variant == "dense_relu2" or variant.startswith("weights24"):
         model = Relu2FFN(d, hidden)
     else:
-        model = Act24MLP(d, hidden)
+        tokens24 = variant.endswith("_tok24")
+        model = Act24MLP(d, hidden, weight_grads="tokens24" if tokens24 else "dense", dense_fraction=DENSE_FRACTION)
     model = model.to(device=s.device, dtype=torch.bfloat16)
     if variant.startswith("act24"):
         model.products = ReferenceProducts() if s.smoke else CusparseltProducts()
@@ -98,25 +111,38 @@ def build(variant: str, s: Settings) -> nn.Module:
 
 
 def check_against_reference(model: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> dict:
-    """Relative errors of y and dx against the same model with reference (dense) activation products."""
+    """Relative errors of y, dx, dW1 and dW2 against the same model with reference (dense) activation
+    products (for tokens24: the same permutations and dense features), and for tokens24 the dropped share
+    of each weight-gradient operand (``dropped``: {"dW2": ..., "dW1": ...} of ``tokens24_dropped``)."""
     from ..activation24 import ReferenceProducts
 
+    tokens24 = model.weight_grads == "tokens24"
+
     def run():
+        if tokens24:  # both runs draw the same permutations
+            model.set_weight_grads(model.weight_grads, model.dense_fraction, token_seed=int(model.token_seed))
         xx = x.detach().clone().requires_grad_(True)
         y = model(xx)
         y.backward(dy)
+        out = [y.detach().float(), xx.grad.float(), model.fc.weight.grad.float(), model.proj.weight.grad.float()]
         for p in model.parameters():
             p.grad = None
-        return y.detach().float(), xx.grad.float()
+        return out
 
     fast = run()
-    saved, model.products = model.products, ReferenceProducts()
+    saved = model.products
+    model.products = ReferenceProducts(feature_multiple=getattr(saved, "feature_multiple", 1))
+    model.record_dropped = tokens24
     try:
         ref = run()
     finally:
-        model.products = saved
+        model.products, model.record_dropped = saved, False
     rel = [float((a - b).norm() / b.norm().clamp_min(1e-30)) for a, b in zip(fast, ref)]
-    return {"y_rel_err": rel[0], "dx_rel_err": rel[1]}
+    out = {"y_rel_err": rel[0], "dx_rel_err": rel[1], "dw1_rel_err": rel[2], "dw2_rel_err": rel[3]}
+    if tokens24:
+        out["dropped"] = dict(model.last_dropped)
+        out["dense_fraction"] = model.dense_fraction
+    return out
 
 
 def median_ms(fn, s: Settings) -> float:
@@ -146,7 +172,7 @@ def step_fns(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, s: Settings) -
     sparse = bool(sparse_layers(model))
     eager = train_step(model, x, dy)  # dx included: x requires grad
     fns = {"eager": eager}
-    if s.graph and s.device.type == "cuda":
+    if s.graph and s.device.type == "cuda" and not graph_skipped(model):
         from ..graph_step import CudaGraphStep
         graphed = CudaGraphStep(InputHeld(model, x), lambda held, dy: held(dy), warmup_steps=2)
 
@@ -158,6 +184,13 @@ def step_fns(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, s: Settings) -
             graph()
         fns["graph"] = graph
     return fns
+
+
+def graph_skipped(model: nn.Module) -> str | None:
+    """Why a variant is not replayed from a CUDA graph (None: it is)."""
+    if getattr(model, "weight_grads", "dense") == "tokens24":
+        return "weight_grads='tokens24' draws a token permutation on the host per product (a graph would freeze it)"
+    return None
 
 
 def benchmark(s: Settings) -> dict:
@@ -202,6 +235,8 @@ def benchmark(s: Settings) -> dict:
     for v in VARIANTS:
         row = {"variant": v, "tokens": t, "d_model": d, "hidden": hidden, "error": errors.get(v)}
         row.update(checks.get(v, {}))
+        if v in models and s.graph and s.device.type == "cuda" and graph_skipped(models[v]):
+            row["graph_skipped"] = graph_skipped(models[v])
         for mode in modes:
             ms = times.get(v, {}).get(mode)
             if ms:
@@ -283,6 +318,9 @@ def format_table(result: dict) -> str:
             v = r.get(key)
             return format(v, spec) if isinstance(v, (int, float)) else "-"
         err = f"{r['y_rel_err']:.1e}/{r['dx_rel_err']:.1e}" if "y_rel_err" in r else ""
+        if r.get("dropped"):
+            err += "  dropped mass dW2 {:.1%} dW1 {:.1%}".format(r["dropped"]["dW2"]["mass_fraction"],
+                                                                r["dropped"]["dW1"]["mass_fraction"])
         lines.append(f"{r['variant']:16} {f('eager_ms'):>9} {f('eager_speedup'):>6} {f('graph_ms'):>9} "
                      f"{f('graph_speedup'):>6} {f('speedup_vs_fastest_dense', '.3f'):>16}  {err}"
                      f"{'  ' + r['error'] if r.get('error') else ''}")

@@ -2,7 +2,8 @@
 losses of each setting at each seed.
 
 Settings: ``gelu`` and ``relu2`` (dense FFNs), ``act24`` (squared ReLU with 2:4 activations, dense
-weights) and ``act24_ste`` (2:4 activations and 2:4 weights, STE, the last tenth of the steps dense).
+weights), ``act24_ste`` (2:4 activations and 2:4 weights, STE, the last tenth of the steps dense) and
+``act24_tok24`` (2:4 activations with the weight gradients 2:4 along permuted tokens).
 A seed gives every setting the same initial weights (where the shapes agree) and the same batches, so
 each sparse setting is compared with its dense twin seed by seed: the relative gap of seed s is
 
@@ -14,6 +15,8 @@ The rules (ours; "within x %" is one-sided, as in ``compare``'s claim 5: a lower
     2. 2:4 activations cost at most 1 %: g_s <= 0.01 at every seed.
     3. the combined method is within 2 % of dense: g_s <= 0.02 at every seed (``holds``); the same on the
        means of the seeds is reported beside it (``holds_on_mean``).
+    4. 2:4 activations with token-dimension 2:4 weight gradients cost at most 1 %: g_s <= 0.01 at every
+       seed (the tolerance of rule 2: the weight-gradient approximation should not add a visible cost).
 A verdict needs at least MIN_SEEDS seeds and, when the run's steps are given, at least MIN_STEPS steps (a
 smoke run on the CPU is not judged); otherwise ``holds`` is None and the evidence says "not judged: N seeds"
 or "not judged: N steps".
@@ -40,7 +43,7 @@ def _gaps_text(gaps: list[float]) -> str:
 
 def judge_act24(final_losses: dict, steps: int | None = None, min_seeds: int = MIN_SEEDS,
                 min_steps: int = MIN_STEPS) -> list[dict]:
-    """The three verdicts of the module docstring.
+    """The four verdicts of the module docstring.
 
     final_losses: {seed: {setting: final validation loss}} (seeds as ints or strings, as JSON keeps them);
     steps: the optimizer steps of every run (None: not checked).
@@ -105,4 +108,8 @@ def judge_act24(final_losses: dict, steps: int | None = None, min_seeds: int = M
         verdict("3. 2:4 activations + 2:4 weights (STE, dense tail) are within 2 % of the dense loss",
                 "act24_ste final val <= 1.02 x relu2 final val at every seed (on the means of the seeds too: "
                 "holds_on_mean)", ("act24_ste", "relu2"), within("act24_ste", COMBINED_TOLERANCE)),
+        verdict("4. 2:4 activations with weight gradients 2:4 along permuted tokens keep the dense squared-ReLU "
+                "loss (within 1 %)",
+                "act24_tok24 final val <= 1.01 x relu2 final val at every seed (same seed, same batches)",
+                ("act24_tok24", "relu2"), within("act24_tok24", ACT24_TOLERANCE)),
     ]

@@ -32,6 +32,7 @@ from ..ffn_width import default_ffn_hidden
 FFN_KINDS = ("gelu", "swiglu", "geglu", "relu2")
 GATED_KINDS = ("swiglu", "geglu")
 ACTIVATION_SPARSITY = ("none", "2:4")
+ACT24_WEIGHT_GRADS = ("dense", "tokens24")  # activation24.WEIGHT_GRADS (not imported: the plain model needs none of it)
 ARCHS = ("gpt", "llama")  # the lab's models: this GPT, or the Hugging Face Llama of lab/llama.py
 # what ``sparsify`` makes 2:4 in this GPT (--select): "ffn" its FFN linears (mlp.fc, mlp.proj; sparsify's
 # default), "all_linears" every linear of a block (attention qkv and proj too); never the LM head, which may share
@@ -62,6 +63,10 @@ class GPTConfig:
     ffn_kind: str = "gelu"
     ffn_hidden: int | None = None  # None: 4d (gelu, relu2) or 8d/3 rounded up to a multiple of 16 (gated)
     activation_sparsity: str = "none"  # "2:4": relu2's activations pruned to 2:4 for the down projection
+    # with 2:4 activations: the weight gradients dense (exact) or "tokens24" (2:4 along permuted tokens,
+    # the act24_dense_fraction most active hidden features exact; sparsity_lab.references.act24_tokens)
+    act24_weight_grads: str = "dense"
+    act24_dense_fraction: float = 0.05
     bias: bool = False
     dropout: float = 0.0
     tie_embeddings: bool = True
@@ -84,6 +89,14 @@ class GPTConfig:
         if self.activation_sparsity != "none" and self.ffn_kind != "relu2":
             raise ValueError(f"activation_sparsity={self.activation_sparsity!r} needs ffn_kind='relu2' (squared ReLU, "
                              f"whose activations are mostly zeros already), got ffn_kind={self.ffn_kind!r}")
+        if self.act24_weight_grads not in ACT24_WEIGHT_GRADS:
+            raise ValueError(f"act24_weight_grads must be one of {ACT24_WEIGHT_GRADS}, got {self.act24_weight_grads!r}")
+        if self.act24_weight_grads != "dense" and self.activation_sparsity == "none":
+            raise ValueError(f"act24_weight_grads={self.act24_weight_grads!r} is an option of 2:4 activations: "
+                             "it needs activation_sparsity='2:4'")
+        if isinstance(self.act24_dense_fraction, bool) or not isinstance(self.act24_dense_fraction, (int, float)) \
+                or not 0.0 <= self.act24_dense_fraction <= 1.0:
+            raise ValueError(f"act24_dense_fraction must be a number in [0, 1], got {self.act24_dense_fraction!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.arch not in ARCHS:
@@ -160,7 +173,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, cfg: GPTConfig) -> None:
+    def __init__(self, cfg: GPTConfig, index: int = 0) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
@@ -169,7 +182,9 @@ class Block(nn.Module):
             self.mlp = MLP(cfg)
         else:  # imported here: the plain model needs none of it
             from ..activation24 import Act24MLP
-            self.mlp = Act24MLP(cfg.d_model, cfg.hidden, bias=cfg.bias, dropout=cfg.dropout)
+            self.mlp = Act24MLP(cfg.d_model, cfg.hidden, bias=cfg.bias, dropout=cfg.dropout,
+                                weight_grads=cfg.act24_weight_grads, dense_fraction=cfg.act24_dense_fraction,
+                                token_seed=index)  # each block its own token permutations
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -185,7 +200,7 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.context, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:

@@ -15,7 +15,7 @@ from dataclasses import MISSING, fields
 from ..backends import available_backends, get_backend
 from ..methods.config import METHODS
 from .checkpoint import CheckpointError
-from .model import ACTIVATION_SPARSITY, ARCHS, FFN_KINDS, SPARSE_SELECTIONS, GPTConfig
+from .model import ACT24_WEIGHT_GRADS, ACTIVATION_SPARSITY, ARCHS, FFN_KINDS, SPARSE_SELECTIONS, GPTConfig
 from .structures import STRUCTURES
 from .trainer import TrainConfig, TrainingDiverged
 
@@ -27,7 +27,8 @@ HEAD_WIDTH = 64  # the width of one attention head in GPT-2 and nanoGPT (and in 
 # option dest -> GPTConfig field
 MODEL_OPTIONS = {"layers": "n_layer", "heads": "n_head", "width": "d_model", "context": "context",
                  "ffn": "ffn_kind", "ffn_hidden": "ffn_hidden",
-                 "activation_sparsity": "activation_sparsity", "model": "arch"}
+                 "activation_sparsity": "activation_sparsity", "act24_weight_grads": "act24_weight_grads",
+                 "act24_dense_fraction": "act24_dense_fraction", "model": "arch"}
 # option dest -> TrainConfig field (same name)
 TRAIN_OPTIONS = ("data", "data_max_bytes", "batch_size", "grad_accum", "steps", "lr", "min_lr_ratio",
                  "warmup_steps", "weight_decay", "grad_clip", "eval_interval", "eval_batches", "seed",
@@ -101,6 +102,13 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                    "dimension and multiply it as the sparse operand of the down projection; --method then puts "
                    "2:4 weights on both FFN linears (dense = activation sparsity alone), and "
                    "--dense-finetune-at switches both to dense for the last steps (default none)")
+    g.add_argument("--act24-weight-grads", choices=ACT24_WEIGHT_GRADS, default=S,
+                   help="with --activation-sparsity 2:4: the FFN weight gradients dense (exact, default) or tokens24: "
+                   "2:4 along a random permutation of the tokens, the --act24-dense-fraction most active hidden "
+                   "features kept exact")
+    g.add_argument("--act24-dense-fraction", type=float, default=S,
+                   help=f"with --act24-weight-grads tokens24: share of hidden features whose weight gradients stay "
+                   f"dense (default {d['act24_dense_fraction']})")
     g = parser.add_argument_group("data")
     g.add_argument("--data", metavar="PATH", default=S, help="a text file or folder (default: the Python "
                    "standard library's own .py files, no download)")

@@ -263,7 +263,9 @@ class Trainer:
             self.model = sparsify(model, self.method, select=select) if self.is_24 else self.method.apply(model)
         self.layers = sparse_layers(self.model)
         if act24:
-            configure_activation_sparsity(self.model, self.method.backend, cfg.steps, self.method.dense_finetune_at)
+            configure_activation_sparsity(self.model, self.method.backend, cfg.steps, self.method.dense_finetune_at,
+                                          weight_grads=cfg.model.act24_weight_grads,
+                                          dense_fraction=cfg.model.act24_dense_fraction, token_seed=cfg.seed)
         # natural sparsity of squared-ReLU activations, measured at the evaluation steps
         self.act_tracker = ActivationSparsityTracker(self.model) if cfg.model.ffn_kind == "relu2" else None
 
@@ -530,6 +532,9 @@ class Trainer:
         text = self.method.describe()
         if self.config.model.activation_sparsity != "none":
             text += f"; {self.config.model.activation_sparsity} activations (squared ReLU, down projection)"
+            if self.config.model.act24_weight_grads != "dense":
+                text += (f", weight gradients {self.config.model.act24_weight_grads} "
+                         f"({self.config.model.act24_dense_fraction:g} of features dense)")
         return text
 
     def summary(self) -> dict:

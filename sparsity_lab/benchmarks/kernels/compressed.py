@@ -1,11 +1,12 @@
 """Kernel benchmark sections for the kernels that write cuSPARSELt's compressed layout:
-8 compress24, 10 mvue_compress24 and 11 prepare24."""
+8 compress24, 10 mvue_compress24, 11 prepare24 and 17 prune24_tokens."""
 from __future__ import annotations
 
 import torch
 
 from ... import kernels as K
 from ...masks.nm import nm_mask
+from ...references.act24_tokens import top2of4_tokens_mask
 from ...references.cusparselt_layout import compress24_reference
 from .bench import BF16 as bf16
 from .bench import Bench
@@ -83,3 +84,28 @@ def prepare24(bench: Bench) -> None:
             two_ms = timer(lambda w=w, b=b: unfused(w, b))
             report.ratio("11 prepare24", f"{wname} {mname} vs threshold then compress24 twice", w.shape, ms,
                          "three kernels", two_ms, None)
+
+
+def prune24_tokens(bench: Bench) -> None:
+    """17. Permuted tokens of 15/16 of the features gathered, 2:4 along the tokens, compressed, against a
+    torch gather, ``prune24`` of the transposed copy and ``compress24``."""
+    device, rows, cols, timer, report = bench.device, bench.rows, bench.cols, bench.timer, bench.report
+    tokens = rows - rows % 64 if rows >= 64 else 64
+    hidden = cols - cols % 64 if cols >= 64 else 64
+    gen = torch.Generator().manual_seed(17)
+    a = (torch.relu(torch.randn(tokens, hidden, generator=gen)) ** 2).to(device=device, dtype=bf16)  # like A24 / dH
+    perm = torch.randperm(tokens, generator=gen).to(device)
+    n_feat = max(64, hidden * 15 // 16 // 64 * 64)
+    feats = torch.sort(torch.randperm(hidden, generator=gen)[:n_feat]).values.to(device)
+    b = a[perm][:, feats]
+    want = compress24_reference((b * top2of4_tokens_mask(b)).t().contiguous())
+    check("prune24_tokens", torch.equal(K.prune24_tokens(a, perm, feats).view(torch.uint8), want.view(torch.uint8)))
+    n = b.numel()
+    cfgs = [{"num_warps": nw} for nw in (4, 8)]
+    ms, cfg, allc = bench.sweep(lambda **c: (lambda: K.prune24_tokens(a, perm, feats, **c)), cfgs)
+    report.memory_bound("17 prune24_tokens", "A (tokens, hidden) -> compressed top2of4_tokens(A[P][:, S])^T",
+                        (n_feat, tokens), 2 * n + n + n // 8, ms, cfg, allc, counts_for_target=False,
+                        note="added after the copy-rate target was set: not counted in it")
+    unfused_ms = timer(lambda: K.compress24(K.prune24(a[perm][:, feats].t().contiguous())[0]))
+    report.ratio("17 prune24_tokens", "vs gather, prune24 of the transposed copy, compress24", (n_feat, tokens), ms,
+                 "three passes", unfused_ms, None)

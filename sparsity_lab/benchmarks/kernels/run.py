@@ -35,7 +35,8 @@ def sections() -> list[tuple[str, object]]:
             ("5. masked decay", gradients.masked_decay), ("7. FP8", activations.fp8),
             ("6. gated activations", activations.gated), ("8. compress24", compressed.compress24),
             ("9. count_flips", masks.count_flips), ("10. mvue_compress24", compressed.mvue_compress24),
-            ("11. prepare24", compressed.prepare24), ("16. squared ReLU", activations.relu2)]
+            ("11. prepare24", compressed.prepare24), ("16. squared ReLU", activations.relu2),
+            ("17. prune24_tokens", compressed.prune24_tokens)]
 
 
 def chosen_sections(only: str | None) -> list[tuple[str, object]] | str:
