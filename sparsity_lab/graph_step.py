@@ -18,7 +18,10 @@ from the current weights.
 
 Where the masks are refreshed (``masks_in_graph``, default False: on the H100 the lab's graphed step ran
 1.5-4 % slower with its masks refreshed inside the graph than eagerly before each replay, at widths 1024
-and 2048, and the same at 4096 (``results/lab_speed_h100_masks_in_graph*.json``); ``mask_refresh`` says which mode a
+and 2048, and the same at 4096 (``results/lab_speed_h100_masks_in_graph*.json``); but a step of a millisecond
+or less cannot hide the host work of an eager refresh: the graphed FFN step at 4096 tokens x d_model 1024 took
+0.896 ms refreshed eagerly against 0.458 ms refreshed inside, ``results/ffn_small_shapes_h100*.json``, so pass
+``masks_in_graph=True`` for small steps; ``mask_refresh`` says which mode a
 capture uses, ``eager_refresh_reasons`` why a layer is left out). A layer whose mask is due every step
 (``mask_refresh_interval`` 1, a phase that tracks masks) on a backend whose mask and flip-count kernels
 run on the device alone (``Backend.mask_refresh_capturable``: "triton", "cusparselt", "cusparselt_auto",

@@ -25,7 +25,8 @@ between the two checks.
 ``cuda_graph=True`` (``--cuda-graph``): forward and backward replayed by ``CudaGraphStep`` after its
 eager warm-up steps (one micro-batch per step; the optimizer, clipping and hooks run eagerly). Masks are
 refreshed eagerly before each replay when due; ``masks_in_graph=True`` (``--masks-in-graph``) refreshes
-those due every step inside the graph instead (measured slightly slower on the H100; ``graph_step.py``).
+those due every step inside the graph instead (slightly slower for the lab's steps on the H100, much faster
+for steps of a millisecond or less; ``graph_step.py``).
 The summary's ``cuda_graph`` entry says which.
 
 Resume is exact: the checkpoint holds model (masks, beta and counters included), optimizer,
