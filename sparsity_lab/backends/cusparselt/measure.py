@@ -33,19 +33,26 @@ def measure_product(backend, shape: ProductShape) -> tuple[float, float]:
         sparse_ms = (t(lambda: compress(a_tokens_major.t()))
                      + t(lambda: backend._ops.mm(compressed, x, None, key.transpose_result, config)))
         return dense_ms, sparse_ms
-    key = ProductKey(shape.m, shape.k, shape.n, dtype, True, True)
+    dense_ms, product_ms, compress_ms = _weight_product_ms(backend, shape.product, shape.m, shape.k, shape.n, dtype, t)
+    return dense_ms, compress_ms + product_ms
+
+
+def _weight_product_ms(backend, product: str, m: int, k: int, rows: int, dtype: torch.dtype, t) -> tuple[float, float, float]:
+    """(dense product, sparse product alone, compression of its operand) in ms for the forward or the
+    input gradient, A (m, k) the 2:4 operand (S(W) or S(W)^T) times ``rows`` rows, timed by ``t``."""
+    device = torch.device("cuda")
+    key = ProductKey(m, k, rows, dtype, True, True)
     a, b, _ = synthetic_operands(key, device)  # a: S(W) or S(W)^T; b: X^T or dZ^T (a view)
     config = backend.algorithms.get(key, device)
     rows_major = b.t()  # X or dZ, contiguous
-    if shape.product == "forward":
+    if product == "forward":
         dense_ms = t(lambda: F.linear(rows_major, a))
     else:
         weight = a.t()  # S(W) (out, in) as the dense path holds it (a view here; cuBLAS reads either)
         dense_ms = t(lambda: rows_major @ weight)
     compress, _ = backend._compressor(a)
     compressed = compress(a)
-    sparse_ms = t(lambda: compress(a)) + t(lambda: backend._ops.mm(compressed, b, None, True, config))
-    return dense_ms, sparse_ms
+    return dense_ms, t(lambda: backend._ops.mm(compressed, b, None, True, config)), t(lambda: compress(a))
 
 
 def measure_layer(backend, shape: LayerShape) -> LayerTimes:
@@ -84,15 +91,8 @@ def measure_layer(backend, shape: LayerShape) -> LayerTimes:
     rows = backend._rows_for(tokens, dtype)
     products = {}
     for product, (m, k_dim) in (("forward", (out_f, in_f)), ("grad_input", (in_f, out_f))):
-        key = ProductKey(m, k_dim, rows, dtype, True, True)
-        a, b, _ = synthetic_operands(key, device)  # a: S(W) or S(W)^T; b: X^T or dZ^T (a view)
-        config = backend.algorithms.get(key, device)
-        rows_major = b.t()
-        dense_product = (lambda: F.linear(rows_major, a)) if product == "forward" else (lambda: rows_major @ a.t())
-        compress, _ = backend._compressor(a)
-        compressed = compress(a)
-        products[f"{product}_dense"] = t(dense_product)
-        products[f"{product}_sparse"] = t(lambda: backend._ops.mm(compressed, b, None, True, config))
+        dense, sparse, _ = _weight_product_ms(backend, product, m, k_dim, rows, dtype, t)
+        products[f"{product}_dense"], products[f"{product}_sparse"] = dense, sparse
     return LayerTimes(dense_operand=dense_ms, sparse_operands=both, forward_operand=fwd_only,
                       transposed_operand=t_only, **products)
 
