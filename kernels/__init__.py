@@ -23,6 +23,8 @@ package (named in its docstring) and a test against it (tests/test_kernels_*.py)
     scale_product     15. a product multiplied in place by two per-tensor scales read on the device
     relu2             16. squared ReLU forward and backward, one pass each
     prune24_tokens    17. permuted tokens of chosen features gathered, 2:4 along the tokens, compressed, one pass
+    prepare24_fp8     18. q(S(W)) and q(S(W))^T in FP8 (kernel 11 casting before its stores), and amax(S(W))
+    mvue_compress24   19. mvue_compress24_fp8: kernel 10 casting MVUE(dZ) to FP8 before its store, and its amax
 
 Importing this package imports triton: set TRITON_INTERPRET=1 first to run on a CPU.
 """
@@ -36,8 +38,9 @@ from .gated import gated_backward, gated_forward
 from .masked_decay import masked_decay_
 from .mvue24 import mvue24
 from . import mvue24_variants  # noqa: F401  (adds the measured baseline variants to mvue24's launchers)
-from .mvue_compress24 import mvue_compress24
+from .mvue_compress24 import mvue24_amax, mvue_compress24, mvue_compress24_fp8
 from .prepare24 import prepare24
+from .prepare24_fp8 import prepare24_amax, prepare24_fp8
 from .prune24 import pack_mask24, prune24, unpack_mask24
 from .prune24_tokens import prune24_tokens
 from .relu2 import relu2_backward, relu2_forward
@@ -46,8 +49,8 @@ from .soft_threshold24 import soft_threshold24
 from .transposable24 import transposable_mask24
 
 __all__ = [
-    "act24", "act24_backward", "amax", "compress24", "count_flips", "dequantize_fp8", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "mvue_compress24", "pack_mask24",
-    "prepare24", "prune24", "prune24_tokens", "quantize_fp8", "quantize_fp8_transposed", "quantize_fp8_with_scale", "relu2_backward",
+    "act24", "act24_backward", "amax", "compress24", "count_flips", "dequantize_fp8", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "mvue24_amax", "mvue_compress24", "mvue_compress24_fp8", "pack_mask24",
+    "prepare24", "prepare24_amax", "prepare24_fp8", "prune24", "prune24_tokens", "quantize_fp8", "quantize_fp8_transposed", "quantize_fp8_with_scale", "relu2_backward",
     "relu2_forward", "scale_product_",
     "soft_threshold24", "transposable_mask24",
     "unpack_mask24",

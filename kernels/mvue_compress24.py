@@ -1,4 +1,5 @@
-"""Kernel 10: MVUE 2:4 of the output gradient along the tokens, written straight into cuSPARSELt's layout.
+"""Kernels 10 and 19: MVUE 2:4 of the output gradient along the tokens, written straight into cuSPARSELt's
+layout (kernel 19: cast to FP8 on the way).
 
 The idea
     The sparse weight gradient is ``dW = MVUE(dZ^T) X`` with ``A = MVUE(dZ^T)`` (out, tokens) the
@@ -15,8 +16,17 @@ The idea
     a tile's 64 columns are 16 such quads, so the program makes one call per (quad, token group) and
     spreads the four outputs over the columns with a join / permute / reshape.
 
+    Kernel 19 (``mvue_compress24_fp8``) is the same program for the FP8 backend's weight gradient: the
+    drawn values, rounded to dZ's dtype as ``mvue24`` stores them, are cast to E4M3 with the given
+    scale before the compressed store, and each program writes the amax of its values for the scaling
+    recipe. Unfused that is three kernels (MVUE, cast, compress) and two round trips of the dense
+    MVUE(dZ) and q through memory. ``mvue24_amax`` is the same draw writing only the amax (current
+    scaling needs it before the cast).
+
 Bytes (dZ of T x N, element size s)
-    read ``s T N``; write ``s T N / 2`` (values) + ``T N / 8`` (metadata).
+    read ``s T N``; write ``s T N / 2`` (values) + ``T N / 8`` (metadata). FP8: write ``T N / 2 + T N / 8``.
+    Unfused FP8 (bfloat16 dZ): ``4 T N`` (MVUE) + ``3 T N`` (cast) + ``1.625 T N`` (compress) = 8.6 T N
+    bytes against 2.6 T N here.
 """
 from __future__ import annotations
 
@@ -27,11 +37,15 @@ import triton.language as tl
 from ._common import check_device, check_tensor
 from .compress24 import _pick, _store_compressed
 from .mvue24 import _load_seed, _mvue_group_level, _unit_float, check_seed
+from .prepare24 import _fp8_bits
 
 
 @triton.jit
 def _mvue_compress24_kernel(dz_ptr, vals_ptr, meta_ptr, n_cols, quads_per_row, half_cols, seed, col_tiles,
-                            BLOCK_G: tl.constexpr, SEED_PTR: tl.constexpr = False):
+                            inv_scale_ptr, partial_ptr, BLOCK_G: tl.constexpr, SEED_PTR: tl.constexpr = False,
+                            FP8: tl.constexpr = False, WRITE_VALUES: tl.constexpr = True,
+                            WRITE_AMAX: tl.constexpr = False, FMAX: tl.constexpr = 448.0,
+                            MBITS: tl.constexpr = 3, EMIN: tl.constexpr = -6):
     seed = _load_seed(seed, SEED_PTR)
     row0 = tl.program_id(0) * 64  # rows of A = columns n of dZ
     g0 = tl.program_id(1) * BLOCK_G  # groups of A = token groups of dZ
@@ -49,25 +63,30 @@ def _mvue_compress24_kernel(dz_ptr, vals_ptr, meta_ptr, n_cols, quads_per_row, h
     u = tl.reshape(tl.permute(tl.reshape(u4, [16, BLOCK_G, 4]), (0, 2, 1)), [64, BLOCK_G])  # column 4q + m
     y0, y1, y2, y3 = _mvue_group_level(x0, x1, x2, x3, u)
     dt = dz_ptr.dtype.element_ty
-    b0 = y0.to(dt).to(tl.int16, bitcast=True)  # rounded as mvue24 stores them, then as raw bits
-    b1 = y1.to(dt).to(tl.int16, bitcast=True)
-    b2 = y2.to(dt).to(tl.int16, bitcast=True)
-    b3 = y3.to(dt).to(tl.int16, bitcast=True)
-    v0, v1, code = _pick(b0, b1, b2, b3, 0x7FFF)
-    _store_compressed(vals_ptr, meta_ptr, row0, g0, v0, v1, code, half_cols, col_tiles, False, BLOCK_G)
+    y0 = y0.to(dt)  # rounded as mvue24 stores them
+    y1 = y1.to(dt)
+    y2 = y2.to(dt)
+    y3 = y3.to(dt)
+    if WRITE_AMAX:  # amax of MVUE(dZ) as stored: what the unfused cast of it returns
+        a = tl.maximum(tl.maximum(tl.abs(y0.to(tl.float32)), tl.abs(y1.to(tl.float32))),
+                       tl.maximum(tl.abs(y2.to(tl.float32)), tl.abs(y3.to(tl.float32))))
+        tl.store(partial_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), tl.max(tl.max(a, axis=1), axis=0))
+    if WRITE_VALUES:
+        if FP8:  # q(MVUE(dZ)) with the given scale, as quantize_fp8_with_scale casts the stored values
+            inv_scale = tl.load(inv_scale_ptr)
+            b0 = _fp8_bits(y0, inv_scale, FMAX, MBITS, EMIN, tl.float8e4nv)
+            b1 = _fp8_bits(y1, inv_scale, FMAX, MBITS, EMIN, tl.float8e4nv)
+            b2 = _fp8_bits(y2, inv_scale, FMAX, MBITS, EMIN, tl.float8e4nv)
+            b3 = _fp8_bits(y3, inv_scale, FMAX, MBITS, EMIN, tl.float8e4nv)
+            v0, v1, code = _pick(b0, b1, b2, b3, 0x7F)
+        else:
+            v0, v1, code = _pick(y0.to(tl.int16, bitcast=True), y1.to(tl.int16, bitcast=True),
+                                 y2.to(tl.int16, bitcast=True), y3.to(tl.int16, bitcast=True), 0x7FFF)
+        _store_compressed(vals_ptr, meta_ptr, row0, g0, v0, v1, code, half_cols, col_tiles, FP8, BLOCK_G)
 
 
-def mvue_compress24(dz: torch.Tensor, seed: int = 0, block_groups: int | None = None,
-                    num_warps: int = 4) -> torch.Tensor:
-    """cuSPARSELt's compressed form of ``MVUE(dZ)^T`` (groups of 4 along the tokens), in one pass.
-
-    dz: (tokens, out) contiguous bfloat16 / float16; tokens and out multiples of 64. seed: an int, or a
-    0-d int64 tensor on dz's device holding it (read on the device: CUDA-graph safe). The bytes equal
-    ``compress24(mvue24(dz, dim=0, seed=seed).t())`` (``mvue24``'s default variant, level_philox4).
-    Returns ``cusparselt_layout.compressed_shape(out, tokens, dz.dtype)`` of dz's dtype.
-    """
-    from sparsity_lab.references import cusparselt_layout as layout
-
+def _checked_dz(dz: torch.Tensor, seed, block_groups: int | None, tile_groups: int) -> int:
+    """The argument checks every mode shares; returns the block of token groups per program."""
     check_tensor(dz, "dz", (torch.bfloat16, torch.float16))
     if dz.dim() != 2:
         raise ValueError(f"dz must be 2-D (tokens, out), got shape {tuple(dz.shape)}")
@@ -81,16 +100,74 @@ def mvue_compress24(dz: torch.Tensor, seed: int = 0, block_groups: int | None = 
     groups = tokens // 4
     if block_groups is None:
         block_groups = 32 if groups % 32 == 0 else 16
-    if block_groups not in (8, 16, 32) or groups % block_groups:
-        raise ValueError(f"block_groups must be 8, 16 or 32 and divide tokens / 4 = {groups}, got {block_groups}")
+    allowed = tuple(b for b in (8, 16, 32) if b >= tile_groups)
+    if block_groups not in allowed or groups % block_groups:
+        raise ValueError(f"block_groups must be one of {allowed} and divide tokens / 4 = {groups}, got {block_groups}")
     if dz.numel() > 2**31 - 1:
         raise ValueError(f"dz has {dz.numel()} elements; int32 offsets allow at most {2**31 - 1}")
     check_device(_mvue_compress24_kernel, dz=dz)
-    out = torch.empty(layout.compressed_shape(out_f, tokens, dz.dtype), dtype=dz.dtype, device=dz.device)
-    n_values = out_f * tokens // 2
-    values = out.view(torch.int16).reshape(-1)[:n_values]
-    meta = out.view(torch.uint8).reshape(-1)[2 * n_values:]
+    return block_groups
+
+
+def _launch(dz, seed, block_groups, num_warps, out_dtype, inv_scale=None, write_values=True):
+    """Run the kernel; returns (compressed operand or None, amax of MVUE(dZ) or None)."""
+    from sparsity_lab.references import cusparselt_layout as layout
+
+    tokens, out_f = dz.shape
+    fp8 = out_dtype == torch.float8_e4m3fn
+    tile_groups = 16 if fp8 else 8
+    groups = tokens // 4
     grid = (out_f // 64, groups // block_groups)
-    _mvue_compress24_kernel[grid](dz, values, meta, out_f, out_f // 4, tokens // 2, seed, groups // 8,
-                                  BLOCK_G=block_groups, SEED_PTR=isinstance(seed, torch.Tensor), num_warps=num_warps)
-    return out
+    out, values, meta = None, dz, dz
+    if write_values:
+        out = torch.empty(layout.compressed_shape(out_f, tokens, out_dtype), dtype=out_dtype, device=dz.device)
+        n_values = out_f * tokens // 2
+        values = out.view(torch.uint8 if fp8 else torch.int16).reshape(-1)[:n_values]
+        meta = out.view(torch.uint8).reshape(-1)[n_values * out.element_size():]
+    write_amax = fp8 or not write_values
+    partial = torch.empty(grid[0] * grid[1] if write_amax else 1, dtype=torch.float32, device=dz.device)
+    _mvue_compress24_kernel[grid](dz, values, meta, out_f, out_f // 4, tokens // 2, seed, groups // tile_groups,
+                                  inv_scale if inv_scale is not None else partial, partial,
+                                  BLOCK_G=block_groups, SEED_PTR=isinstance(seed, torch.Tensor), FP8=fp8,
+                                  WRITE_VALUES=write_values, WRITE_AMAX=write_amax, num_warps=num_warps)
+    return out, (partial.amax() if write_amax else None)
+
+
+def mvue_compress24(dz: torch.Tensor, seed: int = 0, block_groups: int | None = None,
+                    num_warps: int = 4) -> torch.Tensor:
+    """cuSPARSELt's compressed form of ``MVUE(dZ)^T`` (groups of 4 along the tokens), in one pass.
+
+    dz: (tokens, out) contiguous bfloat16 / float16; tokens and out multiples of 64. seed: an int, or a
+    0-d int64 tensor on dz's device holding it (read on the device: CUDA-graph safe). The bytes equal
+    ``compress24(mvue24(dz, dim=0, seed=seed).t())`` (``mvue24``'s default variant, level_philox4).
+    Returns ``cusparselt_layout.compressed_shape(out, tokens, dz.dtype)`` of dz's dtype.
+    """
+    block_groups = _checked_dz(dz, seed, block_groups, 8)
+    return _launch(dz, seed, block_groups, num_warps, dz.dtype)[0]
+
+
+def mvue_compress24_fp8(dz: torch.Tensor, seed, inv_scale: torch.Tensor, block_groups: int | None = None,
+                        num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel 19: the FP8 weight-gradient operand q(MVUE(dZ))^T compressed, and amax(MVUE(dZ)), in one pass.
+
+    The MVUE draw and its rounding to dz's dtype are :func:`mvue_compress24`'s; each kept value is then
+    cast to E4M3 as ``quantize_fp8_with_scale`` casts (times ``inv_scale``, clamped, rounded to the FP8
+    grid) before the compressed store. dz, seed, block_groups (16 or 32): as :func:`mvue_compress24`.
+    inv_scale: float32 one-element tensor on dz's device (``fp8_max / amax``, read on the device).
+
+    Returns ``(compress24(q.t()), amax)`` bit for bit, with ``q, amax = quantize_fp8_with_scale(
+    mvue24(dz, dim=0, seed=seed), inv_scale)``: shape ``compressed_shape(out, tokens, float8_e4m3fn)``
+    and a float32 0-d tensor. The dense MVUE(dZ) and q never exist.
+    """
+    block_groups = _checked_dz(dz, seed, block_groups, 16)
+    if not isinstance(inv_scale, torch.Tensor) or inv_scale.numel() != 1 or inv_scale.dtype != torch.float32:
+        raise TypeError("inv_scale must be a float32 tensor with one element (fp8_max / amax)")
+    check_device(_mvue_compress24_kernel, dz=dz, inv_scale=inv_scale)
+    return _launch(dz, seed, block_groups, num_warps, torch.float8_e4m3fn, inv_scale.reshape(()))
+
+
+def mvue24_amax(dz: torch.Tensor, seed, block_groups: int | None = None, num_warps: int = 4) -> torch.Tensor:
+    """amax of ``mvue24(dz, dim=0, seed=seed)`` (float32 0-d tensor) from one read of dZ, nothing else
+    written: the first pass of current scaling before :func:`mvue_compress24_fp8`. Arguments as there."""
+    block_groups = _checked_dz(dz, seed, block_groups, 8)
+    return _launch(dz, seed, block_groups, num_warps, dz.dtype, write_values=False)[1]

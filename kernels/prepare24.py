@@ -30,6 +30,7 @@ import triton.language as tl
 
 from ._common import HALF_AND_FLOAT, check_device, check_same_shape, check_tensor
 from .compress24 import _pick, _store_compressed
+from .fp8_cast import _round_to_fp8_grid
 from .soft_threshold24 import _shrink
 
 TILE = 64
@@ -51,10 +52,21 @@ def _join_groups(x0, x1, x2, x3):
 
 
 @triton.jit
+def _fp8_bits(s, inv_scale, FMAX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, FP8_DTYPE: tl.constexpr):
+    """s (the operand dtype) cast to FP8 with ``inv_scale`` as ``quantize_fp8_with_scale`` casts it, raw bits."""
+    y = tl.minimum(tl.maximum(s.to(tl.float32) * inv_scale, -FMAX), FMAX)
+    return _round_to_fp8_grid(y, MBITS, EMIN).to(FP8_DTYPE).to(tl.uint8, bitcast=True)
+
+
+@triton.jit
 def _prepare24_kernel(w_ptr, mask_ptr, beta_ptr, vals_ptr, meta_ptr, vals_t_ptr, meta_t_ptr,
-                      stride_r, stride_c, n_rows, n_cols,
+                      inv_scale_ptr, partial_ptr, stride_r, stride_c, n_rows, n_cols,
                       SOFT: tl.constexpr, WRITE_W: tl.constexpr, WRITE_T: tl.constexpr,
-                      OUT_DTYPE: tl.constexpr):
+                      OUT_DTYPE: tl.constexpr, FP8: tl.constexpr = False, WRITE_AMAX: tl.constexpr = False,
+                      FMAX: tl.constexpr = 448.0, MBITS: tl.constexpr = 3, EMIN: tl.constexpr = -6,
+                      FP8_DTYPE: tl.constexpr = tl.float8e4nv, SIGN_OFF: tl.constexpr = 0x7FFF,
+                      TILE_COLS: tl.constexpr = 32):
+    # TILE_COLS: columns of a metadata tile (8 groups of 16-bit values, 16 of 8-bit); SIGN_OFF masks the sign bit
     r0 = tl.program_id(0) * 64
     c0 = tl.program_id(1) * 64
     rows = (r0 + tl.arange(0, 64))[:, None]
@@ -76,24 +88,39 @@ def _prepare24_kernel(w_ptr, mask_ptr, beta_ptr, vals_ptr, meta_ptr, vals_t_ptr,
         t = tl.maximum(tl.maximum(tl.where(k0, 0.0, tl.abs(f0)), tl.where(k1, 0.0, tl.abs(f1))),
                        tl.maximum(tl.where(k2, 0.0, tl.abs(f2)), tl.where(k3, 0.0, tl.abs(f3))))
         beta = tl.load(beta_ptr).to(tl.float32)
-        b0 = (_shrink(f0, k0, t) * beta).to(OUT_DTYPE).to(tl.int16, bitcast=True)
-        b1 = (_shrink(f1, k1, t) * beta).to(OUT_DTYPE).to(tl.int16, bitcast=True)
-        b2 = (_shrink(f2, k2, t) * beta).to(OUT_DTYPE).to(tl.int16, bitcast=True)
-        b3 = (_shrink(f3, k3, t) * beta).to(OUT_DTYPE).to(tl.int16, bitcast=True)
+        s0 = (_shrink(f0, k0, t) * beta).to(OUT_DTYPE)
+        s1 = (_shrink(f1, k1, t) * beta).to(OUT_DTYPE)
+        s2 = (_shrink(f2, k2, t) * beta).to(OUT_DTYPE)
+        s3 = (_shrink(f3, k3, t) * beta).to(OUT_DTYPE)
     else:  # w * m in float32, one rounding: round(w) * m exactly, -0.0 for a pruned negative w
-        b0 = (w0.to(tl.float32) * k0.to(tl.float32)).to(OUT_DTYPE).to(tl.int16, bitcast=True)
-        b1 = (w1.to(tl.float32) * k1.to(tl.float32)).to(OUT_DTYPE).to(tl.int16, bitcast=True)
-        b2 = (w2.to(tl.float32) * k2.to(tl.float32)).to(OUT_DTYPE).to(tl.int16, bitcast=True)
-        b3 = (w3.to(tl.float32) * k3.to(tl.float32)).to(OUT_DTYPE).to(tl.int16, bitcast=True)
+        s0 = (w0.to(tl.float32) * k0.to(tl.float32)).to(OUT_DTYPE)
+        s1 = (w1.to(tl.float32) * k1.to(tl.float32)).to(OUT_DTYPE)
+        s2 = (w2.to(tl.float32) * k2.to(tl.float32)).to(OUT_DTYPE)
+        s3 = (w3.to(tl.float32) * k3.to(tl.float32)).to(OUT_DTYPE)
+    if WRITE_AMAX:  # amax of S in the operand dtype, what the unfused cast of S would return
+        a = tl.maximum(tl.maximum(tl.abs(s0.to(tl.float32)), tl.abs(s1.to(tl.float32))),
+                       tl.maximum(tl.abs(s2.to(tl.float32)), tl.abs(s3.to(tl.float32))))
+        tl.store(partial_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), tl.max(tl.max(a, axis=1), axis=0))
+    if FP8:  # q(S): the operand's bits as E4M3 / E5M2 with the given scale (zeros stay zeros)
+        inv_scale = tl.load(inv_scale_ptr)
+        b0 = _fp8_bits(s0, inv_scale, FMAX, MBITS, EMIN, FP8_DTYPE)
+        b1 = _fp8_bits(s1, inv_scale, FMAX, MBITS, EMIN, FP8_DTYPE)
+        b2 = _fp8_bits(s2, inv_scale, FMAX, MBITS, EMIN, FP8_DTYPE)
+        b3 = _fp8_bits(s3, inv_scale, FMAX, MBITS, EMIN, FP8_DTYPE)
+    else:
+        b0 = s0.to(tl.int16, bitcast=True)
+        b1 = s1.to(tl.int16, bitcast=True)
+        b2 = s2.to(tl.int16, bitcast=True)
+        b3 = s3.to(tl.int16, bitcast=True)
     if WRITE_W:  # S(W): rows r0.., groups c0 / 4.. of the (n_rows, n_cols) operand
-        v0, v1, code = _pick(b0, b1, b2, b3, 0x7FFF)
-        _store_compressed(vals_ptr, meta_ptr, r0, c0 // 4, v0, v1, code, n_cols // 2, n_cols // 32, False, 16)
+        v0, v1, code = _pick(b0, b1, b2, b3, SIGN_OFF)
+        _store_compressed(vals_ptr, meta_ptr, r0, c0 // 4, v0, v1, code, n_cols // 2, n_cols // TILE_COLS, FP8, 16)
     if WRITE_T:  # S(W)^T: rows c0.., groups r0 / 4.. of the (n_cols, n_rows) operand
         s_t = tl.trans(_join_groups(b0, b1, b2, b3))
         t0, t1, t2, t3 = _split_groups(s_t)
-        v0t, v1t, code_t = _pick(t0, t1, t2, t3, 0x7FFF)
-        _store_compressed(vals_t_ptr, meta_t_ptr, c0, r0 // 4, v0t, v1t, code_t, n_rows // 2, n_rows // 32,
-                          False, 16)
+        v0t, v1t, code_t = _pick(t0, t1, t2, t3, SIGN_OFF)
+        _store_compressed(vals_t_ptr, meta_t_ptr, c0, r0 // 4, v0t, v1t, code_t, n_rows // 2, n_rows // TILE_COLS,
+                          FP8, 16)
 
 
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -151,6 +178,7 @@ def prepare24(w: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | float | 
     fwd, fwd_vals, fwd_meta = empty(rows, cols) if forward else (None, mask_u8, mask_u8)
     bwd, bwd_vals, bwd_meta = empty(cols, rows) if transposed else (None, mask_u8, mask_u8)
     _prepare24_kernel[(rows // TILE, cols // TILE)](
-        w, mask_u8, beta_t, fwd_vals, fwd_meta, bwd_vals, bwd_meta, w.stride(0), w.stride(1), rows, cols,
+        w, mask_u8, beta_t, fwd_vals, fwd_meta, bwd_vals, bwd_meta, mask_u8, mask_u8, w.stride(0), w.stride(1),
+        rows, cols,
         SOFT=beta is not None, WRITE_W=forward, WRITE_T=transposed, OUT_DTYPE=_TL_DTYPES[out_dtype], num_warps=num_warps)
     return fwd, bwd

@@ -375,6 +375,47 @@ def test_gpu_graph_step_replays_the_eager_fp8_steps():
     torch.testing.assert_close(model[0].weight.float(), eager[0].weight.float(), rtol=2e-2, atol=1e-3)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", [STE(transposable=True, mvue=True), SSTE(transposable=True, mvue=True)],
+                         ids=["ste_mvue", "sste_mvue"])
+def test_gpu_fused_kernels_18_19_give_the_unfused_steps_bit_for_bit(method):
+    """The sparse engine with kernels 18 (W) and 19 (MVUE(dZ)) against the same engine with the unfused
+    kernels: the same products (one algorithm search shared), so every output, gradient and amax history
+    is equal, at the current-scaling first step and the delayed steps after it; a forward prepared
+    without the input-gradient form (evaluation) builds it on demand."""
+    torch.manual_seed(6)
+    fused = SparseLinear(512, 256, method=dataclasses.replace(method, backend="cusparselt_fp8"), device="cuda",
+                         dtype=torch.bfloat16)
+    unfused = copy.deepcopy(fused)
+    fused.backend.engine = FP8Engine("cusparselt_fp8", "cusparselt", fused=True)
+    unfused.backend.engine = FP8Engine("cusparselt_fp8", "cusparselt", fused=False)
+    unfused.backend.engine._sparse = fused.backend.engine.sparse
+    opts = [torch.optim.SGD(layer.parameters(), lr=0.5) for layer in (fused, unfused)]
+    for layer, opt in zip((fused, unfused), opts):
+        attach_optimizer(layer, opt)
+    for step in range(4):
+        x = torch.randn(192, 512, device="cuda", dtype=torch.bfloat16)
+        xs = [x.clone().requires_grad_(True) for _ in range(2)]
+        zs = [layer(xi) for layer, xi in zip((fused, unfused), xs)]
+        assert torch.equal(zs[0], zs[1])
+        dz = torch.randn_like(zs[0])
+        for z in zs:
+            z.backward(dz)
+        assert torch.equal(xs[0].grad, xs[1].grad) and torch.equal(fused.weight.grad, unfused.weight.grad)
+        assert torch.equal(fused.backend.scaling.amax_history, unfused.backend.scaling.amax_history)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad()
+    with torch.no_grad():  # evaluation: the forward form only; then a backward asks for the transposed one
+        assert torch.equal(fused(x), unfused(x))
+    op = fused.backend.prepare_masked(fused.weight.detach(), fused.mask, fused.beta if method.soft_threshold else None,
+                                      2, 4, torch.bfloat16, backward=False)
+    assert op.compressed_t is None and op.make_transposed is not None
+    full = fused.backend.prepare_masked(fused.weight.detach(), fused.mask,
+                                        fused.beta if method.soft_threshold else None, 2, 4, torch.bfloat16)
+    assert torch.equal(op.make_transposed().view(torch.uint8), full.compressed_t.view(torch.uint8))
+
+
 def test_fp8_algorithm_search_checks_every_id_then_split_k_and_skips_wrong_ones():
     """The search on the CPU with a stand-in for the binding: ids past 5 raise, id 1 is wrong, split-k
     candidates run for the fastest correct ids, and the choice is a correct configuration."""
@@ -406,14 +447,17 @@ def test_fp8_algorithm_search_checks_every_id_then_split_k_and_skips_wrong_ones(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["bf16_dense", "fp8_dense", "fp8_24"])
+@pytest.mark.parametrize("variant", ["bf16_dense", "fp8_dense", "fp8_24", "fp8_24_unfused"])
 def test_gpu_graphed_ffn_benchmark_step_runs_all_six_products(variant):
     """The benchmark's graphed FFN step gives its input a gradient (CudaGraphStep detaches the tensors a
     step is given: passed as an input, the first layer's dX product would silently not run)."""
     from sparsity_lab.benchmarks.fp8_training import build_ffn, graphed_step
     x = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
-    step, graphed = graphed_step(build_ffn(variant, 64), x, dy)
+    model = build_ffn(variant, 64)
+    if variant.startswith("fp8_24"):  # the unfused variant has an engine of its own, the same kernels otherwise
+        assert model.up.backend.engine.fused == (variant == "fp8_24")
+    step, graphed = graphed_step(model, x, dy)
     step()
     torch.cuda.synchronize()
     assert graphed.model.x.grad is not None and float(graphed.model.x.grad.float().abs().sum()) > 0

@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 from _kernel_testing import DEVICE
 
 from sparsity_lab.references.cusparselt_layout import compressed_shape, decompress24_reference
-from sparsity_lab.kernels import compress24, mvue24
-from sparsity_lab.kernels.mvue_compress24 import mvue_compress24
+from sparsity_lab.kernels import compress24, mvue24, quantize_fp8_with_scale
+from sparsity_lab.kernels.mvue_compress24 import mvue24_amax, mvue_compress24, mvue_compress24_fp8
 
 
 def _bytes(t):
@@ -56,3 +56,55 @@ def test_same_bytes_as_the_two_kernels_at_size_on_gpu():
     fused = mvue_compress24(dz, seed=7)
     assert torch.equal(_bytes(fused), _bytes(compress24(mvue24(dz, dim=0, seed=7).t())))
     assert torch.equal(_bytes(fused), _bytes(torch._cslt_compress(mvue24(dz, dim=0, seed=7).t().contiguous())))
+
+
+# --- kernel 19: the FP8 form --------------------------------------------------------------------------
+def _unfused_fp8(dz, seed, inv_scale):
+    q, amax = quantize_fp8_with_scale(mvue24(dz, dim=0, seed=seed), inv_scale)
+    return compress24(q.t()), amax
+
+
+@settings(max_examples=12, deadline=None)
+@given(token_tiles=st.integers(1, 3), col_tiles=st.integers(1, 3), dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+       zeros=st.booleans(), magnitude=st.sampled_from([1e-4, 1.0, 1e3]), scale_factor=st.sampled_from([0.1, 1.0, 8.0]),
+       seed=st.integers(0, 2**31 - 1))
+def test_fp8_same_bytes_and_amax_as_mvue_cast_compress(token_tiles, col_tiles, dtype, zeros, magnitude, scale_factor,
+                                                        seed):
+    """scale_factor 8 saturates the larger MVUE values (they are dZ / p, up to twice |dZ| and more);
+    magnitude 1e-4 puts values in the cast's subnormal range (and flushes some kept values to zero)."""
+    gen = torch.Generator().manual_seed(seed)
+    dz = torch.randn(64 * token_tiles, 64 * col_tiles, generator=gen) * magnitude
+    if zeros:
+        dz = torch.where(torch.rand(dz.shape, generator=gen) < 0.4, torch.zeros(()), dz)
+    dz = dz.to(dtype).to(DEVICE)
+    inv_scale = (448.0 / dz.abs().amax().float().clamp_min(1e-12) * scale_factor).reshape(1)
+    fused, amax = mvue_compress24_fp8(dz, seed % 1000, inv_scale)
+    ref, amax_ref = _unfused_fp8(dz, seed % 1000, inv_scale)
+    assert fused.shape == compressed_shape(dz.shape[1], dz.shape[0], torch.float8_e4m3fn)
+    assert fused.dtype == torch.float8_e4m3fn
+    assert torch.equal(_bytes(fused), _bytes(ref))
+    assert torch.equal(amax, amax_ref) and torch.equal(mvue24_amax(dz, seed % 1000), amax_ref)
+
+
+def test_fp8_seed_from_the_device_and_bad_inputs():
+    dz = torch.randn(128, 64).to(torch.bfloat16).to(DEVICE)
+    inv = torch.tensor(100.0, device=DEVICE)
+    seed_t = torch.tensor(5, dtype=torch.int64, device=DEVICE)
+    assert torch.equal(_bytes(mvue_compress24_fp8(dz, seed_t, inv)[0]), _bytes(mvue_compress24_fp8(dz, 5, inv)[0]))
+    with pytest.raises(TypeError, match="inv_scale"):
+        mvue_compress24_fp8(dz, 0, 100.0)
+    with pytest.raises(ValueError, match="block_groups"):
+        mvue_compress24_fp8(dz, 0, inv, block_groups=8)  # an FP8 metadata tile spans 16 groups
+    with pytest.raises(ValueError, match="seed"):
+        mvue24_amax(dz, -2)
+
+
+@pytest.mark.gpu
+def test_fp8_same_bytes_as_the_three_kernels_at_size_on_gpu():
+    dz = (torch.randn(16384, 4096, device="cuda") * 1e-3).to(torch.bfloat16)
+    inv_scale = (448.0 / dz.abs().amax().float() / 2).reshape(1)
+    for seed in (7, torch.tensor(9, dtype=torch.int64, device="cuda")):
+        fused, amax = mvue_compress24_fp8(dz, seed, inv_scale)
+        ref, amax_ref = _unfused_fp8(dz, seed, inv_scale)
+        assert torch.equal(_bytes(fused), _bytes(ref)) and torch.equal(amax, amax_ref)
+        assert torch.equal(mvue24_amax(dz, seed), amax_ref)

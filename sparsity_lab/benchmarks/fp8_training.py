@@ -14,7 +14,9 @@ that dense's TFLOP/s beside it.
 4. ``ffn``: FFN ``y = W2 gelu(W1 x)`` forward + backward (all six products: x is a parameter, so the
    first layer's dX runs too), mask recomputed every step, MVUE weight gradient, ``advance_step`` after each step, all variants graph-replayed (``CudaGraphStep``),
    paired rounds: bf16 dense, FP8 dense recipe (``FP8DenseLinear``: the same scaling recipe,
-   ``torch._scaled_mm``, no mask), bf16 2:4 ("cusparselt"), FP8 2:4 ("cusparselt_fp8").
+   ``torch._scaled_mm``, no mask), bf16 2:4 ("cusparselt"), FP8 2:4 ("cusparselt_fp8", kernels 18 and 19
+   fusing the casts into the weight's compression and into MVUE(dZ)'s) and the same FP8 2:4 with the
+   unfused kernels ("fp8_24_unfused": what the fusion saves, measured in the same rounds).
 """
 from __future__ import annotations
 
@@ -144,8 +146,8 @@ def product_row(tokens: int, d_in: int, d_out: int, sparse) -> dict:
 
 # --- 3. the pieces of one FP8 2:4 FFN step ------------------------------------------------------------------
 def ffn_parts(tokens: int, d: int, sparse) -> dict:
-    from ..kernels import (amax, compress24, mvue24, quantize_fp8_transposed, quantize_fp8_with_scale,
-                           scale_product_, soft_threshold24, transposable_mask24)
+    from ..kernels import (amax, compress24, mvue24, mvue_compress24_fp8, prepare24_fp8, quantize_fp8_transposed,
+                           quantize_fp8_with_scale, scale_product_, soft_threshold24, transposable_mask24)
     ffn = 4 * d
     gen = torch.Generator(device="cuda").manual_seed(2)
     parts = {}
@@ -180,6 +182,8 @@ def ffn_parts(tokens: int, d: int, sparse) -> dict:
             "MVUE dZ (bf16)": lambda: mvue24(dz, dim=0, seed=1),
             "cast MVUE(dZ)": lambda: quantize_fp8_with_scale(mv, inv),
             "compress MVUE(dZ)^T": lambda: compress24(q_g.t()),
+            "fused: soft threshold, cast W, compress W and W^T (kernel 18)": lambda: prepare24_fp8(w, mask, beta, inv),
+            "fused: MVUE dZ, cast, compress (kernel 19)": lambda: mvue_compress24_fp8(dz, 1, inv),
             "transpose copy of q(X) (what the one-pass cast saves)": (lambda: q_x.t().contiguous()) if dwc.layout[0] else None,
             "product forward": lambda: sparse.mm(c_w, q_x.t(), one, one, fwd),
             "scale pass over Z, torch mul_ by a 0-d tensor": lambda: z_fwd.mul_(one),
@@ -191,8 +195,14 @@ def ffn_parts(tokens: int, d: int, sparse) -> dict:
         parts[name]["dW layout (B transposed, result transposed)"] = list(dwc.layout)
     products = sum(v for p in parts.values() for k, v in p.items() if k.startswith("product"))
     others = sum(v for p in parts.values() for k, v in p.items()
-                 if isinstance(v, float) and not k.startswith(("product", "transpose copy", "scale pass")))
-    return {"tokens": tokens, "d_model": d, "parts_ms": parts, "products_ms": products, "other_ms": others}
+                 if isinstance(v, float) and not k.startswith(("product", "transpose copy", "scale pass", "fused")))
+    # the same 2:4 work with kernels 18 and 19 in place of the five unfused pieces they replace
+    replaced = ("soft threshold -> bf16", "cast W (delayed)", "compress W and W^T", "MVUE dZ (bf16)", "cast MVUE(dZ)",
+                "compress MVUE(dZ)^T")
+    fused = others - sum(p[k] for p in parts.values() for k in replaced) + sum(
+        v for p in parts.values() for k, v in p.items() if k.startswith("fused"))
+    return {"tokens": tokens, "d_model": d, "parts_ms": parts, "products_ms": products, "other_ms": others,
+            "other_ms_fused": fused}
 
 
 # --- 4. FFN steps ------------------------------------------------------------------------------------------------
@@ -240,10 +250,18 @@ def build_ffn(variant: str, d: int):
     model = FFN(d, 4 * d, torch.device("cuda"), torch.bfloat16)
     if variant == "fp8_dense":
         model.up, model.down = FP8DenseLinear(model.up), FP8DenseLinear(model.down)
-    elif variant in ("bf16_24", "fp8_24"):
+    elif variant in ("bf16_24", "fp8_24", "fp8_24_unfused"):
         backend = "cusparselt" if variant == "bf16_24" else "cusparselt_fp8"
         sl.sparsify(model, sl.STE(transposable=True, mvue=True, backend=backend), select=["up", "down"])
         sl.attach_optimizer(model, torch.optim.SGD(model.parameters(), lr=0.0))
+        if variant == "fp8_24_unfused":  # the same engine without kernels 18 and 19 (same algorithm choices)
+            from ..backends import get_backend
+            from ..backends.cusparselt.fp8_train import FP8Engine
+            shared = get_backend("cusparselt_fp8").engine
+            unfused = FP8Engine(shared.name, shared.engine, fused=False)
+            unfused._sparse = shared.sparse
+            for layer in (model.up, model.down):
+                layer.backend.engine = unfused
     return model
 
 
@@ -283,7 +301,7 @@ def ffn_speed(tokens: int, d: int, rounds: int = 5, n: int = 10) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(tokens, d, device="cuda", generator=gen, dtype=torch.bfloat16)
     dy = torch.randn(tokens, d, device="cuda", generator=gen, dtype=torch.bfloat16)
-    variants = ("bf16_dense", "fp8_dense", "bf16_24", "fp8_24")
+    variants = ("bf16_dense", "fp8_dense", "bf16_24", "fp8_24", "fp8_24_unfused")
     steps, errors = {}, {}
     for v in variants:
         try:
@@ -303,7 +321,7 @@ def ffn_speed(tokens: int, d: int, rounds: int = 5, n: int = 10) -> dict:
         out["variants"][v] = {"ms": ms, "ms_rounds": ts, "tflops": tflops(flop, ms)}
     ms = {v: r["ms"] for v, r in out["variants"].items()}
     if "fp8_24" in ms:
-        for base in ("fp8_dense", "bf16_dense", "bf16_24"):
+        for base in ("fp8_dense", "bf16_dense", "bf16_24", "fp8_24_unfused"):
             if base in ms:
                 out[f"fp8_24_vs_{base}"] = ms[base] / ms["fp8_24"]
                 # paired per round: the spread of the ratio

@@ -47,6 +47,7 @@ of one backend name share (the cuSPARSELt plans and algorithm choices, counters)
 """
 from __future__ import annotations
 
+import os
 import weakref
 import warnings
 from collections import Counter
@@ -72,18 +73,22 @@ TOKEN_MULTIPLE = 64  # tokens padded to this for the FP8 tensor-core products (z
 
 class FP8Operand:
     """One optimizer step's weight operand: S(W) (compute dtype), q(S(W)) E4M3 and its scale; the
-    compressed forms (sparse engine) and q(S(W))^T (dense engine) made on first use."""
+    compressed forms (sparse engine) and q(S(W))^T (dense engine) made on first use.
 
-    def __init__(self, weight: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, dense: bool = False) -> None:
+    An operand made by kernel 18 (``FP8Backend.prepare_masked`` on the sparse engine) has only the
+    compressed forms (``weight`` and ``q`` are None); ``make_transposed`` builds q(S(W))^T compressed
+    when the forward was prepared without it."""
+
+    def __init__(self, weight: torch.Tensor | None, q: torch.Tensor | None, scale: torch.Tensor, dense: bool = False,
+                 shape: tuple[int, int] | None = None, compressed: torch.Tensor | None = None,
+                 compressed_t: torch.Tensor | None = None, make_transposed=None) -> None:
         self.weight, self.q, self.scale = weight, q, scale
         self.dense = dense  # a dense phase's W (no 2:4 pattern): dense FP8 products whatever the engine
-        self.compressed: torch.Tensor | None = None
-        self.compressed_t: torch.Tensor | None = None
+        self.shape: tuple[int, int] = tuple(q.shape) if shape is None else tuple(shape)
+        self.compressed = compressed
+        self.compressed_t = compressed_t
+        self.make_transposed = make_transposed
         self.q_t: torch.Tensor | None = None
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.q.shape)
 
 
 @dataclass
@@ -104,10 +109,14 @@ class FP8Engine:
     """What the layers of one backend name share: how the products run (``engine``, one of
     ``ENGINES``), the cuSPARSELt products (plans, algorithm choices) and counters."""
 
-    def __init__(self, name: str, engine: str, fallback_reason: str | None = None) -> None:
+    def __init__(self, name: str, engine: str, fallback_reason: str | None = None, fused: bool | None = None) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.name, self.engine, self.fallback_reason = name, engine, fallback_reason
+        # kernels 18 and 19 on the sparse engine (W's cast and both compressions in one pass; MVUE(dZ)'s
+        # cast and compression in one pass); SPARSITY_LAB_FUSED_FP8=0 (or fused=False) brings back the
+        # unfused kernels for A/B runs: the bytes are the same
+        self.fused = os.environ.get("SPARSITY_LAB_FUSED_FP8", "1") != "0" if fused is None else bool(fused)
         self.reference = TorchBackend()
         self._triton = None
         self._sparse = None
@@ -284,6 +293,24 @@ class FP8Backend(Backend, nn.Module):
         q, scale = self.quantize("w", w)  # zeros stay zeros: the 2:4 pattern survives the cast
         return FP8Operand(w, q, scale)
 
+    def prepare_masked(self, weight, mask, beta, n, m, dtype, backward: bool = True) -> FP8Operand:
+        """The step's operand from the master W and the mask. On the sparse engine (CUDA, 2:4, a
+        half-precision dtype) kernel 18 makes both compressed FP8 forms and amax(S(W)) in one pass
+        (current scaling: after an amax pass of the same kernel); otherwise S(W), then ``prepare``."""
+        if not (self.engine.fused and self.engine.engine == "cusparselt" and weight.is_cuda
+                and (n, m) == (2, 4) and dtype in HALF and self.scaling.recipe.format_of("w") == "e4m3"):
+            return self.prepare(self.sparse_weight_as(weight, mask, beta, n, m, dtype))
+        k, state = self.engine.kernels(), self.scaling
+        observed = None if state.uses_history else k.prepare24_amax(weight, mask, beta, dtype)
+        scale, inv_scale, _ = state.scales_for("w", None, observed_amax=observed)
+        fwd, bwd, a = k.prepare24_fp8(weight, mask, beta, inv_scale, dtype, transposed=backward)
+        self.scaling.record("w", a)
+
+        def make_transposed():  # the same S(W) and scale (nothing advances before this step's backward)
+            return k.prepare24_fp8(weight, mask, beta, inv_scale, dtype, forward=False)[1]
+        return FP8Operand(None, None, scale, shape=tuple(weight.shape), compressed=fwd, compressed_t=bwd,
+                          make_transposed=None if backward else make_transposed)
+
     def prepare_dense(self, weight: torch.Tensor, dtype: torch.dtype) -> FP8Operand:
         """q(W) of the dense W (out, in) for a dense phase: the products run on dense FP8 tensor cores
         (``torch._scaled_mm``) on every engine but the reference, since W has no 2:4 pattern."""
@@ -335,7 +362,8 @@ class FP8Backend(Backend, nn.Module):
             dx = dense.scaled_mm_grad_input(q_dz, s_dz, operand.q_t, operand.scale)
         else:
             if operand.compressed_t is None:  # q(S(W))^T: 2:4 along out (transposable mask), read strided
-                operand.compressed_t = self.engine.kernels().compress24(operand.q.t())
+                operand.compressed_t = (operand.make_transposed() if operand.q is None
+                                        else self.engine.kernels().compress24(operand.q.t()))
             choice = self.engine.sparse.choose(operand.shape[1], operand.shape[0], rows, [(True, True)],
                                                grad_out.device)
             dx = self.engine.sparse.mm(operand.compressed_t, q_dz.t(), operand.scale, s_dz, choice)
@@ -368,6 +396,10 @@ class FP8Backend(Backend, nn.Module):
         rows = self._rows(tokens, grad_out)
         dz = self._pad(grad_out, rows)
         q_x, q_x_t, s_x = self._x_for_backward(x, rows)
+        if (mvue and engine == "cusparselt" and self.engine.fused and dz.is_cuda
+                and self.scaling.recipe.format_of("dz_mvue") == "e4m3"):
+            a, s_g = self._mvue_compressed(dz.contiguous(), seed)
+            return self._sparse_grad_weight(a, s_g, q_x, q_x_t, s_x, rows, grad_out)
         if mvue:
             q_g, s_g = self.quantize("dz_mvue", self._mvue(dz, seed))
         else:
@@ -376,8 +408,22 @@ class FP8Backend(Backend, nn.Module):
             return reference.reference_grad_weight(q_g, s_g, q_x, s_x, grad_out.dtype)
         if engine == "scaled_mm" or not mvue:
             return dense.scaled_mm_grad_weight(q_g, s_g, q_x, s_x, q_x_t).to(grad_out.dtype)
-        out_f, in_f = q_g.shape[1], q_x.shape[1]
         a = self.engine.kernels().compress24(q_g.t())  # q(MVUE(dZ))^T (out, rows), 2:4 along the tokens
+        return self._sparse_grad_weight(a, s_g, q_x, q_x_t, s_x, rows, grad_out)
+
+    def _mvue_compressed(self, dz: torch.Tensor, seed: MvueSeed | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(compressed q(MVUE(dZ))^T, its scale) by kernel 19, amax recorded: one pass with delayed
+        scaling, after an amax pass of the same draw with current scaling. The draw is ``_mvue``'s."""
+        k, state, kseed = self.engine.kernels(), self.scaling, kernel_seed(seed)
+        observed = None if state.uses_history else k.mvue24_amax(dz, kseed)
+        scale, inv_scale, _ = state.scales_for("dz_mvue", None, observed_amax=observed)
+        a, amax = k.mvue_compress24_fp8(dz, kseed, inv_scale)
+        state.record("dz_mvue", amax)
+        return a, scale
+
+    def _sparse_grad_weight(self, a, s_g, q_x, q_x_t, s_x, rows: int, grad_out: torch.Tensor) -> torch.Tensor:
+        """dW = s_g s_x A q(X) on sparse FP8 tensor cores, A = q(MVUE(dZ))^T compressed (out, rows)."""
+        out_f, in_f = grad_out.shape[1], q_x.shape[1]
         choice = self.engine.sparse.choose(out_f, rows, in_f, [(False, False), (True, True)], grad_out.device)
         b_transposed, transpose_result = choice.layout
         if b_transposed:  # B = q(X) as the .t() of the contiguous q(X)^T (in, rows)
