@@ -53,9 +53,22 @@ def _join_groups(x0, x1, x2, x3):
 
 @triton.jit
 def _fp8_bits(s, inv_scale, FMAX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, FP8_DTYPE: tl.constexpr):
-    """s (the operand dtype) cast to FP8 with ``inv_scale`` as ``quantize_fp8_with_scale`` casts it, raw bits."""
+    """s (the operand dtype) cast to FP8 with ``inv_scale`` as ``quantize_fp8_with_scale`` casts it: the
+    FP8 byte (uint8), -0.0 kept as the sign bit alone.
+
+    The byte is assembled with integer ops from the float32 value already rounded to the FP8 grid
+    (sign, exponent rebiased to 1 - EMIN, the top MBITS of the mantissa; subnormals as multiples of
+    2**(EMIN - MBITS)) rather than by triton's float32 -> FP8 conversion: on the H100 (triton 3.6)
+    converting and then bitcasting to uint8 before the compressed store put bytes at wrong positions
+    (the interpreter did not), seen in the first GPU run of kernels 18 and 19. Finite inputs only."""
     y = tl.minimum(tl.maximum(s.to(tl.float32) * inv_scale, -FMAX), FMAX)
-    return _round_to_fp8_grid(y, MBITS, EMIN).to(FP8_DTYPE).to(tl.uint8, bitcast=True)
+    r = _round_to_fp8_grid(y, MBITS, EMIN)
+    bits = r.to(tl.int32, bitcast=True)
+    sign = ((bits >> 31) & 1) << 7
+    e = ((bits >> 23) & 0xFF) - 127
+    normal = (((e + 1 - EMIN) << MBITS) | ((bits >> (23 - MBITS)) & ((1 << MBITS) - 1)))
+    subnormal = (tl.abs(r) * (1 << (MBITS - EMIN))).to(tl.int32)  # exact: r is on the subnormal grid
+    return (sign | tl.where(e >= EMIN, normal, subnormal)).to(tl.uint8)
 
 
 @triton.jit
