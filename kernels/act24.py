@@ -67,8 +67,13 @@ def _act24_kernel(h_ptr, vals_ptr, meta_ptr, dense_ptr, stride_r, stride_c, cols
     _store_compressed(vals_ptr, meta_ptr, row0, g0, p0, p1, code, cols // 2, col_tiles, False, BLOCK_G)
 
 
-def _block_groups(groups: int) -> int:
-    return next(b for b in (32, 16, 8) if groups % b == 0)
+def _block_groups(groups: int, requested: int | None = None) -> int:
+    """Groups of 4 per program: ``requested`` (checked), else the largest of 32, 16, 8 dividing ``groups``."""
+    if requested is None:
+        return next(b for b in (32, 16, 8) if groups % b == 0)
+    if requested not in (8, 16, 32) or groups % requested:
+        raise ValueError(f"block_groups must be 8, 16 or 32 and divide hidden / 4 = {groups}, got {requested}")
+    return requested
 
 
 def check_activation_shape(h: torch.Tensor, name: str = "h") -> None:
@@ -99,13 +104,14 @@ def compressed_outputs(rows: int, cols: int, out_dtype: torch.dtype, device: tor
 
 
 def act24(h: torch.Tensor, out_dtype: torch.dtype | None = None, dense: bool = True,
-          num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor | None]:
+          num_warps: int = 4, block_groups: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(compressed A24, dense A24 or None) for A24 = top2of4(relu(h)^2) along h's rows.
 
     h: (tokens, hidden) bfloat16 / float16 / float32, any strides; tokens and hidden multiples of 64.
     out_dtype: bfloat16 / float16, the product dtype (default h's dtype). Returns the compressed
     operand (``cusparselt_layout.compressed_shape(tokens, hidden, out_dtype)``, what
     ``torch._cslt_compress(A24)`` gives) and, with ``dense=True``, A24 itself (tokens, hidden).
+    block_groups: groups of 4 per program along hidden (8, 16 or 32 dividing hidden / 4; default the largest).
     """
     check_tensor(h, "h", (torch.bfloat16, torch.float16, torch.float32))
     check_activation_shape(h)
@@ -116,7 +122,7 @@ def act24(h: torch.Tensor, out_dtype: torch.dtype | None = None, dense: bool = T
     rows, cols = h.shape
     groups = cols // 4
     out, values, meta, a24 = compressed_outputs(rows, cols, out_dtype, h.device, dense)
-    block = _block_groups(groups)
+    block = _block_groups(groups, block_groups)
     _act24_kernel[(rows // ROW_TILE, groups // block)](
         h, values, meta, a24 if dense else values, h.stride(0), h.stride(1), cols, groups // 8,
         WRITE_DENSE=dense, BLOCK_G=block, OUT_DTYPE=_TL_DTYPES[out_dtype], num_warps=num_warps)
