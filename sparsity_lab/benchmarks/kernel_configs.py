@@ -20,7 +20,7 @@ WARPS = (2, 4, 8)
 
 
 def _bytes(t: torch.Tensor | None):
-    return None if t is None else t.contiguous().view(torch.uint8)
+    return None if t is None else t.contiguous().reshape(-1).view(torch.uint8)
 
 
 def _same(a, b) -> bool:
