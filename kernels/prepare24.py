@@ -17,6 +17,9 @@ The idea
     * the STE family (``beta=None``): ``w.to(dtype) * m`` (a pruned negative weight is -0.0, as in
       PyTorch; the compressor ignores the sign of zero when it picks the kept entries).
 
+    Kernel 18 (``prepare24_fp8.py``) runs this same program with ``FP8=True``: S is cast to FP8 with a
+    given scale before the two stores (``_fp8_bits``), and each program writes the amax of its S.
+
 Bytes (W of O x I elements, weight element size s, product element size p = 2)
     read ``s O I`` (W) + ``O I`` (bool mask); write ``2 * (p O I / 2 + O I / 8)`` (two compressed
     forms). Unfused: ``(s + 1 + p) O I`` then ``2 * (p + p / 2 + 1 / 8) O I``: for bf16 weights
@@ -139,6 +142,33 @@ def _prepare24_kernel(w_ptr, mask_ptr, beta_ptr, vals_ptr, meta_ptr, vals_t_ptr,
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
+def check_weight_mask_beta(w: torch.Tensor, mask: torch.Tensor, beta, dtype: torch.dtype, dtype_name: str):
+    """The checks kernel 11's wrappers share (``prepare24`` and ``prepare24_fp8``); returns beta as a
+    float tensor on w's device (or None). dtype: what S is rounded to, named ``dtype_name`` in errors."""
+    check_tensor(w, "w", HALF_AND_FLOAT)
+    check_tensor(mask, "mask", (torch.bool,))
+    if w.dim() != 2:
+        raise ValueError(f"w must be 2-D (out, in), got shape {tuple(w.shape)}")
+    check_same_shape(mask, "mask", w, "w")
+    if dtype not in _TL_DTYPES:
+        raise TypeError(f"{dtype_name} must be bfloat16 or float16 (the product dtype S is rounded to), got {dtype}")
+    rows, cols = w.shape
+    if rows % TILE or cols % TILE:
+        raise ValueError(f"w has shape {tuple(w.shape)}; out and in must be multiples of {TILE} "
+                         "(use soft_threshold24 / w * mask, then torch._cslt_compress, for other shapes)")
+    if rows * cols > 2**31 - 1 or (rows - 1) * abs(w.stride(0)) + (cols - 1) * abs(w.stride(1)) > 2**31 - 1:
+        raise ValueError(f"w with shape {tuple(w.shape)} and strides {w.stride()} exceeds int32 offsets")
+    tensors = {"w": w, "mask": mask}
+    if beta is not None and not isinstance(beta, torch.Tensor):
+        beta = torch.tensor(float(beta), dtype=torch.float32, device=w.device)
+    if beta is not None:
+        if beta.numel() != 1 or not beta.dtype.is_floating_point:
+            raise ValueError(f"beta must be a floating-point scalar, got shape {tuple(beta.shape)}, {beta.dtype}")
+        tensors["beta"] = beta
+    check_device(_prepare24_kernel, **tensors)
+    return beta
+
+
 def prepare24(w: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | float | None = None,
               out_dtype: torch.dtype | None = None, forward: bool = True, transposed: bool = True,
               num_warps: int = 4) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -156,30 +186,11 @@ def prepare24(w: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | float | 
     """
     from sparsity_lab.references import cusparselt_layout as layout
 
-    check_tensor(w, "w", HALF_AND_FLOAT)
-    check_tensor(mask, "mask", (torch.bool,))
-    if w.dim() != 2:
-        raise ValueError(f"w must be 2-D (out, in), got shape {tuple(w.shape)}")
-    check_same_shape(mask, "mask", w, "w")
     out_dtype = out_dtype or w.dtype
-    if out_dtype not in _TL_DTYPES:
-        raise TypeError(f"out_dtype must be bfloat16 or float16 (a product dtype), got {out_dtype}")
-    rows, cols = w.shape
-    if rows % TILE or cols % TILE:
-        raise ValueError(f"w has shape {tuple(w.shape)}; out and in must be multiples of {TILE} "
-                         "(use soft_threshold24 / w * mask, then torch._cslt_compress, for other shapes)")
+    beta = check_weight_mask_beta(w, mask, beta, out_dtype, "out_dtype")
     if not (forward or transposed):
         raise ValueError("nothing to write: forward and transposed are both False")
-    if rows * cols > 2**31 - 1 or (rows - 1) * abs(w.stride(0)) + (cols - 1) * abs(w.stride(1)) > 2**31 - 1:
-        raise ValueError(f"w with shape {tuple(w.shape)} and strides {w.stride()} exceeds int32 offsets")
-    tensors = {"w": w, "mask": mask}
-    if beta is not None and not isinstance(beta, torch.Tensor):
-        beta = torch.tensor(float(beta), dtype=torch.float32, device=w.device)
-    if beta is not None:
-        if beta.numel() != 1 or not beta.dtype.is_floating_point:
-            raise ValueError(f"beta must be a floating-point scalar, got shape {tuple(beta.shape)}, {beta.dtype}")
-        tensors["beta"] = beta
-    check_device(_prepare24_kernel, **tensors)
+    rows, cols = w.shape
     mask_u8 = mask.contiguous().view(torch.uint8)
     beta_t = beta.reshape(()).float() if beta is not None else w
 

@@ -30,36 +30,11 @@ import triton.language as tl
 
 from sparsity_lab.references.fp8 import fp8_format
 
-from ._common import HALF_AND_FLOAT, check_device, check_same_shape, check_tensor
+from ._common import check_device
 from .fp8_cast import _GRID
-from .prepare24 import TILE, _TL_DTYPES, _prepare24_kernel
+from .prepare24 import TILE, _TL_DTYPES, _prepare24_kernel, check_weight_mask_beta
 
 _TL_FP8 = {"e4m3": tl.float8e4nv}
-
-
-def _checked(w, mask, beta, dtype):
-    check_tensor(w, "w", HALF_AND_FLOAT)
-    check_tensor(mask, "mask", (torch.bool,))
-    if w.dim() != 2:
-        raise ValueError(f"w must be 2-D (out, in), got shape {tuple(w.shape)}")
-    check_same_shape(mask, "mask", w, "w")
-    if dtype not in _TL_DTYPES:
-        raise TypeError(f"dtype must be bfloat16 or float16 (the dtype S(W) is rounded to before the cast), got {dtype}")
-    rows, cols = w.shape
-    if rows % TILE or cols % TILE:
-        raise ValueError(f"w has shape {tuple(w.shape)}; out and in must be multiples of {TILE} "
-                         "(the compressor's tiles)")
-    if rows * cols > 2**31 - 1 or (rows - 1) * abs(w.stride(0)) + (cols - 1) * abs(w.stride(1)) > 2**31 - 1:
-        raise ValueError(f"w with shape {tuple(w.shape)} and strides {w.stride()} exceeds int32 offsets")
-    tensors = {"w": w, "mask": mask}
-    if beta is not None and not isinstance(beta, torch.Tensor):
-        beta = torch.tensor(float(beta), dtype=torch.float32, device=w.device)
-    if beta is not None:
-        if beta.numel() != 1 or not beta.dtype.is_floating_point:
-            raise ValueError(f"beta must be a floating-point scalar, got shape {tuple(beta.shape)}, {beta.dtype}")
-        tensors["beta"] = beta
-    check_device(_prepare24_kernel, **tensors)
-    return beta
 
 
 def _launch(w, mask, beta, dtype, inv_scale, fmt, forward, transposed, num_warps):
@@ -106,7 +81,7 @@ def prepare24_fp8(w: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | floa
     Returns ``(compress24(q), compress24(q.t()), amax)`` with ``q, amax = quantize_fp8_with_scale(S,
     inv_scale, "e4m3")``, bit for bit; amax is a float32 0-d tensor.
     """
-    beta = _checked(w, mask, beta, dtype)
+    beta = check_weight_mask_beta(w, mask, beta, dtype, "dtype")
     if not isinstance(inv_scale, torch.Tensor) or inv_scale.numel() != 1 or inv_scale.dtype != torch.float32:
         raise TypeError("inv_scale must be a float32 tensor with one element (fp8_max / amax)")
     check_device(_prepare24_kernel, w=w, inv_scale=inv_scale)
@@ -119,5 +94,5 @@ def prepare24_amax(w: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | flo
                    dtype: torch.dtype = torch.bfloat16, num_warps: int = 4) -> torch.Tensor:
     """amax(S(W)) (S rounded to ``dtype``) as a float32 0-d tensor, from one read of W and the mask:
     the first pass of current scaling. Arguments as :func:`prepare24_fp8`."""
-    beta = _checked(w, mask, beta, dtype)
+    beta = check_weight_mask_beta(w, mask, beta, dtype, "dtype")
     return _launch(w, mask, beta, dtype, None, "e4m3", False, False, num_warps)[2]
