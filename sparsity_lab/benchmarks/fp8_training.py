@@ -196,7 +196,7 @@ def ffn_parts(tokens: int, d: int, sparse) -> dict:
     products = sum(v for p in parts.values() for k, v in p.items() if k.startswith("product"))
     others = sum(v for p in parts.values() for k, v in p.items()
                  if isinstance(v, float) and not k.startswith(("product", "transpose copy", "scale pass", "fused")))
-    # the same 2:4 work with kernels 18 and 19 in place of the five unfused pieces they replace
+    # the same 2:4 work with kernels 18 and 19 in place of the six unfused pieces they replace
     replaced = ("soft threshold -> bf16", "cast W (delayed)", "compress W and W^T", "MVUE dZ (bf16)", "cast MVUE(dZ)",
                 "compress MVUE(dZ)^T")
     fused = others - sum(p[k] for p in parts.values() for k in replaced) + sum(
