@@ -74,10 +74,10 @@ def _mvue_compress24_kernel(dz_ptr, vals_ptr, meta_ptr, n_cols, quads_per_row, h
     if WRITE_VALUES:
         if FP8:  # q(MVUE(dZ)) with the given scale, as quantize_fp8_with_scale casts the stored values
             inv_scale = tl.load(inv_scale_ptr)
-            b0 = _fp8_bits(y0, inv_scale, FMAX, MBITS, EMIN, tl.float8e4nv)
-            b1 = _fp8_bits(y1, inv_scale, FMAX, MBITS, EMIN, tl.float8e4nv)
-            b2 = _fp8_bits(y2, inv_scale, FMAX, MBITS, EMIN, tl.float8e4nv)
-            b3 = _fp8_bits(y3, inv_scale, FMAX, MBITS, EMIN, tl.float8e4nv)
+            b0 = _fp8_bits(y0, inv_scale, FMAX, MBITS, EMIN)
+            b1 = _fp8_bits(y1, inv_scale, FMAX, MBITS, EMIN)
+            b2 = _fp8_bits(y2, inv_scale, FMAX, MBITS, EMIN)
+            b3 = _fp8_bits(y3, inv_scale, FMAX, MBITS, EMIN)
             v0, v1, code = _pick(b0, b1, b2, b3, 0x7F)
         else:
             v0, v1, code = _pick(y0.to(tl.int16, bitcast=True), y1.to(tl.int16, bitcast=True),

@@ -55,7 +55,7 @@ def _join_groups(x0, x1, x2, x3):
 
 
 @triton.jit
-def _fp8_bits(s, inv_scale, FMAX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, FP8_DTYPE: tl.constexpr):
+def _fp8_bits(s, inv_scale, FMAX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
     """s (the operand dtype) cast to FP8 with ``inv_scale`` as ``quantize_fp8_with_scale`` casts it: the
     FP8 byte (uint8), -0.0 kept as the sign bit alone.
 
@@ -80,7 +80,7 @@ def _prepare24_kernel(w_ptr, mask_ptr, beta_ptr, vals_ptr, meta_ptr, vals_t_ptr,
                       SOFT: tl.constexpr, WRITE_W: tl.constexpr, WRITE_T: tl.constexpr,
                       OUT_DTYPE: tl.constexpr, FP8: tl.constexpr = False, WRITE_AMAX: tl.constexpr = False,
                       FMAX: tl.constexpr = 448.0, MBITS: tl.constexpr = 3, EMIN: tl.constexpr = -6,
-                      FP8_DTYPE: tl.constexpr = tl.float8e4nv, SIGN_OFF: tl.constexpr = 0x7FFF,
+                      SIGN_OFF: tl.constexpr = 0x7FFF,
                       TILE_COLS: tl.constexpr = 32):
     # TILE_COLS: columns of a metadata tile (8 groups of 16-bit values, 16 of 8-bit); SIGN_OFF masks the sign bit
     r0 = tl.program_id(0) * 64
@@ -119,10 +119,10 @@ def _prepare24_kernel(w_ptr, mask_ptr, beta_ptr, vals_ptr, meta_ptr, vals_t_ptr,
         tl.store(partial_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), tl.max(tl.max(a, axis=1), axis=0))
     if FP8:  # q(S): the operand's bits as E4M3 / E5M2 with the given scale (zeros stay zeros)
         inv_scale = tl.load(inv_scale_ptr)
-        b0 = _fp8_bits(s0, inv_scale, FMAX, MBITS, EMIN, FP8_DTYPE)
-        b1 = _fp8_bits(s1, inv_scale, FMAX, MBITS, EMIN, FP8_DTYPE)
-        b2 = _fp8_bits(s2, inv_scale, FMAX, MBITS, EMIN, FP8_DTYPE)
-        b3 = _fp8_bits(s3, inv_scale, FMAX, MBITS, EMIN, FP8_DTYPE)
+        b0 = _fp8_bits(s0, inv_scale, FMAX, MBITS, EMIN)
+        b1 = _fp8_bits(s1, inv_scale, FMAX, MBITS, EMIN)
+        b2 = _fp8_bits(s2, inv_scale, FMAX, MBITS, EMIN)
+        b3 = _fp8_bits(s3, inv_scale, FMAX, MBITS, EMIN)
     else:
         b0 = s0.to(tl.int16, bitcast=True)
         b1 = s1.to(tl.int16, bitcast=True)

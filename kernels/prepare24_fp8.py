@@ -26,7 +26,6 @@ Bytes (W of O x I elements, weight element size s)
 from __future__ import annotations
 
 import torch
-import triton.language as tl
 
 from sparsity_lab.references.fp8 import fp8_format
 
@@ -34,7 +33,6 @@ from ._common import check_device
 from .fp8_cast import _GRID
 from .prepare24 import TILE, _TL_DTYPES, _prepare24_kernel, check_weight_mask_beta
 
-_TL_FP8 = {"e4m3": tl.float8e4nv}
 
 
 def _launch(w, mask, beta, dtype, inv_scale, fmt, forward, transposed, num_warps):
@@ -61,7 +59,7 @@ def _launch(w, mask, beta, dtype, inv_scale, fmt, forward, transposed, num_warps
         inv_scale if inv_scale is not None else partial, partial, w.stride(0), w.stride(1), rows, cols,
         SOFT=beta is not None, WRITE_W=forward, WRITE_T=transposed, OUT_DTYPE=_TL_DTYPES[dtype],
         FP8=inv_scale is not None, WRITE_AMAX=True, FMAX=fmax, MBITS=mbits, EMIN=emin,
-        FP8_DTYPE=_TL_FP8[fmt], SIGN_OFF=0x7F, TILE_COLS=64, num_warps=num_warps)
+        SIGN_OFF=0x7F, TILE_COLS=64, num_warps=num_warps)
     return fwd, bwd, partial.amax()
 
 
