@@ -99,7 +99,10 @@ def test_bad_inputs_are_refused_with_the_reason():
 @pytest.mark.parametrize("w_dtype", [torch.float32, torch.bfloat16])
 def test_same_bytes_at_size_and_as_cslt_compress_on_gpu(soft, w_dtype):
     """At an FFN's size, fp32 master weights included (the GPU rounds as PyTorch does)."""
-    w = torch.randn(4096, 16384, device="cuda").to(w_dtype)
+    w = torch.randn(4096, 16384, device="cuda")
+    # torch.randn gives a few exact zeros in 67 M draws; a kept zero leaves its group one non-zero, whose
+    # empty slot cuSPARSELt and compress24 encode differently (both decode to the same matrix)
+    w = torch.where(w == 0, torch.ones_like(w), w).to(w_dtype)
     mask = transposable_mask24(w, pruned=False)[0]
     beta = torch.tensor(0.9, device="cuda") if soft else None
     s, fwd_ref, bwd_ref = _unfused(w, mask, beta, torch.bfloat16)
