@@ -12,6 +12,8 @@ material shipped inside the package.
 from __future__ import annotations
 
 import fnmatch
+import gzip
+import json
 import os
 import shutil
 import subprocess
@@ -22,14 +24,19 @@ from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 
+# the recorded comparisons (results/<folder>/) the notebooks read, logs included
+COMPARISONS = ("lab_compare_h100_triton", "lab_compare_h100_structures", "lab_compare_h100_fp8",
+               "lab_compare_h100_fp8_seed1", "lab_compare_h100_longer")
+
 # folder -> (files to ship, as globs relative to it; globs to leave out)
 MATERIAL = {
     "notebooks": (["[0-9][0-9]_*.ipynb"], []),
     "docs": (["**/*.md"], []),
     "book": (["_config.yml", "intro.md", "_static/*"], []),
-    # the plotly pages that `compare --figures` wrote beside each recorded comparison are left out:
-    # the notebooks redraw those figures from the logs, which do ship
-    "results": (["**/*"], ["*.html"]),
+    # the recorded results the notebooks display: every file at the top of results/, and the
+    # comparisons the notebooks draw (their tables and notes here, their logs in SHIPPED_LOGS)
+    "results": (["*.json", "*.md", "*.txt", *(f"{d}/{f}" for d in COMPARISONS for f in ("results.json", "NOTES.md"))],
+                []),
 }
 
 
@@ -59,6 +66,25 @@ def material_files() -> dict[str, Path]:
     return files
 
 
+def packed_logs() -> dict[str, bytes]:
+    """Path inside ``_shipped/`` -> gzip bytes, for the per-step logs of the shipped comparisons.
+
+    The logs are the bulk of results/ (about 1 MB per run): the wheel carries them gzip-compressed and
+    without the per-layer flip columns (``flip/<layer>``), which no notebook draws; the overall
+    ``flip_rate`` and every other column stay exact. ``lab.runlog.read_log`` reads ``log.jsonl.gz``
+    where ``log.jsonl`` is missing.
+    """
+    out = {}
+    for folder in COMPARISONS:
+        for log in sorted((HERE / "results" / folder).glob("*/log.jsonl")):
+            rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+            text = "".join(json.dumps({k: v for k, v in row.items() if not k.startswith("flip/")}) + "\n"
+                           for row in rows)
+            rel = log.relative_to(HERE).as_posix() + ".gz"
+            out[rel] = gzip.compress(text.encode(), compresslevel=9, mtime=0)
+    return out
+
+
 def build_commit() -> str | None:
     """The commit being built (``+dirty`` when tracked files differ from it), or SPARSITY_LAB_COMMIT."""
     if os.environ.get("SPARSITY_LAB_COMMIT"):
@@ -85,6 +111,9 @@ class BuildWithMaterial(build_py):
         for rel, source in material_files().items():
             (target / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, target / rel)
+        for rel, packed in packed_logs().items():
+            (target / rel).parent.mkdir(parents=True, exist_ok=True)
+            (target / rel).write_bytes(packed)
         commit = build_commit()
         if commit:
             (target / "BUILD_COMMIT").write_text(commit + "\n")

@@ -322,7 +322,7 @@ def _launch(x: torch.Tensor, dim: int, seed: int, block: int, num_warps: int | N
             constant_u: bool = False) -> torch.Tensor:
     """Run ``variant`` on a contiguous x (arguments already checked). constant_u=True replaces every
     uniform by 0.5: NOT a valid MVUE (deterministic picks), only a timing diagnostic that shows what
-    the RNG costs (sparsity_lab.benchmarks.mvue_variants)."""
+    the RNG costs (benchmarks.mvue_variants)."""
     if variant not in LAUNCHERS:
         raise RuntimeError(f"MVUE variant {variant!r} is not loaded: import sparsity_lab.kernels (it loads the "
                            "measured variants of kernels/mvue24_variants.py)")
@@ -381,7 +381,7 @@ def mvue24_constant_u_for_timing(x: torch.Tensor, dim: int = -1, block: int = DE
                                  num_warps: int | None = None, variant: str = DEFAULT_VARIANT) -> torch.Tensor:
     """NOT an MVUE: ``variant`` with every uniform replaced by 0.5 (deterministic picks, biased).
 
-    A timing diagnostic only (sparsity_lab.benchmarks.mvue_variants): the gap between this and
+    A timing diagnostic only (benchmarks.mvue_variants): the gap between this and
     :func:`mvue24` with the same variant is what the random numbers cost.
     """
     x, dim = _checked(x, dim, 0, block, variant)

@@ -5,7 +5,6 @@
     opt = torch.optim.AdamW(model.parameters())
     sl.attach_optimizer(model, opt)        # masked decay on gradients before each step, counters after it
 """
-from . import _moved
 from .layers import SparseLinear
 from .masks import (is_nm, is_transposable, kept_fraction, mask_diversity, nm_mask, transposable_mask,
                     validate_transposable_mask)
@@ -19,7 +18,6 @@ from .export import Sparse24Linear, export, save_compressed_tensors
 
 __version__ = "0.1.0"
 
-_moved.install()  # old module paths (sparsity_lab.dyad, ...) still import, with a DeprecationWarning
 
 __all__ = [
     "CudaGraphStep", "Sparse24Linear", "export", "save_compressed_tensors", "SRSTE", "SSTE", "STE", "Dense",

@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from sparsity_lab.lab.cli import main
 
 sys.exit(main())

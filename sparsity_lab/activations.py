@@ -1,6 +1,6 @@
 """Squared ReLU, y = relu(h)^2, as one autograd function: one fused pass forward and one backward on CUDA.
 
-The lab GPT's dense ``relu2`` FFN and ``bench-act24``'s dense baseline call :func:`relu2`. Written as
+The lab GPT's dense ``relu2`` FFN and ``python -m benchmarks act24``'s dense baseline call :func:`relu2`. Written as
 ``F.relu(h).square()`` the activation costs two elementwise passes forward and four backward; the
 Triton kernels of ``kernels/relu2.py`` do each direction in one pass, so the dense baseline that the
 2:4-activation speed-ups are measured against is not slowed down by an unfused activation.

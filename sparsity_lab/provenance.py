@@ -43,12 +43,24 @@ def _git_commit() -> str:
         return "unknown"
 
 
+def command_line(argv: list[str] | None = None) -> str:
+    """The command that is running, as a user would type it: ``python -m MODULE ...`` for a module run
+    with ``-m`` (Python puts the module's file path in ``sys.argv[0]``), else argv as it is."""
+    argv = list(sys.argv if argv is None else argv)
+    main = sys.modules.get("__main__")
+    module = getattr(getattr(main, "__spec__", None), "name", None) if argv is sys.argv or argv == sys.argv else None
+    if module:
+        module = module.removesuffix(".__main__")
+        argv = ["python", "-m", module, *argv[1:]]
+    return " ".join(shlex.quote(a) for a in argv)
+
+
 def provenance(command: str | None = None) -> dict:
     """GPU/CPU name, library versions, date, git commit and the exact command."""
     info = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": os.environ.get("SPARSITY_LAB_COMMIT") or _git_commit(),
-        "command": command or " ".join(shlex.quote(a) for a in sys.argv),
+        "command": command or command_line(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpu": platform.processor() or platform.machine(),

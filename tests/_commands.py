@@ -4,7 +4,7 @@ of every notebook's "Things to try" cell, read and planned here (pure functions,
 Format (the course's convention): anything runnable sits in a fenced block, ```bash (one command a
 line; ``\\`` continues a line; ``#`` starts a comment) or ```python (code that runs in the notebook's
 state after its last cell). A bash line is ``[VAR=value ...] program args``, where program is
-``sparsity-lab``, ``python -m sparsity_lab``, ``pytest`` / ``python -m pytest`` or ``python -m pip``.
+``sparsity-lab``, ``python -m sparsity_lab``, ``python -m benchmarks`` (from the clone), ``pytest`` / ``python -m pytest`` or ``python -m pip``.
 
 Each command gets a plan:
 
@@ -47,13 +47,12 @@ REPLACED = ("--time-budget", "--max-tokens")
 TRAINING = ("train", "compare", "decay-search")
 TRAINING_DEFAULTS = {"--steps": "3", "--layers": "1", "--width": "32", "--context": "32", "--batch-size": "2",
                      "--eval-batches": "1", "--data-max-bytes": "100000"}
-COMMAND_DEFAULTS = {"demo": {"--steps": "20", "--size": "64"}, "bench-masks": {"--quick": None, "--repeats": "1"},
-                    "bench-act24-accuracy": {**TRAINING_DEFAULTS, "--no-progress": None}}
+COMMAND_DEFAULTS = {"demo": {"--steps": "20", "--size": "64"}, "masks": {"--quick": None, "--repeats": "1"},
+                    "act24-accuracy": {**TRAINING_DEFAULTS, "--no-progress": None}}
 # flags whose value is a path the command writes; moved under the test's temporary folder
 OUTPUT_FLAGS = ("--out", "--out-dir", "--report")
 # commands that write results/<name>.json under the current folder unless told otherwise (moved to the test's own)
-WRITES_RESULTS = ("bench-masks", "bench-kernels", "bench-dyad", "bench-ffn", "bench-cslt-calls", "bench-lab-speed", "bench-act24",
-                  "bench-act24-accuracy")
+WRITES_RESULTS = ("masks", "kernels", "dyad", "ffn", "cslt-calls", "lab-speed", "act24", "act24-accuracy")
 
 
 @dataclass
@@ -132,29 +131,35 @@ def shell_commands(block: str, where: str, first_line: int | None = None) -> lis
     return out
 
 
+PROGRAMS = {"sparsity_lab": "sparsity-lab", "benchmarks": "benchmarks"}  # module run by -m -> program
+
+
 def torchrun_split(argv: list[str]) -> tuple[list[str], list[str]] | None:
-    """``torchrun OPTS -m sparsity_lab ARGS`` -> (OPTS with at most 2 processes, ["sparsity-lab", *ARGS])."""
+    """``torchrun OPTS -m sparsity_lab ARGS`` -> (OPTS with at most 2 processes, ["sparsity-lab", *ARGS]);
+    ``-m benchmarks`` likewise, -> ["benchmarks", *ARGS]."""
     if argv[0] != "torchrun" and argv[:3] != ["python", "-m", "torch.distributed.run"]:
         return None
     rest = argv[1:] if argv[0] == "torchrun" else argv[3:]
-    if "-m" not in rest or rest[rest.index("-m") + 1:][:1] != ["sparsity_lab"]:
+    if "-m" not in rest or rest[rest.index("-m") + 1:][:1] == [] or rest[rest.index("-m") + 1] not in PROGRAMS:
         return None
+    program = PROGRAMS[rest[rest.index("-m") + 1]]
     cut = rest.index("-m")
     opts, args = rest[:cut], rest[cut + 2:]
     for flag in ("--nproc-per-node", "--nproc_per_node"):
         if flag in opts and opts[opts.index(flag) + 1].isdigit():
             opts[opts.index(flag) + 1] = str(min(2, int(opts[opts.index(flag) + 1])))
-    return (opts if "--standalone" in opts else ["--standalone", *opts]), ["sparsity-lab", *args]
+    return (opts if "--standalone" in opts else ["--standalone", *opts]), [program, *args]
 
 
 def subcommand(argv: list[str]) -> tuple[str, list[str]] | None:
-    """("sparsity-lab", args) or ("pytest", args) or ("pip", args); None for anything else."""
-    if argv[0] == "sparsity-lab":
-        return "sparsity-lab", argv[1:]
+    """("sparsity-lab", args), ("benchmarks", args: ``python -m benchmarks``, run from the clone),
+    ("pytest", args) or ("pip", args); None for anything else."""
+    if argv[0] in ("sparsity-lab", "benchmarks"):
+        return argv[0], argv[1:]
     if argv[0] in ("pytest", "py.test"):
         return "pytest", argv[1:]
     if argv[0] in ("python", "python3") and argv[1:2] == ["-m"] and len(argv) > 2:
-        module = {"sparsity_lab": "sparsity-lab", "pytest": "pytest", "pip": "pip"}.get(argv[2])
+        module = {**PROGRAMS, "pytest": "pytest", "pip": "pip"}.get(argv[2])
         if module:
             return module, argv[3:]
     if argv[0] in ("pip", "pip3"):
@@ -162,10 +167,17 @@ def subcommand(argv: list[str]) -> tuple[str, list[str]] | None:
     return None
 
 
-def _gpu_only(command_name: str, args: list[str], comment: str) -> str:
-    from sparsity_lab.cli import COMMANDS
+def command_table(program: str) -> dict[str, tuple[str, str]]:
+    """name -> (module, help) of the CLI's commands or of the benchmarks."""
+    if program == "benchmarks":
+        from benchmarks.__main__ import BENCHMARKS
+        return BENCHMARKS
+    from sparsity_lab.lab.cli import COMMANDS
+    return COMMANDS
 
-    help_text = COMMANDS.get(command_name, ("", ""))[1]
+
+def _gpu_only(program: str, command_name: str, args: list[str], comment: str) -> str:
+    help_text = command_table(program).get(command_name, ("", ""))[1]
     if re.search(r"\bGPU\)\s*$", help_text) and "--smoke" not in args and "--allow-cpu" not in args:
         return f"`{command_name}` is a GPU command ({help_text})"
     if "--device" in args and args[args.index("--device") + 1:][:1] == ["cuda"]:
@@ -190,7 +202,7 @@ def plan(command: Command, tmp: Path, has_gpu: bool) -> Plan:
     found = subcommand(argv)
     if found is None:
         raise ValueError(f"{command}: the test runs `sparsity-lab ...`, `python -m sparsity_lab ...`, "
-                         f"`torchrun ... -m sparsity_lab ...` and `pytest ...` commands; write other programs as prose, or teach tests/_commands.py "
+                         f"`python -m benchmarks ...`, `torchrun ... -m sparsity_lab|benchmarks ...` and `pytest ...` commands; write other programs as prose, or teach tests/_commands.py "
                          "to run them")
     program, args = found
     if program == "pip":
@@ -213,7 +225,7 @@ def plan(command: Command, tmp: Path, has_gpu: bool) -> Plan:
                                 "`course --headless` on small notebooks")
         return Plan("skip", "starts a JupyterLab server that runs until it is stopped: tests/test_course_workdir.py "
                             "starts `course` with a real JupyterLab and stops it with SIGTERM")
-    gpu = _gpu_only(name, args, command.comment)
+    gpu = _gpu_only(program, name, args, command.comment)
     if not gpu and not has_gpu and name != "train" and any(a.startswith("triton") for a in args):
         gpu = (f"`{name}` trains several runs on backend triton, which the CPU interpreter runs too slowly "
                "for CI (`train --backend triton` runs here, interpreted)")

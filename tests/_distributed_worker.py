@@ -372,7 +372,7 @@ def check_lab(results: dict, tmp: str) -> None:
     import contextlib
     import io
 
-    from sparsity_lab.cli import main as cli
+    from sparsity_lab.lab.cli import main as cli
 
     out = os.path.join(tmp, "lab")
     printed = io.StringIO()
@@ -395,7 +395,7 @@ def check_compare(results: dict, tmp: str) -> None:
     import contextlib
     import io
 
-    from sparsity_lab.cli import main as cli
+    from sparsity_lab.lab.cli import main as cli
     from sparsity_lab.lab import compare as compare_module
 
     written = []
@@ -423,11 +423,11 @@ def check_compare(results: dict, tmp: str) -> None:
 
 
 def check_bench(results: dict, tmp: str) -> None:
-    """``bench-dist --smoke``: the GPU script's plumbing (DDP and FSDP2, dense and 2:4) on 2 CPU ranks."""
+    """``benchmarks dist --smoke``: the GPU script's plumbing (DDP and FSDP2, dense and 2:4) on 2 CPU ranks."""
     import contextlib
     import io
 
-    from sparsity_lab.benchmarks.distributed_speed import main as bench
+    from benchmarks.distributed_speed import main as bench
 
     with contextlib.redirect_stdout(io.StringIO()):
         code = bench(["--smoke", "--out-dir", os.path.join(tmp, "bench")])

@@ -10,7 +10,7 @@ from _lab_testing import CLI_TINY, tiny_config, without_speed
 import sparsity_lab as sl
 from sparsity_lab.activation24 import (Act24FallbackWarning, Act24MLP, ReferenceProducts, act24_modules, fc_only,
                                        make_products, weight_selector)
-from sparsity_lab.activation_stats import ActivationSparsityTracker, relu2_sparsity
+from sparsity_lab.lab.activation_stats import ActivationSparsityTracker, relu2_sparsity
 from sparsity_lab.flops import gpt_config_flops_per_token
 from sparsity_lab.lab import GPTConfig, Trainer, load_corpus
 from sparsity_lab.references.act24 import (Act24Down, Act24FFN, act24, act24_grad, natural_24_stats, relu2,
@@ -202,7 +202,7 @@ def test_activation_sparsity_changes_training_and_structures_are_refused(corpus)
 
 
 def test_cli_refuses_activation_sparsity_without_relu2(tmp_path, capsys):
-    from sparsity_lab.cli import main
+    from sparsity_lab.lab.cli import main
     code = main(["train", *CLI_TINY, "--steps", "1", "--activation-sparsity", "2:4", "--out", str(tmp_path / "r")])
     assert code == 2
     assert "needs ffn_kind='relu2'" in capsys.readouterr().err

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from sparsity_lab.benchmarks.act24_accuracy import SETTINGS_ORDER, main
-from sparsity_lab.benchmarks.act24_verdicts import judge_act24
+from benchmarks.act24_accuracy import SETTINGS_ORDER, main
+from benchmarks.act24_verdicts import judge_act24
 
 TINY = ["--device", "cpu", "--layers", "1", "--width", "32", "--context", "32", "--batch-size", "4", "--steps", "6",
         "--eval-interval", "3", "--eval-batches", "2", "--data-max-bytes", "200000", "--no-progress"]
@@ -19,7 +19,7 @@ def recorded(tmp_path_factory):
 
 def test_the_recorder_writes_every_setting_at_every_seed(recorded):
     assert set(recorded) == {"provenance", "settings", "runs", "seeds", "verdicts"}
-    assert recorded["provenance"]["command"].startswith("sparsity-lab bench-act24-accuracy --seeds 0 1 --device cpu "
+    assert recorded["provenance"]["command"].startswith("python -m benchmarks act24-accuracy --seeds 0 1 --device cpu "
                                                         "--backend torch")
     assert list(recorded["runs"]) == list(SETTINGS_ORDER) and list(recorded["seeds"]) == ["0", "1"]
     for seed, per in recorded["seeds"].items():
@@ -120,10 +120,9 @@ def test_argparse_errors_name_the_flag(capsys):
 
 
 def test_the_command_is_registered():
-    from sparsity_lab.cli import build_parser
+    from benchmarks.__main__ import BENCHMARKS
 
-    args = build_parser("bench-act24-accuracy").parse_args(["bench-act24-accuracy", "--steps", "400"])
-    assert args._module == "sparsity_lab.benchmarks.act24_accuracy" and args.seeds == [0, 1, 2]
+    assert BENCHMARKS["act24-accuracy"][0] == "benchmarks.act24_accuracy"
 
 
 def test_device_cuda_without_a_gpu_names_the_flag(capsys):

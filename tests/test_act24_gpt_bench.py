@@ -1,4 +1,4 @@
-"""bench-act24's GPT section (benchmarks/act24_gpt.py) and the whole run around it, on the CPU (--smoke)."""
+"""benchmarks act24's GPT section (benchmarks/act24_gpt.py) and the whole run around it, on the CPU (--smoke)."""
 import json
 import math
 import statistics
@@ -6,14 +6,14 @@ import statistics
 import pytest
 import torch
 
-from sparsity_lab.benchmarks.act24_gpt import (DEFAULTS, DENSE, GPT_VARIANTS, PAIRED_VARIANTS, build_variant,
+from benchmarks.act24_gpt import (DEFAULTS, DENSE, GPT_VARIANTS, PAIRED_VARIANTS, build_variant,
                                                config_for, judge, loss_against_reference, smoke_settings)
-from sparsity_lab.benchmarks.act24_speed import VARIANTS, main
+from benchmarks.act24_speed import VARIANTS, main
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """One `bench-act24 --smoke` run: (its JSON, its printed table)."""
+    """One `benchmarks act24 --smoke` run: (its JSON, its printed table)."""
     import contextlib
     import io
 
@@ -190,8 +190,8 @@ def test_gpt_section_on_cusparselt_at_a_small_size_on_gpu():
     """The whole GPT section on the GPU at a small size: every variant timed without error, the activation
     products on cuSPARSELt within bf16 error of the reference products in every block, the combined
     method's 2:4 layers on cuSPARSELt."""
-    from sparsity_lab.benchmarks.act24_gpt import gpt_settings, measure_gpt_step
-    from sparsity_lab.benchmarks.ffn.measure import Recorder
+    from benchmarks.act24_gpt import gpt_settings, measure_gpt_step
+    from benchmarks.ffn.measure import Recorder
 
     s = gpt_settings(False, {"n_layer": 2, "n_head": 2, "d_model": 256, "context": 128, "batch": 4},
                      reps=2, warmup=1, rounds=1, idle_s=0.0)

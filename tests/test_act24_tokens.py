@@ -322,7 +322,7 @@ def test_lab_config_trains_with_token_gradients_and_resumes_exactly(tmp_path):
 def test_cli_train_takes_the_token_gradient_options(tmp_path, capsys):
     from _lab_testing import CLI_TINY
 
-    from sparsity_lab.cli import main
+    from sparsity_lab.lab.cli import main
     code = main(["train", *CLI_TINY, "--steps", "1", "--ffn", "relu2", "--activation-sparsity", "2:4",
                  "--act24-weight-grads", "tokens24", "--act24-dense-fraction", "0.2", "--out", str(tmp_path / "r")])
     assert code == 0, capsys.readouterr().err

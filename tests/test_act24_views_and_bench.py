@@ -1,10 +1,10 @@
-"""The activation widget and histogram (viz/act24_view.py) and bench-act24's CPU smoke run."""
+"""The activation widget and histogram (viz/act24_view.py) and benchmarks act24's CPU smoke run."""
 import pytest
 import torch
 
 pytest.importorskip("plotly", reason="figures need the lab extra")
 
-from sparsity_lab.viz.act24_view import act24_widget, activation_histogram, kept_mass, layer_summary
+from sparsity_lab.course.viz.act24_view import act24_widget, activation_histogram, kept_mass, layer_summary
 
 
 def test_kept_mass_and_summary():
@@ -38,7 +38,7 @@ def test_widget_moves_its_window_and_names_the_layer():
 
 
 def test_bench_smoke_runs_every_variant_and_judges_nothing():
-    from sparsity_lab.benchmarks.act24_speed import VARIANTS, Settings, benchmark
+    from benchmarks.act24_speed import VARIANTS, Settings, benchmark
     result = benchmark(Settings(smoke=True, device=torch.device("cpu"), tokens=64, d_model=16, rounds=1,
                                 reps=1, warmup=0, graph=False))
     rows = {r["variant"]: r for r in result["rows"]}

@@ -21,7 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 ROOTS = {"sparsity_lab": ROOT / "sparsity_lab", "sparsity_lab.kernels": ROOT / "kernels"}
 STDLIB = tuple(sorted(sys.stdlib_module_names))
 
-COURSE = ("sparsity_lab.course", "sparsity_lab.course.*")  # running the notebooks, building the book
+# the applications: the lab (GPT, trainer, CLI) and the course (runner, book, figures, exercises). They
+# import the library; the library never imports them, nor the benchmarks (top-level benchmarks/, a clone's)
+APPS = ("sparsity_lab.lab", "sparsity_lab.lab.*", "sparsity_lab.course", "sparsity_lab.course.*",
+        "sparsity_lab.__main__")
+BENCHMARKS = ("benchmarks", "benchmarks.*")
 RULES = [
     Rule("sparsity_lab.kernels*", scope="sparsity_lab*", allowed=("sparsity_lab.kernels*", "sparsity_lab.references*"),
          why="a kernel imports from the package only its plain-PyTorch references"),
@@ -32,10 +36,14 @@ RULES = [
          allowed=("sparsity_lab.backends*", "sparsity_lab.kernels*", "sparsity_lab.references*", "sparsity_lab.masks*",
                   "sparsity_lab.methods*", "sparsity_lab.validation"),
          why="a backend sits on the masks, methods, references and kernels, never on the layers above it"),
-    Rule("sparsity_lab.viz*", scope="sparsity_lab*", forbidden=("sparsity_lab.benchmarks*", "sparsity_lab.kernels*"),
-         why="viz draws figures and widgets; measuring code lives in benchmarks/"),
-    Rule("sparsity_lab.*", scope="sparsity_lab*", forbidden=COURSE, exempt=COURSE,
-         why="nothing in the library depends on building the course"),
+    Rule("sparsity_lab*", forbidden=(*APPS, *BENCHMARKS), exempt=APPS,
+         why="the library never imports its applications (the lab, the course) or the benchmarks"),
+    Rule("sparsity_lab.lab*", forbidden=("sparsity_lab.course*", *BENCHMARKS),
+         why="the lab application stands on the library alone"),
+    Rule("sparsity_lab.course*", forbidden=BENCHMARKS,
+         why="the course runs from a wheel, which holds no benchmarks"),
+    Rule("sparsity_lab.course.viz*", scope="sparsity_lab*", forbidden=("sparsity_lab.kernels*",),
+         why="viz draws figures and widgets; it measures nothing"),
 ]
 @pytest.fixture(scope="module")
 def graph():

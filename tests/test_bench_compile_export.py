@@ -1,4 +1,4 @@
-"""``bench-compile`` and ``bench-export``: the plumbing on the CPU (``--smoke``) and the JSON they write. No speed
+"""``python -m benchmarks compile`` and ``python -m benchmarks export``: the plumbing on the CPU (``--smoke``) and the JSON they write. No speed
 is asserted (smoke numbers mean nothing); the recorded H100 files are checked for the same schema."""
 import json
 import math
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sparsity_lab.benchmarks.compile_speed import VARIANTS
-from sparsity_lab.cli import main
+from benchmarks.compile_speed import VARIANTS
+from sparsity_lab.lab.cli import main
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -33,7 +33,7 @@ def check_export(data):
     assert set(sparse["decode_ms_per_token"]) == {str(b) for b in data["config"]["decode_batches"]}
 
 
-@pytest.mark.parametrize("command,check", [("bench-compile", check_compile), ("bench-export", check_export)])
+@pytest.mark.parametrize("command,check", [("benchmarks compile", check_compile), ("benchmarks export", check_export)])
 def test_smoke_run_writes_its_json(tmp_path, command, check, capsys):
     out = tmp_path / "bench.json"
     assert main([command, "--smoke", "--out", str(out)]) == 0

@@ -1,10 +1,10 @@
-"""The benchmark conditions and rules (sparsity_lab/benchmarks/conditions.py) with fake readers and timers."""
+"""The benchmark conditions and rules (benchmarks/conditions.py) with fake readers and timers."""
 import time
 
 import pytest
 import torch
 
-from sparsity_lab.benchmarks.conditions import (BASELINE_FLOOR, ConditionSampler, baseline_check, fastest_dense,
+from benchmarks.conditions import (BASELINE_FLOOR, ConditionSampler, baseline_check, fastest_dense,
                                                 format_conditions, headline, judged, matmul_probe, parse_smi_line,
                                                 summarize, throttle_names)
 

@@ -1,7 +1,7 @@
 """The multi-seed beta verdict of notebook 05: a verdict only from a run large enough to judge."""
 import pytest
 
-from sparsity_lab.viz.beta_seeds_view import beta_seed_runs, beta_verdict_lines
+from sparsity_lab.course.viz.beta_seeds_view import beta_seed_runs, beta_verdict_lines
 
 
 def _summary(seeds, steps, growth=30.0, loss=(0.4, 1.8)):

@@ -53,12 +53,12 @@ def test_shrunk_heads_divide_the_shrunk_width(line):
 
 
 def test_gpu_commands_are_only_parsed_without_a_gpu_and_run_with_one():
-    for line in ("sparsity-lab bench-dyad --widths 4096 8192 --blocks 4 8 16",
+    for line in ("python -m benchmarks dyad --widths 4096 8192 --blocks 4 8 16",
                  "sparsity-lab compare --time-budget 300  # on a GPU",
                  "sparsity-lab train --device cuda"):
         assert plan(one(line), TMP, has_gpu=False).kind == "parse", line
         assert plan(one(line), TMP, has_gpu=True).kind == "run", line
-    p = plan(one("sparsity-lab bench-kernels --mib 128"), TMP, has_gpu=True)
+    p = plan(one("python -m benchmarks kernels --mib 128"), TMP, has_gpu=True)
     assert p.argv[p.argv.index("--mib") + 1] == "1" and p.argv[p.argv.index("--out-dir") + 1] == str(TMP / "out")
 
 
@@ -87,10 +87,10 @@ def test_skips_collects_and_refusals():
 
 
 def test_runnable_inline_spans_are_found_and_names_pass():
-    text = ("## Things to try\n- Set `n_blocks = 8` (a parameter), call `prune24(w, block=...)`, run `sparsity-lab bench-kernels` "
+    text = ("## Things to try\n- Set `n_blocks = 8` (a parameter), call `prune24(w, block=...)`, run `python -m benchmarks kernels` "
             "or `TRITON_INTERPRET=1 pytest -q x.py`.\n- Names: `live_shapes`, `seed=1`, `[512, 1024]`, `--method dense`."
             "\n```bash\nsparsity-lab demo\n```\n")
-    assert runnable_inline_spans(text) == ["prune24(w, block=...)", "sparsity-lab bench-kernels",
+    assert runnable_inline_spans(text) == ["prune24(w, block=...)", "python -m benchmarks kernels",
                                            "TRITON_INTERPRET=1 pytest -q x.py"]
 
 
@@ -119,4 +119,4 @@ def test_torchrun_runs_two_processes_and_a_resume_keeps_its_checkpoint_sizes():
     p = plan(one("torchrun --nproc-per-node 8 -m sparsity_lab train --parallel ddp --resume runs/x/checkpoint.dcp"),
              TMP, has_gpu=False)
     assert p.argv == ["train", "--parallel", "ddp", "--resume", "runs/x/checkpoint.dcp"]
-    assert plan(one("torchrun --nproc-per-node 8 -m sparsity_lab bench-dist"), TMP, has_gpu=False).kind == "parse"
+    assert plan(one("torchrun --nproc-per-node 8 -m benchmarks dist"), TMP, has_gpu=False).kind == "parse"

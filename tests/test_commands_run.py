@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from _commands import ROOT, Command, fenced_blocks, plan, runnable_inline_spans, shell_commands, things_to_try
+from _commands import (ROOT, Command, command_table, fenced_blocks, plan, runnable_inline_spans, shell_commands,
+                       things_to_try)
 
 HAS_GPU = torch.cuda.is_available()
 README = ROOT / "README.md"
@@ -54,8 +55,11 @@ NOTEBOOK_PYTHON = [(path, _notebook_blocks(path)[1]) for path in NOTEBOOKS]
 
 def _program(command: Command, program: str, launcher: list[str]) -> list[str]:
     """The interpreter running this test, or the console script installed beside it."""
+    module = "benchmarks" if program == "benchmarks" else "sparsity_lab"
     if launcher:
-        return [sys.executable, "-m", "torch.distributed.run", *launcher, "-m", "sparsity_lab"]
+        return [sys.executable, "-m", "torch.distributed.run", *launcher, "-m", module]
+    if program == "benchmarks":
+        return [sys.executable, "-m", "benchmarks"]
     if program == "pytest":
         return [sys.executable, "-m", "pytest"]
     script = Path(sys.executable).parent / "sparsity-lab"
@@ -64,22 +68,38 @@ def _program(command: Command, program: str, launcher: list[str]) -> list[str]:
     return [sys.executable, "-m", "sparsity_lab"]
 
 
+def _parse(program: str, name: str, argv: list[str]) -> None:
+    """Parse ``argv`` with the command's own parser (SystemExit on bad options)."""
+    if program == "benchmarks":
+        import argparse
+        import importlib
+
+        module = importlib.import_module(command_table("benchmarks")[name][0])
+        if hasattr(module, "add_arguments"):
+            parser = argparse.ArgumentParser(prog=f"python -m benchmarks {name}")
+            module.add_arguments(parser)
+            parser.parse_args(argv[1:])
+        return
+    from sparsity_lab.lab.cli import build_parser
+    build_parser(name).parse_args(argv)
+
+
 def check_command(command: Command, tmp_path: Path) -> None:
     p = plan(command, tmp_path, HAS_GPU)
     if p.kind == "skip":
         pytest.skip(f"{command}: {p.reason}")
     if p.kind == "parse":
-        from sparsity_lab.cli import build_parser
-
         name = next(a for a in p.argv if not a.startswith("-"))
         try:
-            build_parser(name).parse_args(p.argv)
+            _parse(p.program, name, p.argv)
         except SystemExit as exit_:
             pytest.fail(f"{command}\nits options do not parse (exit status {exit_.code}); see stderr above")
         pytest.skip(f"{command}: {p.reason}")
     cmd = _program(command, p.program, p.launcher) + p.argv
     cwd = ROOT if p.kind == "collect" else tmp_path  # pytest file paths are relative to the repository
     env = dict(os.environ, **p.env)
+    if p.program == "benchmarks":  # run from the clone: the test's folder is elsewhere
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     ran = " ".join([*(f"{k}={v}" for k, v in p.env.items()), *cmd])

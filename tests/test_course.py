@@ -13,7 +13,7 @@ import nbformat  # noqa: E402
 
 from _notebooks import WIDGET_CELL, tiny_notebook  # noqa: E402
 
-from sparsity_lab import cli  # noqa: E402
+from sparsity_lab.lab import cli  # noqa: E402
 from sparsity_lab.course import command as course_command  # noqa: E402
 from sparsity_lab.course import NotebookFailed, execute, execute_all, is_current  # noqa: E402
 

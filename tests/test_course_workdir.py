@@ -20,7 +20,7 @@ pytest.importorskip("papermill", reason="papermill is in the test extra")
 import nbformat  # noqa: E402
 from _notebooks import tiny_notebook  # noqa: E402
 
-from sparsity_lab import cli  # noqa: E402
+from sparsity_lab.lab import cli  # noqa: E402
 from sparsity_lab.course import command as course_command  # noqa: E402
 from sparsity_lab.course.workdir import MANIFEST, sync  # noqa: E402
 
@@ -183,7 +183,7 @@ def test_sigterm_to_course_reaches_the_server(tmp_path):
             "time.sleep(300)", str(pid_file)]
     script = textwrap.dedent(f"""
         import sys
-        from sparsity_lab import cli
+        from sparsity_lab.lab import cli
         from sparsity_lab.course import command as course_command
         course_command.lab_command = lambda *args, **kwargs: {stub!r}
         sys.exit(cli.main(["course", "--no-browser", "--notebooks", {str(_shipped(tmp_path))!r},

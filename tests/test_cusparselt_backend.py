@@ -27,7 +27,7 @@ from sparsity_lab.backends.cusparselt.backend import (BackendFallbackWarning, Cu
                                                       ReferenceFallback, cusparselt_backend)
 from sparsity_lab.backends.cusparselt.ops import (AlgConfig, CusparseltUnavailable, TorchCusparseltOps,
                                                   check_sparse_shape, transposed_view, unavailable_reason)
-from sparsity_lab.benchmarks import cusparselt_probe as probe
+from benchmarks import cusparselt_probe as probe
 from sparsity_lab.layers import SparseLinear
 from sparsity_lab.references.cusparselt_layout import decompress24_reference
 from sparsity_lab.sparsify import backend_report, format_backend_report
@@ -575,7 +575,7 @@ def test_probe_parts_are_isolated():
 # --- GPU: the real library (on a GPU machine: pytest -m gpu tests/test_cusparselt_backend.py) ----------------
 @pytest.mark.gpu
 def test_real_contract_transpose_result_and_transposed_b():
-    from sparsity_lab.benchmarks.cusparselt_probe import _random_24
+    from benchmarks.cusparselt_probe import _random_24
     a, _ = _random_24(64, 128, torch.bfloat16)
     y = torch.randn(48, 128, device="cuda", dtype=torch.bfloat16)  # B = y.t(): (128, 48), not contiguous
     c = torch._cslt_compress(a)

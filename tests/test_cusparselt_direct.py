@@ -13,6 +13,7 @@ import warnings
 import pytest
 import torch
 
+from benchmarks.__main__ import main as bench_main
 from sparsity_lab.backends.cusparselt import direct
 from sparsity_lab.backends.cusparselt.ops import AlgConfig, CusparseltUnavailable, TorchCusparseltOps
 
@@ -255,8 +256,8 @@ def test_backend_uses_the_direct_binding_by_default(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit; on a GPU the command measures")
 def test_bench_cslt_calls_without_a_gpu_exits_2_with_the_reason(capsys):
-    from sparsity_lab.cli import main
-    assert main(["bench-cslt-calls", "--tokens", "64", "--d-model", "16"]) == 2
+    from sparsity_lab.lab.cli import main
+    assert bench_main(["cslt-calls", "--tokens", "64", "--d-model", "16"]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
 
 

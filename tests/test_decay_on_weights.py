@@ -182,7 +182,7 @@ def text(tmp_path):
 
 
 def test_lab_train_and_compare_take_the_method(tmp_path, text, capsys):
-    from sparsity_lab.cli import main
+    from sparsity_lab.lab.cli import main
     from sparsity_lab.lab.runlog import read_log
     out = tmp_path / "run"
     assert main(["train", "--method", "masked_decay_weights", "--decay", "0.1", *LAB_TINY, "--data", text,

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparsity_lab.cli import main
+from sparsity_lab.lab.cli import main
 from sparsity_lab.distributed import local_batch
 
 WORKER = Path(__file__).with_name("_distributed_worker.py")
@@ -243,7 +243,7 @@ def test_parallel_needs_torchrun(tmp_path, capsys):
 def test_bench_dist_world_size_one_matches_the_unwrapped_run_on_cusparselt(tmp_path):
     """World size 1 on NCCL: DDP and FSDP2 around the lab GPT (dense and S-STE + MVUE on cuSPARSELt)
     follow the unwrapped run (same seed, data and draws; bf16 autocast) and the JSON is complete."""
-    done = subprocess.run([sys.executable, "-m", "sparsity_lab.benchmarks.distributed_speed", "--width", "256",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.distributed_speed", "--width", "256",
                            "--layers", "2", "--heads", "4", "--context", "128", "--batch-per-gpu", "4", "--steps", "4",
                            "--warmup", "2", "--out-dir", str(tmp_path), "--name", "dist"],
                           capture_output=True, text=True, timeout=600)  # its own process: it sets RANK etc.

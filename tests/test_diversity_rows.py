@@ -5,7 +5,7 @@ from math import comb
 import pytest
 
 pytest.importorskip("plotly", reason="the figures need plotly (lab/test extra)")
-from sparsity_lab.viz.tile_solver_view import diversity_figure, diversity_rows  # noqa: E402
+from sparsity_lab.course.viz.tile_solver_view import diversity_figure, diversity_rows  # noqa: E402
 
 
 def test_a_4x8_block_leaves_out_transposable_4_8_and_says_so():

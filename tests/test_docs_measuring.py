@@ -71,7 +71,7 @@ def test_the_pages_commands_parse():
     that exist."""
     import shlex
 
-    from sparsity_lab.cli import build_parser
+    from sparsity_lab.lab.cli import build_parser
 
     text = PAGE.read_text()
     lines = [line.strip() for block in re.findall(r"```bash\n(.*?)```", text, re.S)
@@ -85,3 +85,37 @@ def test_the_pages_commands_parse():
             build_parser(argv[0]).parse_args(argv)
         except SystemExit as exit_:
             pytest.fail(f"docs/measuring.md prints a command that does not parse (exit {exit_.code}): {command}")
+
+
+def test_every_benchmark_command_on_the_page_names_a_benchmark_and_parses():
+    """The page's commands run from a clone: ``python -m benchmarks NAME ...`` (or ``torchrun ... -m benchmarks``)
+    names a listed benchmark whose own parser takes the options; ``python -m benchmarks.MODULE`` names a module
+    of benchmarks/ that runs as a script."""
+    import argparse
+    import importlib
+
+    from _commands import fenced_blocks, shell_commands
+    from benchmarks.__main__ import BENCHMARKS
+
+    checked = 0
+    for language, block, line in fenced_blocks(PAGE.read_text()):
+        if language != "bash":
+            continue
+        for command in shell_commands(block, f"docs/measuring.md:{line}", line):
+            argv = command.argv
+            if "benchmarks" in argv and argv[argv.index("benchmarks") - 1] == "-m":
+                name, options = argv[argv.index("benchmarks") + 1], argv[argv.index("benchmarks") + 2:]
+                assert name in BENCHMARKS, f"{command}: no benchmark {name!r} (python -m benchmarks --help)"
+                module = importlib.import_module(BENCHMARKS[name][0])
+                if hasattr(module, "add_arguments"):
+                    parser = argparse.ArgumentParser(prog=f"python -m benchmarks {name}")
+                    module.add_arguments(parser)
+                    parser.parse_args(options)
+                checked += 1
+            for token in argv:
+                if token.startswith("benchmarks.") and argv[argv.index(token) - 1] == "-m":
+                    source = (ROOT / token.replace(".", "/")).with_suffix(".py")
+                    assert source.is_file() and '__name__ == "__main__"' in source.read_text(), \
+                        f"{command}: {token} does not run as a script"
+                    checked += 1
+    assert checked > 10

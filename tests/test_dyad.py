@@ -75,7 +75,7 @@ def test_benchmark_runs_small_on_cpu_and_writes_json(tmp_path):
     import argparse
     import json
 
-    from sparsity_lab.benchmarks import dyad as bench
+    from benchmarks import dyad as bench
 
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)

@@ -3,9 +3,9 @@ that names the problem, a stub is "not attempted"."""
 import pytest
 import torch
 
-from sparsity_lab.exercises.act24 import check_act24, check_ffn_speedup, check_grad_h, check_natural_sparsity
-from sparsity_lab.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
-from sparsity_lab.exercises.solutions import act24 as solution
+from sparsity_lab.course.exercises.act24 import check_act24, check_ffn_speedup, check_grad_h, check_natural_sparsity
+from sparsity_lab.course.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
+from sparsity_lab.course.exercises.solutions import act24 as solution
 
 
 def _stub(*args):

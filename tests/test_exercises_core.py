@@ -1,7 +1,7 @@
 """The shared checking machinery of the course exercises: stub, right, wrong and crashing answers."""
 import torch
 
-from sparsity_lab.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED, ExerciseReport, run_check
+from sparsity_lab.course.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED, ExerciseReport, run_check
 
 
 def _check_double(fn):

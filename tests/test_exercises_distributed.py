@@ -1,9 +1,9 @@
 """Notebook 12's exercises: the worked solutions pass, plausible wrong answers fail with a message
 that names the problem, the stub is not attempted."""
 
-from sparsity_lab.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
-from sparsity_lab.exercises.distributed import check_masked_decay_on_shard, check_shard_rows, check_total_flips
-from sparsity_lab.exercises.solutions import distributed as solution
+from sparsity_lab.course.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
+from sparsity_lab.course.exercises.distributed import check_masked_decay_on_shard, check_shard_rows, check_total_flips
+from sparsity_lab.course.exercises.solutions import distributed as solution
 
 
 def _stub(*args):

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from sparsity_lab.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
-from sparsity_lab.exercises.dyad import (check_dyad_it_weight, check_dyad_params, check_product_fractions,
+from sparsity_lab.course.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
+from sparsity_lab.course.exercises.dyad import (check_dyad_it_weight, check_dyad_params, check_product_fractions,
                                          reference_dyad_weight)
-from sparsity_lab.exercises.solutions import dyad as solution
+from sparsity_lab.course.exercises.solutions import dyad as solution
 
 
 def _stub(*args):

@@ -1,9 +1,9 @@
 """Exercise of notebook 06 (delayed FP8 scaling): the solution passes, mistakes are named, the stub is not attempted."""
 import math
 
-from sparsity_lab.exercises import fp8_scaling as ex
-from sparsity_lab.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
-from sparsity_lab.exercises.solutions import fp8_scaling as sol
+from sparsity_lab.course.exercises import fp8_scaling as ex
+from sparsity_lab.course.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
+from sparsity_lab.course.exercises.solutions import fp8_scaling as sol
 
 
 def _failed(result, *words):

@@ -2,9 +2,9 @@
 message that names the mistake, a stub is "not attempted"."""
 import torch
 
-from sparsity_lab.exercises import masks as ex
-from sparsity_lab.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
-from sparsity_lab.exercises.solutions import masks as sol
+from sparsity_lab.course.exercises import masks as ex
+from sparsity_lab.course.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
+from sparsity_lab.course.exercises.solutions import masks as sol
 from sparsity_lab.masks.greedy import solve_greedy_prune
 
 CHECKS = [(ex.check_nm_mask, sol.nm_mask), (ex.check_kept_fraction, sol.kept_fraction),
@@ -82,10 +82,10 @@ def test_transposable_wrong_answers_are_named():
 def test_checks_leave_the_notebooks_random_stream_alone():
     """A check draws fresh inputs from its own generator: the learner's torch.manual_seed(...) cells keep
     giving the same numbers after a check ran (torch.seed() would have reseeded the global generator)."""
-    from sparsity_lab.exercises import mvue as ex_mvue
-    from sparsity_lab.exercises import sste as ex_sste
-    from sparsity_lab.exercises.solutions import mvue as sol_mvue
-    from sparsity_lab.exercises.solutions import sste as sol_sste
+    from sparsity_lab.course.exercises import mvue as ex_mvue
+    from sparsity_lab.course.exercises import sste as ex_sste
+    from sparsity_lab.course.exercises.solutions import mvue as sol_mvue
+    from sparsity_lab.course.exercises.solutions import sste as sol_sste
 
     before = torch.get_rng_state()
     for check, solution in CHECKS + [(ex_sste.check_soft_threshold, sol_sste.soft_threshold),

@@ -2,9 +2,9 @@
 check is statistical and catches a small bias in the inclusion probabilities."""
 import torch
 
-from sparsity_lab.exercises import mvue as ex
-from sparsity_lab.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
-from sparsity_lab.exercises.solutions import mvue as sol
+from sparsity_lab.course.exercises import mvue as ex
+from sparsity_lab.course.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
+from sparsity_lab.course.exercises.solutions import mvue as sol
 from sparsity_lab.masks import nm_mask
 from sparsity_lab.methods.mvue import _sequential_pick, mvue24, mvue_probabilities
 

@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from sparsity_lab.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
-from sparsity_lab.exercises.prune_regrow import check_block_l1, check_prune_and_regrow, check_prune_fraction
-from sparsity_lab.exercises.solutions import prune_regrow as solution
+from sparsity_lab.course.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
+from sparsity_lab.course.exercises.prune_regrow import check_block_l1, check_prune_and_regrow, check_prune_fraction
+from sparsity_lab.course.exercises.solutions import prune_regrow as solution
 
 
 def _stub(*args):

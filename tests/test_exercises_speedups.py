@@ -2,9 +2,9 @@
 that names the problem, a stub is "not attempted"."""
 import pytest
 
-from sparsity_lab.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
-from sparsity_lab.exercises.solutions import speedups as solution
-from sparsity_lab.exercises.speedups import check_linear_flops, check_step_speedup, check_tflops
+from sparsity_lab.course.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
+from sparsity_lab.course.exercises.solutions import speedups as solution
+from sparsity_lab.course.exercises.speedups import check_linear_flops, check_step_speedup, check_tflops
 
 
 def _stub(*args):

@@ -1,9 +1,9 @@
 """Exercises of notebook 05 (S-STE): solutions pass, named failures, stubs not attempted."""
 import torch
 
-from sparsity_lab.exercises import sste as ex
-from sparsity_lab.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
-from sparsity_lab.exercises.solutions import sste as sol
+from sparsity_lab.course.exercises import sste as ex
+from sparsity_lab.course.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
+from sparsity_lab.course.exercises.solutions import sste as sol
 from sparsity_lab.masks import nm_mask
 
 

@@ -5,9 +5,9 @@ import statistics
 import pytest
 import torch
 
-from sparsity_lab.exercises import training as ex
-from sparsity_lab.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
-from sparsity_lab.exercises.solutions import training as sol
+from sparsity_lab.course.exercises import training as ex
+from sparsity_lab.course.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
+from sparsity_lab.course.exercises.solutions import training as sol
 
 CHECKS = {
     "flip_rate": (ex.check_flip_rate, sol.flip_rate),

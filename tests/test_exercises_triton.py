@@ -8,9 +8,9 @@ pytestmark = pytest.mark.triton
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from sparsity_lab.exercises import triton_puzzles as ex  # noqa: E402
-from sparsity_lab.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED  # noqa: E402
-from sparsity_lab.exercises.solutions import triton_puzzles as sol  # noqa: E402
+from sparsity_lab.course.exercises import triton_puzzles as ex  # noqa: E402
+from sparsity_lab.course.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED  # noqa: E402
+from sparsity_lab.course.exercises.solutions import triton_puzzles as sol  # noqa: E402
 
 
 @triton.jit

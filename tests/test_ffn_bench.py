@@ -1,4 +1,4 @@
-"""``sparsity-lab bench-ffn``: the script's plumbing on the CPU (``--smoke``), its JSON schema, and that
+"""``python -m benchmarks ffn``: the script's plumbing on the CPU (``--smoke``), its JSON schema, and that
 the targets are judged from the measured rows. No speed is asserted here (smoke numbers mean nothing)."""
 import json
 import math
@@ -8,10 +8,11 @@ import torch
 
 import statistics
 
-from sparsity_lab.benchmarks.ffn.schema import GPT_VARIANTS, GRAPH_VARIANTS, PAIRED_VARIANTS, PHASES, VARIANTS
-from sparsity_lab.benchmarks.ffn.settings import SMOKE
-from sparsity_lab.benchmarks.ffn.targets import THRESHOLDS, judge_targets
-from sparsity_lab.cli import main
+from benchmarks.ffn.schema import GPT_VARIANTS, GRAPH_VARIANTS, PAIRED_VARIANTS, PHASES, VARIANTS
+from benchmarks.ffn.settings import SMOKE
+from benchmarks.ffn.targets import THRESHOLDS, judge_targets
+from benchmarks.__main__ import main as bench_main
+from sparsity_lab.lab.cli import main
 
 ROW_KEYS = {"tokens", "d_model", "ffn", "variant", "phase", "ms", "speedup_vs_dense"}
 # on the CPU these two cannot run: PyTorch's semi-structured tensors and CUDA graphs need a GPU
@@ -25,7 +26,7 @@ def smoke(tmp_path_factory):
     import io
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        status = main(["bench-ffn", "--smoke", "--out-dir", str(out)])
+        status = bench_main(["ffn", "--smoke", "--out-dir", str(out)])
     assert status == 0
     return json.loads((out / "cusparselt_ffn_smoke.json").read_text()), stdout.getvalue()
 
@@ -289,8 +290,8 @@ def test_timing_over_whole_refresh_cycles_keeps_the_refresh():
     """A step that costs 20 ms once every 40 calls: the median of single calls hides it, the cycle mean not."""
     import time
 
-    from sparsity_lab.benchmarks.ffn.measure import cycle_ms, median_ms
-    from sparsity_lab.benchmarks.ffn.settings import Settings
+    from benchmarks.ffn.measure import cycle_ms, median_ms
+    from benchmarks.ffn.settings import Settings
     calls = []
 
     def step():
@@ -307,7 +308,7 @@ def test_timing_over_whole_refresh_cycles_keeps_the_refresh():
 
 
 def test_every_block_linear_selector():
-    from sparsity_lab.benchmarks.ffn.gpt import is_block_linear, variant_selection
+    from benchmarks.ffn.gpt import is_block_linear, variant_selection
     for name in ("blocks.0.attn.qkv", "blocks.11.attn.proj", "blocks.3.mlp.fc", "blocks.3.mlp.proj"):
         assert is_block_linear(name, None), name
     for name in ("lm_head", "blocks.0.ln1", "blocks.0.attn", "tok_emb"):
@@ -317,7 +318,7 @@ def test_every_block_linear_selector():
 
 
 def test_spent_budget_skips_everything_and_says_so(tmp_path, capsys):
-    assert main(["bench-ffn", "--smoke", "--budget-s", "1e-9", "--out-dir", str(tmp_path), "--name", "b"]) == 0
+    assert bench_main(["ffn", "--smoke", "--budget-s", "1e-9", "--out-dir", str(tmp_path), "--name", "b"]) == 0
     result = json.loads((tmp_path / "b.json").read_text())
     assert result["rows"] == [] and result["gpt_step"] is None and result["graph"] == [] and result["paired"] == []
     skipped = {s["what"] for s in result["skipped"]}
@@ -337,14 +338,14 @@ def test_spent_budget_skips_everything_and_says_so(tmp_path, capsys):
     (["--idle-s", "-1"], "--idle-s"),
 ])
 def test_bad_arguments_name_the_flag(argv, message, tmp_path, capsys):
-    assert main(["bench-ffn", "--smoke", "--out-dir", str(tmp_path), *argv]) == 2
+    assert bench_main(["ffn", "--smoke", "--out-dir", str(tmp_path), *argv]) == 2
     assert message in capsys.readouterr().err
 
 
 def test_the_dense_baseline_experiment_runs_every_section(tmp_path, capsys):
-    """``python -m sparsity_lab.benchmarks.ffn.baseline --smoke``: every section, the per-turn order and the
+    """``python -m benchmarks.ffn.baseline --smoke``: every section, the per-turn order and the
     first-call figures (the CPU numbers mean nothing)."""
-    from sparsity_lab.benchmarks.ffn.baseline import dense_ms_by_section, ffn_step_flops, main as baseline_main
+    from benchmarks.ffn.baseline import dense_ms_by_section, ffn_step_flops, main as baseline_main
     assert baseline_main(["--smoke", "--calls", "2", "--rounds", "3", "--round-calls", "2",
                           "--out-dir", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "ffn_baseline_smoke.json").read_text())
@@ -363,16 +364,16 @@ def test_the_dense_baseline_experiment_runs_every_section(tmp_path, capsys):
 
 
 def test_the_reader_knows_every_variant_the_writer_records():
-    from sparsity_lab.benchmarks.ffn.schema import KNOWN_VARIANTS
-    from sparsity_lab.viz.speedup_view import FFN_VARIANTS
+    from benchmarks.ffn.schema import KNOWN_VARIANTS
+    from sparsity_lab.course.viz.speedup_view import FFN_VARIANTS
     assert set(FFN_VARIANTS) == set(KNOWN_VARIANTS) and len(FFN_VARIANTS) == len(KNOWN_VARIANTS)
 
 
 def test_the_graphed_step_computes_dx_like_the_eager_step():
-    """CudaGraphStep detaches its inputs: bench-ffn's graphed step holds x as a parameter (InputHeld), so
+    """CudaGraphStep detaches its inputs: benchmarks ffn's graphed step holds x as a parameter (InputHeld), so
     its backward computes dx as the eager step does (checked here eagerly on the CPU, same module)."""
-    from sparsity_lab.benchmarks.ffn.graph import InputHeld
-    from sparsity_lab.benchmarks.ffn.variants import FFN
+    from benchmarks.ffn.graph import InputHeld
+    from benchmarks.ffn.variants import FFN
     torch.manual_seed(0)
     model = FFN(16, 64, torch.device("cpu"), torch.float64)
     x, dy = torch.randn(8, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64)
@@ -388,7 +389,7 @@ def test_the_graphed_step_computes_dx_like_the_eager_step():
 def test_graph_section_mask_refresh_mode_is_an_option_and_recorded():
     import argparse
 
-    from sparsity_lab.benchmarks.ffn.cli import add_arguments, settings_from_args
+    from benchmarks.ffn.cli import add_arguments, settings_from_args
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert settings_from_args(parser.parse_args(["--smoke"])).masks_in_graph is True

@@ -1,10 +1,10 @@
-"""The multi-seed flip-rate run (sparsity_lab.flip_bands), its verdicts and its band figures."""
+"""The multi-seed flip-rate run (sparsity_lab.lab.flip_bands), its verdicts and its band figures."""
 import json
 import math
 
 import pytest
 
-from sparsity_lab.flip_bands import (FlipBands, default_methods, judge_flip_bands, run_flip_bands,
+from sparsity_lab.lab.flip_bands import (FlipBands, default_methods, judge_flip_bands, run_flip_bands,
                                      verdict_lines)
 from sparsity_lab.provenance import read_result
 
@@ -75,7 +75,7 @@ def test_recorded_run_holds_its_verdicts_and_they_are_recomputable():
 
 def test_band_figures():
     pytest.importorskip("plotly")
-    from sparsity_lab.viz.flip_band_view import flip_band_figure, late_flip_figure
+    from sparsity_lab.course.viz.flip_band_view import flip_band_figure, late_flip_figure
     b = hand_made({"dense": [0.005, 0.006, 0.007], "ste": [0.03, 0.031, 0.032]})
     fig = flip_band_figure(b, smooth=1)
     assert len(fig.data) == 4  # a band and a mean line per method
@@ -90,7 +90,7 @@ def test_band_figures():
 
 
 def test_judged_or_recorded_falls_back_to_the_recorded_run_only_when_too_small():
-    from sparsity_lab.flip_bands import judged_or_recorded
+    from sparsity_lab.lab.flip_bands import judged_or_recorded
     small = hand_made({"dense": [0.005, 0.006], "ste": [0.03, 0.031]}, seeds=(0, 1))
     shown, claims, source = judged_or_recorded(small)
     assert shown is not small and "results/flip_bands_cpu.json" in source
@@ -101,7 +101,7 @@ def test_judged_or_recorded_falls_back_to_the_recorded_run_only_when_too_small()
 
 
 def test_demo_seeds_prints_the_spread_and_records(tmp_path, capsys):
-    from sparsity_lab.cli import main
+    from sparsity_lab.lab.cli import main
     out = tmp_path / "bands.json"
     assert main(["demo", "--seeds", "2", "--steps", "4", "--size", "8", "--record", str(out)]) == 0
     text = capsys.readouterr().out

@@ -206,7 +206,7 @@ def test_reference_backend_equals_the_simulation_under_its_recipe():
 
 def test_e4m3_gradient_error_is_below_e5m2s():
     """The measurement behind dZ in E4M3: dX = dZ S(W) against float64 (heavy-tailed dZ)."""
-    from sparsity_lab.benchmarks.fp8_training import dx_error
+    from benchmarks.fp8_training import dx_error
     err = dx_error(256, 256, 256, "cpu")
     assert err["bf16"] < 5e-3
     assert err["dz_e4m3_w_e4m3"] < err["dz_e5m2_w_e4m3"] < 0.1
@@ -451,7 +451,7 @@ def test_fp8_algorithm_search_checks_every_id_then_split_k_and_skips_wrong_ones(
 def test_gpu_graphed_ffn_benchmark_step_runs_all_six_products(variant):
     """The benchmark's graphed FFN step gives its input a gradient (CudaGraphStep detaches the tensors a
     step is given: passed as an input, the first layer's dX product would silently not run)."""
-    from sparsity_lab.benchmarks.fp8_training import build_ffn, graphed_step
+    from benchmarks.fp8_training import build_ffn, graphed_step
     x = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
     model = build_ffn(variant, 64)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from sparsity_lab.masks import SOLVERS, transposable_mask
 from sparsity_lab.masks import greedy
 from sparsity_lab.masks.tiles import to_tiles
-from sparsity_lab.viz.tile_solver_view import SOLVER_LABELS
+from sparsity_lab.course.viz.tile_solver_view import SOLVER_LABELS
 
 
 def _at_most_masks(n: int, m: int, exact: bool) -> torch.Tensor:

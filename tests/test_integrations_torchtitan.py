@@ -152,7 +152,7 @@ def test_torchtitan_0_3_gets_a_clear_import_error(monkeypatch):
 
 def test_the_recorders_24_check_sees_a_layer_that_is_not_24():
     """torchtitan_record's per-step check: passes on the converted model, fails when a mask keeps 3 of 4."""
-    from sparsity_lab.integrations.torchtitan_record import check_24
+    from benchmarks.torchtitan_record import check_24
 
     jc = job_config("--sparsity24.method", "sste", "--sparsity24.mvue")
     model = debug_model(jc, on_meta=True)

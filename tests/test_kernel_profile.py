@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparsity_lab.benchmarks.kernel_profile import Kernel, kernel_lines, summarize
+from benchmarks.kernel_profile import Kernel, kernel_lines, summarize
 
 
 def test_summarize_divides_by_the_steps_and_sorts_largest_first():

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.triton  # the benchmark runs the Triton kernels
 
 def test_bench_kernels_smoke_run_checks_every_kernel_and_writes_json(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    out = subprocess.run([sys.executable, "-m", "sparsity_lab", "bench-kernels", "--smoke", "--out-dir", str(tmp_path),
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "kernels", "--smoke", "--out-dir", str(tmp_path),
                           "--name", "smoke"], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
@@ -26,7 +26,7 @@ def test_bench_kernels_smoke_run_checks_every_kernel_and_writes_json(tmp_path):
 
 def test_bench_kernels_only_runs_the_named_sections_and_names_its_file(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    cmd = [sys.executable, "-m", "sparsity_lab", "bench-kernels", "--smoke", "--out-dir", str(tmp_path)]
+    cmd = [sys.executable, "-m", "benchmarks", "kernels", "--smoke", "--out-dir", str(tmp_path)]
     out = subprocess.run(cmd + ["--only", "16"], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "check relu2 forward and backward: ok" in out.stdout

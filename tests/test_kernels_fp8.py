@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from _kernel_testing import DEVICE, DTYPES, assert_close_ulp
 
-from sparsity_lab import fp8 as reference
+from sparsity_lab.references import fp8 as reference
 from sparsity_lab.kernels import fp8_cast
 
 FMTS = ("e4m3", "e5m2")

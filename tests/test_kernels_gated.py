@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from _kernel_testing import DEVICE, DTYPES, assert_close_ulp
 
-from sparsity_lab import gated as reference
+from sparsity_lab.references import gated as reference
 from sparsity_lab.kernels.gated import gated_backward, gated_forward
 
 KINDS = ("swiglu", "geglu")

@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from sparsity_lab.benchmarks.mvue_checks import check_independent_neighbours, check_support_and_values, check_unbiased
-from sparsity_lab.benchmarks.mvue_variants import CONFIGS, DIAGNOSTICS, SAME_KERNEL
+from benchmarks.mvue_checks import check_independent_neighbours, check_support_and_values, check_unbiased
+from benchmarks.mvue_variants import CONFIGS, DIAGNOSTICS, SAME_KERNEL
 from sparsity_lab.methods.mvue import mvue24 as reference_mvue24
 from sparsity_lab.methods.mvue import mvue_probabilities
 
@@ -70,7 +70,7 @@ def test_independence_check_rejects_duplicated_draws():
 def test_smoke_run_checks_every_variant_and_writes_json(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     out = tmp_path / "variants.json"
-    proc = subprocess.run([sys.executable, "-m", "sparsity_lab.benchmarks.mvue_variants", "--smoke", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.mvue_variants", "--smoke", "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -4,7 +4,7 @@ import json
 import pytest
 from _lab_testing import CLI_TINY, tiny_corpus_file
 
-from sparsity_lab.cli import main
+from sparsity_lab.lab.cli import main
 from sparsity_lab.lab.runlog import read_log
 
 TINY = CLI_TINY

@@ -17,10 +17,10 @@ from sparsity_lab import SSTE, STE, SparseLinear
 from sparsity_lab.backends import available_backends, get_backend
 from sparsity_lab.backends.fp8_sim import FP8SimBackend, fp8_sim_backend_for, register_fp8_sim
 from sparsity_lab.backends.torch_reference import TorchBackend
-from sparsity_lab.cli import main
+from sparsity_lab.lab.cli import main
 from sparsity_lab.lab import GPTConfig, TrainConfig
 from sparsity_lab.lab.compare import VARIANTS, run_comparison, variant_config
-from sparsity_lab.lab.fp8_sim import NAME, fake_fp8  # the old import path still works
+from sparsity_lab.backends.fp8_sim import NAME, fake_fp8
 from sparsity_lab.lab.train import method_options
 
 # CPU (the Triton kernels through the interpreter) in CI, CUDA on the GPU machine

@@ -9,7 +9,7 @@ from _lab_testing import CLI_TINY, tiny_config, tiny_corpus_file, without_speed
 
 transformers = pytest.importorskip("transformers", reason="--model llama needs the 'hf' extra")
 
-from sparsity_lab.cli import main  # noqa: E402
+from sparsity_lab.lab.cli import main  # noqa: E402
 from sparsity_lab.lab import GPTConfig, Trainer, load_corpus, read_log  # noqa: E402
 from sparsity_lab.lab.llama import LlamaLM, llama_config  # noqa: E402
 from sparsity_lab.layers import SparseLinear  # noqa: E402

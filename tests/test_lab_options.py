@@ -2,7 +2,7 @@
 given, and a clear error naming --heads and --width when a given one does not divide the width."""
 import pytest
 
-from sparsity_lab.cli import build_parser, main
+from sparsity_lab.lab.cli import build_parser, main
 from sparsity_lab.lab.options import default_heads, model_options
 
 

@@ -1,14 +1,15 @@
-"""``sparsity-lab bench-lab-speed``: the plumbing on the CPU (``--smoke``) and its ratios. No speed asserted."""
+"""``python -m benchmarks lab-speed``: the plumbing on the CPU (``--smoke``) and its ratios. No speed asserted."""
 import json
 
 import pytest
 
-from sparsity_lab.benchmarks.lab_speed import ratios
-from sparsity_lab.cli import main
+from benchmarks.lab_speed import ratios
+from benchmarks.__main__ import main as bench_main
+from sparsity_lab.lab.cli import main
 
 
 def test_smoke_run_writes_every_variant(tmp_path, capsys):
-    status = main(["bench-lab-speed", "--smoke", "--steps", "3", "--skip-steps", "1", "--log-interval", "1",
+    status = bench_main(["lab-speed", "--smoke", "--steps", "3", "--skip-steps", "1", "--log-interval", "1",
                    "--variants", "dense,dense_track_flips,sste_mvue,dense_graph,sste_mvue_graph_eager_masks",
                    "--out-dir", str(tmp_path)])
     assert status == 0
@@ -27,9 +28,9 @@ def test_smoke_run_writes_every_variant(tmp_path, capsys):
 
 
 def test_bad_arguments_name_the_flag(tmp_path, capsys):
-    assert main(["bench-lab-speed", "--smoke", "--variants", "nope", "--out-dir", str(tmp_path)]) == 2
+    assert bench_main(["lab-speed", "--smoke", "--variants", "nope", "--out-dir", str(tmp_path)]) == 2
     assert "--variants" in capsys.readouterr().err
-    assert main(["bench-lab-speed", "--smoke", "--steps", "4", "--skip-steps", "4", "--out-dir", str(tmp_path)]) == 2
+    assert bench_main(["lab-speed", "--smoke", "--steps", "4", "--skip-steps", "4", "--out-dir", str(tmp_path)]) == 2
     assert "--skip-steps" in capsys.readouterr().err
 
 
@@ -52,7 +53,7 @@ def test_ratios_use_the_fastest_dense_and_the_same_mode():
 
 
 def test_fp8_variants_keep_their_backends_and_get_their_ratios(tmp_path):
-    status = main(["bench-lab-speed", "--smoke", "--steps", "2", "--skip-steps", "1", "--log-interval", "1",
+    status = bench_main(["lab-speed", "--smoke", "--steps", "2", "--skip-steps", "1", "--log-interval", "1",
                    "--variants", "dense_fp8_graph,sste_mvue_fp8_graph", "--out-dir", str(tmp_path)])
     assert status == 0
     rec = {r["variant"]: r for r in json.loads((tmp_path / "lab_speed_smoke.json").read_text())["records"]}

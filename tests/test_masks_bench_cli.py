@@ -1,12 +1,13 @@
-"""``sparsity-lab bench-masks --quick``: runs, prints the table and targets, writes the JSON."""
+"""``python -m benchmarks masks --quick``: runs, prints the table and targets, writes the JSON."""
 import json
 
-from sparsity_lab import cli
+from benchmarks.__main__ import main as bench_main
+
 from sparsity_lab.masks import SOLVERS
 
 
 def test_bench_masks_quick(tmp_path, capsys):
-    rc = cli.main(["bench-masks", "--quick", "--repeats", "1", "--out-dir", str(tmp_path)])
+    rc = bench_main(["masks", "--quick", "--repeats", "1", "--out-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0
     assert "target 2:4 exact on 128x128 < 1 s: patterns" in out
@@ -33,7 +34,7 @@ def test_bench_masks_quick(tmp_path, capsys):
 
 
 def test_bench_masks_solver_subset(tmp_path, capsys):
-    rc = cli.main(["bench-masks", "--quick", "--repeats", "1", "--solvers", "greedy", "--out-dir", str(tmp_path)])
+    rc = bench_main(["masks", "--quick", "--repeats", "1", "--solvers", "greedy", "--out-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0
     assert "auto solver patterns not run" in out  # no target verdict without the exact solver

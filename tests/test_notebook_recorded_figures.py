@@ -193,7 +193,7 @@ def test_checker_catches_a_planted_figure(prose, unit):
     "Twice the dense rate in theory: 2x, never more.",  # one significant digit: the pattern's own figure
     "The target is 1.35x, against the fastest dense.",  # recorded only as a threshold, not a measurement
     "Hu et al. report 1.43x on their GPT ([arXiv:2404.01847](https://arxiv.org/abs/2404.01847)).",
-    "Run `sparsity-lab bench-ffn --budget-s 18.8` and read the cell above.",  # inline code
+    "Run `python -m benchmarks ffn --budget-s 18.8` and read the cell above.",  # inline code
     "```bash\nsparsity-lab compare --max-tokens 18.8e6\n```",
     "The cell above prints the speed-up beside the dense baseline's TFLOP/s.",
     "A value of 1.44x was never recorded.",

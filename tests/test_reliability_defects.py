@@ -292,7 +292,7 @@ def text(tmp_path):
 
 @pytest.mark.parametrize("out", ["file/run", "file"])
 def test_train_out_under_a_regular_file(tmp_path, text, capsys, out):
-    from sparsity_lab.cli import main
+    from sparsity_lab.lab.cli import main
     (tmp_path / "file").write_text("x")
     assert main(["train", "--data", text, "--steps", "2", "--out", str(tmp_path / out), *TINY]) == 2
     err = capsys.readouterr().err
@@ -301,7 +301,7 @@ def test_train_out_under_a_regular_file(tmp_path, text, capsys, out):
 
 @pytest.mark.parametrize("stop_at", ["-3", "0", "3"])
 def test_train_stop_at_out_of_range(tmp_path, text, capsys, stop_at):
-    from sparsity_lab.cli import main
+    from sparsity_lab.lab.cli import main
     assert main(["train", "--data", text, "--steps", "2", "--stop-at", stop_at,
                  "--out", str(tmp_path / "r"), *TINY]) == 2
     assert "stop" in capsys.readouterr().err

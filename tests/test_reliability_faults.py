@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from _lab_testing import tiny_config
-from sparsity_lab.cli import main
+from sparsity_lab.lab.cli import main
 from sparsity_lab.lab import Trainer
 from sparsity_lab.lab.atomic_io import OutputError
 from sparsity_lab.lab.checkpoint import CheckpointError, load_checkpoint, state_digest

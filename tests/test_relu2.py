@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from sparsity_lab import activations
 from sparsity_lab.activations import Relu2Fn, relu2
-from sparsity_lab.benchmarks.act24_speed import Relu2FFN
+from benchmarks.act24_speed import Relu2FFN
 from sparsity_lab.lab.model import GPT, MLP, GPTConfig
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -299,7 +299,7 @@ def test_gpu_lab_mlp_and_bench_ffn_match_the_two_pass_expression(autocast):
 
 @pytest.mark.gpu
 def test_gpu_relu2_inside_a_cuda_graph():
-    """bench-act24 replays the dense FFN from a CUDA graph: the kernels must capture and replay."""
+    """benchmarks act24 replays the dense FFN from a CUDA graph: the kernels must capture and replay."""
     h = torch.randn(64, 1000, device="cuda", dtype=torch.bfloat16)
     relu2(h)  # compile the kernel before capture
     graph = torch.cuda.CUDAGraph()

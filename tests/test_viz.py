@@ -6,7 +6,7 @@ pytest.importorskip("plotly", reason="plotly is in the test extra; this file nee
 pytest.importorskip("ipywidgets", reason="ipywidgets is in the test extra; this file needs it")
 
 from sparsity_lab.structures.dyad import DyadLinear  # noqa: E402
-from sparsity_lab.viz import (block_mask_figure, dyad_explorer, dyad_structure, mask_changes,  # noqa: E402
+from sparsity_lab.course.viz import (block_mask_figure, dyad_explorer, dyad_structure, mask_changes,  # noqa: E402
                               prune_regrow_explorer, prune_regrow_trace)
 
 

@@ -9,8 +9,8 @@ pytest.importorskip("ipywidgets", reason="ipywidgets is in the test extra; this 
 
 from sparsity_lab.lab.figures import flip_rate_figure, loss_figure, read_logs  # noqa: E402
 from sparsity_lab.provenance import RESULTS_DIR  # noqa: E402
-from sparsity_lab.viz._provenance import provenance_line  # noqa: E402
-from sparsity_lab.viz.comparison_view import (claims_figure, claims_text, comparison_explorer, describe,  # noqa: E402
+from sparsity_lab.course.viz._provenance import provenance_line  # noqa: E402
+from sparsity_lab.course.viz.comparison_view import (claims_figure, claims_text, comparison_explorer, describe,  # noqa: E402
                                               find_comparisons, gap_figure, load_comparison, overview_figure,
                                               results_table_figure)
 

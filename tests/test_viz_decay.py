@@ -7,9 +7,9 @@ pytest.importorskip("ipywidgets", reason="ipywidgets is in the test extra; this 
 from sparsity_lab.lab import GPTConfig, TrainConfig, load_corpus, read_log  # noqa: E402
 from sparsity_lab.lab.decay_grid import DecayGrid, RunCurve, run_decay_grid  # noqa: E402
 from sparsity_lab.provenance import RESULTS_DIR, read_result  # noqa: E402
-from sparsity_lab.viz.decay_view import (curves_figure, decay_explorer, decay_search_figure,  # noqa: E402
+from sparsity_lab.course.viz.decay_view import (curves_figure, decay_explorer, decay_search_figure,  # noqa: E402
                                          summary_text)
-from sparsity_lab.viz.finetune_view import finetune_figure  # noqa: E402
+from sparsity_lab.course.viz.finetune_view import finetune_figure  # noqa: E402
 
 
 def curve(label, method, decay, flips, losses, val=2.0):

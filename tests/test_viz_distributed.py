@@ -5,7 +5,7 @@ import torch
 pytest.importorskip("plotly")
 
 from sparsity_lab.masks import nm_mask  # noqa: E402
-from sparsity_lab.viz.distributed_view import sharding_figure, stored_rows  # noqa: E402
+from sparsity_lab.course.viz.distributed_view import sharding_figure, stored_rows  # noqa: E402
 
 
 def test_stored_rows_follow_torch_chunk():

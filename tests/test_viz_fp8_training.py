@@ -3,8 +3,8 @@ import pytest
 
 pytest.importorskip("plotly")
 
-from sparsity_lab.viz.fp8_training_view import recorded_summary, scaling_figure  # noqa: E402
-from sparsity_lab.viz.speedup_view import recorded  # noqa: E402
+from sparsity_lab.course.viz.fp8_training_view import recorded_summary, scaling_figure  # noqa: E402
+from sparsity_lab.course.viz.speedup_view import recorded  # noqa: E402
 
 
 def _rows(n, grow):

@@ -1,11 +1,11 @@
-"""The kernel benchmark figure of notebook 07: rows, provenance line and bars from a bench-kernels result."""
+"""The kernel benchmark figure of notebook 07: rows, provenance line and bars from a benchmarks kernels result."""
 import pytest
 
 pytest.importorskip("plotly", reason="plotly is in the test extra; this file needs it")
 
-from sparsity_lab.benchmarks.kernels import Report  # noqa: E402
+from benchmarks.kernels import Report  # noqa: E402
 from sparsity_lab.provenance import RESULTS_DIR, provenance, read_result  # noqa: E402
-from sparsity_lab.viz.kernel_bench_view import (copy_fraction_rows, kernel_bench_figure,  # noqa: E402
+from sparsity_lab.course.viz.kernel_bench_view import (copy_fraction_rows, kernel_bench_figure,  # noqa: E402
                                                 kernel_bench_provenance, speedup_rows)
 
 
@@ -17,7 +17,7 @@ def _result(smoke=False, failed=()):
     rep.ratio("2 transposable24", "mask + W + W^T, W^T by separate", (8, 16), 0.01, "", None, None, nbytes=7000)
     rep.ratio("2 transposable24", "mask + W + W^T (separate)", (8, 16), 0.01, "semi", 0.02, 1.0, nbytes=7000)
     rep.memory_bound("7 fp8", "current amax (2 passes)", (8, 16), 3000, 0.003, {}, counts_for_target=False)
-    return {"provenance": provenance("bench-kernels --test"), "smoke": smoke, "main_tensor_mib": 0.5,
+    return {"provenance": provenance("benchmarks kernels --test"), "smoke": smoke, "main_tensor_mib": 0.5,
             "summary": rep.summary(), "failed_checks": list(failed), "rows": rep.rows}
 
 
@@ -41,10 +41,10 @@ def test_figure_bars_and_lines():
 
 def test_kernel_bench_provenance_flags_smoke_runs_and_failed_checks():
     line = kernel_bench_provenance(_result())
-    assert "bench-kernels --test" in line and "SMOKE" not in line
+    assert "benchmarks kernels --test" in line and "SMOKE" not in line
     assert "SMOKE RUN" in kernel_bench_provenance(_result(smoke=True))
     assert "checks FAILED" in kernel_bench_provenance(_result(failed=["3. soft threshold"]))
-    with pytest.raises(ValueError, match="bench-kernels result"):
+    with pytest.raises(ValueError, match="benchmarks kernels result"):
         copy_fraction_rows({"rows": []})
     with pytest.raises(ValueError, match="no rows with a fraction"):
         kernel_bench_figure({"provenance": {}, "rows": []})

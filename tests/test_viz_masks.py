@@ -12,7 +12,7 @@ pytest.importorskip("ipywidgets", reason="ipywidgets is in the test extra; this 
 
 from sparsity_lab.masks import is_nm, is_transposable, kept_fraction, nm_mask, transposable_mask  # noqa: E402
 from sparsity_lab.masks.quality import gaussian_weight  # noqa: E402
-from sparsity_lab.viz.mask_view import (  # noqa: E402
+from sparsity_lab.course.viz.mask_view import (  # noqa: E402
     NM_CHOICES, SOLVER_KEYS, compute_mask, expected_unstructured_kept_fraction, kept_magnitude_figure,
     kept_magnitude_rows, mask_explorer, mask_heatmap, pruned_layer, unstructured_mask,
 )

@@ -12,9 +12,9 @@ pytest.importorskip("ipywidgets", reason="ipywidgets is in the test extra; this 
 from sparsity_lab.references.fp8 import dequantize_fp8, fp8_format, quantize_fp8  # noqa: E402
 from sparsity_lab.masks.nm import nm_mask  # noqa: E402
 from sparsity_lab.methods.mvue import mvue_probabilities, sequential_probabilities  # noqa: E402
-from sparsity_lab.viz.fp8_view import (SAMPLES, format_facts, fp8_explorer, fp8_figure, fp8_grid,  # noqa: E402
+from sparsity_lab.course.viz.fp8_view import (SAMPLES, format_facts, fp8_explorer, fp8_figure, fp8_grid,  # noqa: E402
                                        quantize_report, sample_tensor)
-from sparsity_lab.viz.mvue_view import (inclusion_figure, mvue_convergence_figure, mvue_draws,  # noqa: E402
+from sparsity_lab.course.viz.mvue_view import (inclusion_figure, mvue_convergence_figure, mvue_draws,  # noqa: E402
                                         mvue_simulation, mvue_variance_figure, squared_error_theory)
 
 

@@ -2,7 +2,7 @@
 import pytest
 
 from sparsity_lab.provenance import RESULTS_DIR
-from sparsity_lab.viz.notes_view import demote_headings, notes_html
+from sparsity_lab.course.viz.notes_view import demote_headings, notes_html
 
 NOTES = """# Title of the run
 

@@ -10,7 +10,7 @@ pytest.importorskip("plotly", reason="plotly is in the test extra; this file nee
 pytest.importorskip("ipywidgets", reason="ipywidgets is in the test extra; this file needs it")
 
 from sparsity_lab.methods.soft_threshold import soft_threshold, sste_beta  # noqa: E402
-from sparsity_lab.viz.soft_threshold_view import (beta_figure, beta_trace, beta_trace_figure,  # noqa: E402
+from sparsity_lab.course.viz.soft_threshold_view import (beta_figure, beta_trace, beta_trace_figure,  # noqa: E402
                                                   group_outputs, soft_threshold_explorer, soft_threshold_figure,
                                                   sweep_outputs)
 

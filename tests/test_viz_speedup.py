@@ -9,9 +9,9 @@ import torch
 pytest.importorskip("plotly", reason="plotly is in the test extra; this file needs it")
 pytest.importorskip("ipywidgets", reason="ipywidgets is in the test extra; this file needs it")
 
-from sparsity_lab.benchmarks.ffn_live import measure_ffn  # noqa: E402
-from sparsity_lab.viz._provenance import provenance_line  # noqa: E402
-from sparsity_lab.viz.speedup_view import (check_ffn_rows, dyad_speedup_figure, ffn_explorer,  # noqa: E402
+from sparsity_lab.course.live import measure_ffn  # noqa: E402
+from sparsity_lab.course.viz._provenance import provenance_line  # noqa: E402
+from sparsity_lab.course.viz.speedup_view import (check_ffn_rows, dyad_speedup_figure, ffn_explorer,  # noqa: E402
                                            ffn_speedup_figure, ffn_wins_heatmap, kernel_vs_pytorch_figure,
                                            mvue_variants_figure, ours_vs_pytorch, ours_vs_pytorch_figure, recorded, shape_label,
                                            step_speedup, wins_and_losses)
@@ -219,7 +219,7 @@ def test_measure_ffn_rejects_bad_shapes():
 
 
 def test_rows_that_record_an_error_are_listed_not_plotted():
-    from sparsity_lab.viz.speedup_view import check_ffn_rows, ffn_errors
+    from sparsity_lab.course.viz.speedup_view import check_ffn_rows, ffn_errors
     ok = {"tokens": 4096, "d_model": 1024, "ffn": 4096, "variant": "dense", "phase": "fwd_bwd", "ms": 1.0,
           "speedup_vs_dense": 1.0}
     failed = dict(ok, variant="pytorch_semi_structured", ms=None, speedup_vs_dense=None, error="NotImplementedError: x")
@@ -247,7 +247,7 @@ def _paired_table() -> dict:
 
 
 def test_paired_rounds_table_and_figure():
-    from sparsity_lab.viz.speedup_view import paired_figure, paired_speedups
+    from sparsity_lab.course.viz.speedup_view import paired_figure, paired_speedups
 
     table = paired_speedups(_paired_table())
     assert [(t["shape"], t["variant"]) for t in table] == [("16384x4096x16384", "ours_mvue"),
@@ -268,7 +268,7 @@ def test_paired_rounds_table_and_figure():
 
 
 def test_the_recorded_ffn_run_has_paired_rounds():
-    from sparsity_lab.viz.speedup_view import paired_figure
+    from sparsity_lab.course.viz.speedup_view import paired_figure
 
     data = recorded("cusparselt_ffn_h100")
     assert data is not None and check_ffn_rows(data)

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 pytest.importorskip("plotly", reason="plotly is in the test extra; this file needs it")
 pytest.importorskip("ipywidgets", reason="ipywidgets is in the test extra; this file needs it")
 
-from sparsity_lab.benchmarks.mask_solvers import time_solvers  # noqa: E402
+from sparsity_lab.course.live import time_solvers  # noqa: E402
 from sparsity_lab.masks import is_transposable  # noqa: E402
 from sparsity_lab.masks.quality import ROWWISE, gaussian_weight  # noqa: E402
 from sparsity_lab.provenance import read_result  # noqa: E402
-from sparsity_lab.viz.tile_solver_view import (  # noqa: E402
+from sparsity_lab.course.viz.tile_solver_view import (  # noqa: E402
     PRESETS, TILE_SOLVERS, diversity_figure, diversity_rows, recorded_case_rows, solver_bars, tile_editor,
     at_most_n_gain, at_most_n_patterns, patterns_figure, tile_figure, tile_solutions,
 )
@@ -173,7 +173,7 @@ def test_patterns_figure_draws_all_90():
 
 
 def test_tile_editor_solves_a_preset_once_not_once_per_box(monkeypatch):
-    import sparsity_lab.viz.tile_solver_view as view
+    import sparsity_lab.course.viz.tile_solver_view as view
 
     box = tile_editor()
     calls = []

@@ -4,8 +4,8 @@ The wheel is built from a copy of the build inputs (nothing lands in the checkou
 - it holds every module of ``sparsity_lab/`` and ``kernels/`` and the course material
   (notebooks, docs, book configuration, recorded results);
 - installed into a fresh virtual environment and run from an empty folder, the ``sparsity_lab``
-  imported is the wheel's (never the editable install of the checkout), ``demo`` runs, a benchmark
-  writes its result under the current folder with the commit the wheel was built from, one course
+  imported is the wheel's (never the editable install of the checkout), ``demo`` runs, a recorded
+  demo writes its result under the current folder with the commit the wheel was built from, one course
   notebook runs headless through ``sparsity-lab course`` from the shipped copy, and nothing is written
   into the installed package.
 """
@@ -79,17 +79,56 @@ def test_the_wheel_holds_every_module_of_the_source_tree(wheel):
     assert "sparsity_lab/kernels/__init__.py" in names and "sparsity_lab/course/command.py" in names
 
 
+def _results_the_notebooks_read() -> set[str]:
+    """results/ paths the notebooks name: ``read_result("X")`` (X.json), ``RESULTS_DIR / "X"`` (a file, or a
+    recorded comparison's results.json), ``results/X.json`` in a printed line."""
+    import re
+    found = set()
+    for nb in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"):
+        code = "\n".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code")
+        names = re.findall(r'read_result\(\s*"([\w.-]+)"\s*\)', code) + re.findall(r'"results/([\w.-]+)\.json', code)
+        found |= {f"results/{n}.json" for n in names}
+        for name in re.findall(r'RESULTS_DIR\s*/\s*"([\w.-]+)"', code):
+            found.add(f"results/{name}" if "." in name else f"results/{name}/results.json")
+    return {f for f in found if (ROOT / f).is_file()}
+
+
 def test_the_wheel_ships_the_course_material(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     wanted = {f"notebooks/{p.name}" for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
     wanted |= {f"docs/{p.relative_to(ROOT / 'docs').as_posix()}" for p in (ROOT / "docs").rglob("*.md")}
     wanted |= {"book/_config.yml", "book/intro.md"}
     wanted |= {f"book/_static/{p.name}" for p in (ROOT / "book" / "_static").iterdir()}
-    wanted |= {f"results/{p.relative_to(ROOT / 'results').as_posix()}" for p in (ROOT / "results").rglob("*")
-               if p.is_file() and not fnmatch.fnmatch(p.name, "*.html")}
+    read = _results_the_notebooks_read()
+    wanted |= read
     missing = sorted(w for w in wanted if f"sparsity_lab/_shipped/{w}" not in names)
-    assert len(wanted) > 20 and not missing, f"course material missing from the wheel: {missing}"
+    assert len(read) > 15 and not missing, f"course material missing from the wheel: {missing}"
     assert not [n for n in names if n.startswith("sparsity_lab/_shipped/") and n.endswith(".html")]
+
+
+def test_the_wheel_ships_at_most_5_mb_of_results_and_no_benchmarks(wheel):
+    info = zipfile.ZipFile(wheel).infolist()
+    results = sum(i.file_size for i in info if i.filename.startswith("sparsity_lab/_shipped/results/"))
+    assert results <= 5 * 2**20, f"the wheel ships {results / 2**20:.1f} MiB of results (at most 5)"
+    names = [i.filename for i in info]
+    assert not [n for n in names if n.startswith("benchmarks/") or "/benchmarks/" in n], \
+        "benchmarks run from a clone; the wheel must not ship them"
+    # every comparison a notebook draws ships its logs, packed (lab.runlog.read_log reads them)
+    for table in (n for n in _results_the_notebooks_read() if n.endswith("/results.json")):
+        logs = [n for n in names if n.startswith(f"sparsity_lab/_shipped/{table.rsplit('/', 1)[0]}/") and n.endswith("log.jsonl.gz")]
+        assert logs, f"{table}: its logs are not in the wheel"
+
+
+def test_a_packed_log_reads_as_the_recorded_one_without_the_per_layer_flips(wheel, tmp_path):
+    from sparsity_lab.lab.runlog import read_log
+
+    archive = zipfile.ZipFile(wheel)
+    name = next(n for n in archive.namelist() if n.endswith("lab_compare_h100_triton/sste/log.jsonl.gz"))
+    (tmp_path / "sste").mkdir()
+    (tmp_path / "sste" / "log.jsonl.gz").write_bytes(archive.read(name))
+    packed = read_log(tmp_path / "sste" / "log.jsonl")
+    recorded = read_log(ROOT / "results" / "lab_compare_h100_triton" / "sste" / "log.jsonl")
+    assert packed == [{k: v for k, v in row.items() if not k.startswith("flip/")} for row in recorded]
 
 
 @pytest.fixture(scope="module")
@@ -151,9 +190,9 @@ def test_the_installed_wheel_runs_demo_and_a_notebook_from_an_empty_folder(insta
     assert "1. A 2:4 mask" in demo.stdout and "flip rate early" in demo.stdout
 
     # a result written without --out-dir goes to results/ of the current folder, with the wheel's commit
-    _run([installed["bin"] / "sparsity-lab", "bench-masks", "--quick", "--repeats", "1", "--solvers", "patterns"],
-         cwd=cwd, env=env, timeout=300)
-    assert json.loads((cwd / "results" / "mask_solvers_cpu.json").read_text())["provenance"]["git_commit"] == COMMIT
+    _run([installed["bin"] / "sparsity-lab", "demo", "--seeds", "2", "--steps", "12", "--size", "64",
+          "--record", "results/flip_bands_demo.json"], cwd=cwd, env=env, timeout=300)
+    assert json.loads((cwd / "results" / "flip_bands_demo.json").read_text())["provenance"]["git_commit"] == COMMIT
 
     course = _run([installed["bin"] / "sparsity-lab", "course", "--headless", "--no-book", "--only", NOTEBOOK,
                    "--workdir", "course"], cwd=cwd, env=env, timeout=300)

@@ -51,7 +51,7 @@ def test_import_sparsify_and_train_a_step_on_the_reference_backend():
 
 def test_the_lab_train_command_runs(tmp_path):
     out = run_without_triton(f"""
-        from sparsity_lab.cli import main
+        from sparsity_lab.lab.cli import main
         rc = main(["train", "--method", "masked_decay", "--steps", "2", "--layers", "1", "--width", "32",
                    "--context", "16", "--batch-size", "2", "--eval-batches", "1", "--no-progress",
                    "--data-max-bytes", "20000", "--out", {str(tmp_path / "run")!r}])
@@ -63,7 +63,7 @@ def test_the_lab_train_command_runs(tmp_path):
 
 def test_train_backend_triton_is_one_clear_line(tmp_path):
     out = run_without_triton(f"""
-        from sparsity_lab.cli import main
+        from sparsity_lab.lab.cli import main
         rc = main(["train", "--backend", "triton", "--steps", "1", "--no-progress", "--out", {str(tmp_path / "r")!r}])
         assert rc == 2, rc
     """)

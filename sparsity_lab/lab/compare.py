@@ -62,7 +62,7 @@ FP8_SIM_VARIANTS = ("sste_mvue_fp8sim",)
 # without a CUDA GPU both compute the same recipe in float32 arithmetic, with a BackendFallbackWarning)
 FP8_VARIANTS = {"dense_fp8": "fp8_dense", "sste_mvue_fp8": "cusparselt_fp8"}
 # variants whose every block linear is 2:4 (attention qkv and proj too), not only the FFN's: the loss cost
-# of the faster step (bench-ffn's GPT section times it)
+# of the faster step (benchmarks ffn's GPT section times it)
 ALL_LINEAR_VARIANTS = ("sste_mvue_all_linears",)
 DEFAULT_VARIANTS = ("dense", "ste", "srste", "masked_decay", "sste", "sste_mvue", "sste_mvue_fp8sim")
 EARLY, LATE = (0.10, 0.20), (0.70, 0.80)

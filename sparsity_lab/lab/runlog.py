@@ -9,6 +9,7 @@ between evaluations, a flip rate when no mask was computed) are null, never a ma
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -102,11 +103,18 @@ class RunLog:
 
 def read_log(path: str | Path, torn_tail_ok: bool = False) -> list[dict]:
     """The rows of a JSONL log. A line that is not a JSON object raises ValueError naming the file
-    and line, except (torn_tail_ok) an unfinished last line: the trace of a run killed mid-write."""
+    and line, except (torn_tail_ok) an unfinished last line: the trace of a run killed mid-write.
+
+    Where ``path`` is missing but ``path + ".gz"`` exists, that is read: an installed wheel ships the
+    recorded logs gzip-compressed, without the per-layer ``flip/<layer>`` columns (setup.py)."""
     path = Path(path)
-    if not path.is_file():
+    packed = path.with_name(path.name + ".gz")
+    if not path.is_file() and packed.is_file():
+        text = gzip.decompress(packed.read_bytes()).decode(errors="replace")
+    elif not path.is_file():
         raise FileNotFoundError(f"log {str(path)!r} does not exist")
-    text = path.read_text(errors="replace")
+    else:
+        text = path.read_text(errors="replace")
     lines = text.split("\n")
     rows = []
     for k, line in enumerate(lines):

@@ -56,7 +56,7 @@ from tqdm.auto import tqdm
 
 from ..backends import get_backend
 from ..activation24 import attach_activation_schedule, configure_activation_sparsity, weight_selector
-from ..activation_stats import ActivationSparsityTracker
+from .activation_stats import ActivationSparsityTracker
 from ..methods.config import SparsityMethod, method_from_name
 from ..sparsify import flip_report, sparsify, sparsity_summary
 from ..training_hooks import attach_optimizer, sparse_layers

@@ -1,7 +1,7 @@
 """The layout of ``torch._cslt_compress`` on sm90 (H100), mapped by measurement, and a reference.
 
 Mapped from dumps of the op's output on the H100 (torch 2.11, cuSPARSELt 0.8.0;
-``python -m sparsity_lab.benchmarks.cusparselt_layout_dump``): random 2:4 matrices of bf16 / fp16 /
+``python -m benchmarks.cusparselt_layout_dump``): random 2:4 matrices of bf16 / fp16 /
 fp8 e4m3 at 14 shapes from 32x64 to 2048x512, decoded offline; one formula reproduced every
 metadata nibble of every dump. For A (rows, cols), 2:4 along its rows (groups of 4 columns):
 

@@ -38,7 +38,7 @@ capability < 8.0, no cuSPARSELt in the build) raises :class:`CusparseltUnavailab
 
 Verified on the H100 (torch 2.11, cuSPARSELt 0.8.0): the contract above, every product against
 float32 dense products of the same masked operands (``pytest -m gpu tests/test_cusparselt_backend.py``,
-``python -m sparsity_lab.benchmarks.cusparselt_probe``), S-STE + MVUE gradients equal to the "triton"
+``python -m benchmarks.cusparselt_probe``), S-STE + MVUE gradients equal to the "triton"
 backend's (same draws), 200 STE training steps within the reference's seed spread. Compression goes
 through ``kernels/compress24.py`` (bit for bit ``_cslt_compress``'s bytes, 28x faster) for shapes
 whose rows and columns are multiples of 64; speeds in ``results/cusparselt_ffn_h100.json`` and

@@ -6,7 +6,7 @@ The contract (read in PyTorch's source, not yet re-verified on a GPU by this mod
     ``rows * cols * 9 / 16`` elements for 16-bit dtypes (``* 10 / 16`` for int8 / fp8): the kept
     values plus the metadata. The layout is not documented: on sm90 the values come first, row-major, then
     the metadata, as mapped from dumps on the H100 (``sparsity_lab.references.cusparselt_layout``
-    states it; ``sparsity_lab.benchmarks.cusparselt_probe`` part (b) probes it).
+    states it; ``benchmarks.cusparselt_probe`` part (b) probes it).
     Source: pytorch/pytorch ``aten/src/ATen/native/sparse/cuda/cuSPARSELtOps.cpp``,
     ``_cslt_compress``: ``cusparseLtStructuredDescriptorInit(rows=size(0), cols=size(1),
     ld=size(1), CUSPARSE_ORDER_ROW, CUSPARSELT_SPARSITY_50_PERCENT)`` then ``cusparseLtSpMMACompress2``.

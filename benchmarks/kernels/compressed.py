@@ -1,0 +1,111 @@
+"""Kernel benchmark sections for the kernels that write cuSPARSELt's compressed layout:
+8 compress24, 10 mvue_compress24, 11 prepare24 and 17 prune24_tokens."""
+from __future__ import annotations
+
+import torch
+
+from sparsity_lab import kernels as K
+from sparsity_lab.masks.nm import nm_mask
+from sparsity_lab.references.act24_tokens import top2of4_tokens_mask
+from sparsity_lab.references.cusparselt_layout import compress24_reference
+from benchmarks.kernels.bench import BF16 as bf16
+from benchmarks.kernels.bench import Bench
+from benchmarks.kernels.checks import check
+
+
+def compress24(bench: Bench) -> None:
+    """8. A 2:4 matrix into the compressed layout: row-major W, and W^T read as a transposed view."""
+    device, rows, cols, timer, report = bench.device, bench.rows, bench.cols, bench.timer, bench.report
+    crow = rows - rows % 64 if rows >= 64 else 64
+    w = torch.randn(crow, cols, device=device, dtype=bf16)
+    w = w * nm_mask(w, 2, 4)
+    wt = w.t().contiguous().t()  # the same matrix stored column-major: how W^T and MVUE(dZ)^T arrive
+    check("compress24", torch.equal(K.compress24(w).view(torch.uint8), compress24_reference(w).view(torch.uint8))
+          and torch.equal(K.compress24(wt).view(torch.uint8), compress24_reference(w).view(torch.uint8)))
+    n = w.numel()
+    nbytes = 2 * n + n + n // 8  # read bf16, write half the values + 4 bits per group
+    cfgs = [{"block_groups": b, "num_warps": nw} for b in (16, 32) for nw in (4, 8)]
+    for variant, a in (("row-major", w), ("transposed view (W^T, MVUE^T)", wt)):
+        ms, cfg, allc = bench.sweep(lambda a=a, **c: (lambda: K.compress24(a, **c)), cfgs)
+        report.memory_bound("8 compress24", variant, w.shape, nbytes, ms, cfg, allc, counts_for_target=False,
+                            note="added after the copy-rate target was set: not counted in it")
+    if device.type == "cuda":
+        ref_ms = timer(lambda: torch._cslt_compress(w))
+        report.ratio("8 compress24", "row-major vs _cslt_compress", w.shape,
+                     min(r["ms"] for r in report.rows if r["kernel"] == "8 compress24"), "_cslt_compress", ref_ms,
+                     None)
+
+
+def mvue_compress24(bench: Bench) -> None:
+    """10. MVUE of dZ straight into the compressed layout, against mvue24 then compress24."""
+    device, rows, cols, timer, report = bench.device, bench.rows, bench.cols, bench.timer, bench.report
+    ctok = rows - rows % 64 if rows >= 64 else 64
+    dz = torch.randn(ctok, cols, device=device, dtype=bf16)
+    fused_out = K.mvue_compress24(dz, seed=5)
+    check("mvue_compress24", torch.equal(fused_out.view(torch.uint8),
+                                         K.compress24(K.mvue24(dz, dim=0, seed=5).t()).view(torch.uint8)))
+    n = dz.numel()
+    cfgs = [{"block_groups": b, "num_warps": nw} for b in (16, 32) for nw in (4, 8)]
+    ms, cfg, allc = bench.sweep(lambda **c: (lambda: K.mvue_compress24(dz, seed=5, **c)), cfgs)
+    report.memory_bound("10 mvue_compress24", "dZ (tokens, out) -> compressed MVUE(dZ)^T", dz.shape,
+                        2 * n + n + n // 8, ms, cfg, allc, counts_for_target=False,
+                        note="added after the copy-rate target was set: not counted in it")
+    two_ms = timer(lambda: K.compress24(K.mvue24(dz, dim=0, seed=5).t()))
+    report.ratio("10 mvue_compress24", "vs mvue24 then compress24", dz.shape, ms, "two kernels", two_ms, None)
+
+
+def prepare24(bench: Bench) -> None:
+    """11. S(W) and S(W)^T compressed straight from W (fp32 or bf16), against threshold then compress twice."""
+    device, rows, cols, timer, report = bench.device, bench.rows, bench.cols, bench.timer, bench.report
+    prow = rows - rows % 64 if rows >= 64 else 64
+    w32 = torch.randn(prow, cols, device=device)
+    if device.type != "cuda":  # the CPU interpreter truncates fp32 -> bf16 (the GPU rounds): bf16-exact weights
+        w32 = w32.to(bf16).float()
+    mask = K.transposable_mask24(w32, pruned=False)[0]
+    beta = torch.tensor(0.8, device=device)
+
+    def unfused(w, b):
+        s = K.soft_threshold24(w, mask, b, out_dtype=bf16) if b is not None else w.to(bf16) * mask
+        return K.compress24(s), K.compress24(s.t())
+    for w in (w32, w32.to(bf16)):
+        wname = "fp32" if w.dtype == torch.float32 else "bf16"
+        for b, mname in ((beta, "S-STE"), (None, "STE")):
+            got, want = K.prepare24(w, mask, b, out_dtype=bf16), unfused(w, b)
+            check(f"prepare24 {wname} {mname}", all(torch.equal(g.view(torch.uint8), e.view(torch.uint8))
+                                                    for g, e in zip(got, want)))
+            n = w.numel()
+            nbytes = w.element_size() * n + n + 2 * (n + n // 8)  # W, mask; two compressed forms
+            cfgs = [{"num_warps": nw} for nw in (4, 8)]
+            ms, cfg, allc = bench.sweep(lambda w=w, b=b, **c: (
+                lambda: K.prepare24(w, mask, b, out_dtype=bf16, **c)), cfgs)
+            report.memory_bound("11 prepare24", f"{wname} W, {mname} -> S(W), S(W)^T compressed", w.shape,
+                                nbytes, ms, cfg, allc, counts_for_target=False,
+                                note="added after the copy-rate target was set: not counted in it")
+            two_ms = timer(lambda w=w, b=b: unfused(w, b))
+            report.ratio("11 prepare24", f"{wname} {mname} vs threshold then compress24 twice", w.shape, ms,
+                         "three kernels", two_ms, None)
+
+
+def prune24_tokens(bench: Bench) -> None:
+    """17. Permuted tokens of 15/16 of the features gathered, 2:4 along the tokens, compressed, against a
+    torch gather, ``prune24`` of the transposed copy and ``compress24``."""
+    device, rows, cols, timer, report = bench.device, bench.rows, bench.cols, bench.timer, bench.report
+    tokens = rows - rows % 64 if rows >= 64 else 64
+    hidden = cols - cols % 64 if cols >= 64 else 64
+    gen = torch.Generator().manual_seed(17)
+    a = (torch.relu(torch.randn(tokens, hidden, generator=gen)) ** 2).to(device=device, dtype=bf16)  # like A24 / dH
+    perm = torch.randperm(tokens, generator=gen).to(device)
+    n_feat = max(64, hidden * 15 // 16 // 64 * 64)
+    feats = torch.sort(torch.randperm(hidden, generator=gen)[:n_feat]).values.to(device)
+    b = a[perm][:, feats]
+    want = compress24_reference((b * top2of4_tokens_mask(b)).t().contiguous())
+    check("prune24_tokens", torch.equal(K.prune24_tokens(a, perm, feats).view(torch.uint8), want.view(torch.uint8)))
+    n = b.numel()
+    cfgs = [{"num_warps": nw} for nw in (4, 8)]
+    ms, cfg, allc = bench.sweep(lambda **c: (lambda: K.prune24_tokens(a, perm, feats, **c)), cfgs)
+    report.memory_bound("17 prune24_tokens", "A (tokens, hidden) -> compressed top2of4_tokens(A[P][:, S])^T",
+                        (n_feat, tokens), 2 * n + n + n // 8, ms, cfg, allc, counts_for_target=False,
+                        note="added after the copy-rate target was set: not counted in it")
+    unfused_ms = timer(lambda: K.compress24(K.prune24(a[perm][:, feats].t().contiguous())[0]))
+    report.ratio("17 prune24_tokens", "vs gather, prune24 of the transposed copy, compress24", (n_feat, tokens), ms,
+                 "three passes", unfused_ms, None)

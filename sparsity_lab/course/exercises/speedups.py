@@ -1,0 +1,108 @@
+"""Exercises of notebook 08 (speed-ups): count the FLOPs of a linear layer's three products, turn a
+time into TFLOP/s, and predict a whole step's speed-up from its parts (Amdahl's law)."""
+from __future__ import annotations
+
+import math
+import random
+
+from ...flops import PRODUCTS, linear_flops, tflops
+from .checking import ExerciseReport, run_check
+
+
+def check_linear_flops(linear_flops_fn, show: bool = True):
+    """``linear_flops_fn(tokens, d_in, d_out)`` -> dict {"forward", "grad_input", "grad_weight"}: FLOPs
+    of Z = X W^T, dX = dZ W and dW = dZ^T X for X (tokens, d_in), W (d_out, d_in)."""
+    report = ExerciseReport("linear_flops: the FLOPs of a linear layer's three products",
+                            hint="an (m, k) @ (k, n) product does m*k*n multiply-adds, and a multiply-add is "
+                                 "2 FLOPs; write down the shapes of the two operands of each product.",
+                            solution="speedups")
+
+    def body(r):
+        rng = random.Random()
+        cases = [(1, 1, 1), (8, 16, 32), (5, 3, 7), (4096, 1024, 4096)]
+        cases += [(rng.randint(1, 300), rng.randint(1, 300), rng.randint(1, 300)) for _ in range(3)]
+        for tokens, d_in, d_out in cases:
+            got = r.call(linear_flops_fn, tokens, d_in, d_out, what=f"linear_flops({tokens}, {d_in}, {d_out})")
+            if got is None:
+                return
+            want = linear_flops(tokens, d_in, d_out)
+            if not isinstance(got, dict):
+                r.expect(False, f"linear_flops(...) should return a dict with keys {list(PRODUCTS)}, "
+                                f"got {type(got).__name__}")
+                return
+            if set(got) != set(PRODUCTS):
+                r.expect(False, f"keys {sorted(got)}, expected {sorted(PRODUCTS)}")
+                return
+            for name in PRODUCTS:
+                if got[name] != want[name]:
+                    ratio = got[name] / want[name] if want[name] else math.nan
+                    why = {0.5: " (half: a multiply-add is 2 FLOPs)", 2.0: " (twice too many)"}.get(ratio, "")
+                    r.expect(False, f"linear_flops({tokens}, {d_in}, {d_out})[{name!r}] = {got[name]}, "
+                                    f"expected {want[name]}{why}")
+                    return
+    return run_check(report, body, show)
+
+
+def check_tflops(tflops_fn, show: bool = True):
+    """``tflops_fn(flops, ms)`` -> the achieved rate in TFLOP/s (10^12 FLOP per second)."""
+    report = ExerciseReport("tflops: achieved TFLOP/s from a FLOP count and a time in milliseconds",
+                            hint="rate = FLOPs / seconds; 1 ms = 1e-3 s and 1 TFLOP = 1e12 FLOP.",
+                            solution="speedups")
+
+    def body(r):
+        rng = random.Random()
+        cases = [(2e12, 1000.0), (1.32e13, 21.4), (2 * 16384 * 4096 * 16384, 3.28), (1.0, 1e-9)]
+        cases += [(rng.uniform(1e9, 1e14), rng.uniform(0.01, 100.0)) for _ in range(3)]
+        for flops, ms in cases:
+            got = r.call(tflops_fn, flops, ms, what=f"tflops({flops:.4g}, {ms:.4g})")
+            if got is None:
+                return
+            want = tflops(flops, ms)
+            if not isinstance(got, (int, float)) or not math.isclose(got, want, rel_tol=1e-9):
+                hint = ""
+                if isinstance(got, (int, float)) and want and math.isclose(got / want, 1e-3, rel_tol=1e-6):
+                    hint = " (1000x too small: ms is milliseconds)"
+                r.expect(False, f"tflops({flops:.4g}, {ms:.4g}) = {got!r}, expected {want:.6g}{hint}")
+                return
+    return run_check(report, body, show)
+
+
+def reference_step_speedup(parts) -> float:
+    """Amdahl's law over parts: parts is a list of (dense_ms, speedup); the step's speedup is
+    sum(dense_ms) / sum(dense_ms / speedup)."""
+    return sum(ms for ms, _ in parts) / sum(ms / s for ms, s in parts)
+
+
+def check_step_speedup(step_speedup_fn, show: bool = True):
+    """``step_speedup_fn(parts)``: parts = [(dense_ms, speedup), ...], one entry per part of the step
+    (products, mask, optimizer, ...); returns the speed-up of the whole step."""
+    report = ExerciseReport("step_speedup: Amdahl's law over the parts of a training step",
+                            hint="the new step time is the sum of each part's dense time divided by that "
+                                 "part's speed-up; the speed-up is old time / new time. Do not average the "
+                                 "speed-ups.",
+                            solution="speedups")
+
+    def body(r):
+        rng = random.Random()
+        cases = [[(10.0, 2.0)], [(10.0, 1.0), (30.0, 1.0)], [(40.0, 1.5), (40.0, 1.0)],
+                 [(50.0, 2.0), (50.0, 1.0)], [(1.0, 1.45), (0.0, 1.0), (3.0, 1.0)], [(5.0, 0.5), (5.0, 1.0)]]
+        cases += [[(rng.uniform(0.1, 50), rng.uniform(0.3, 2.0)) for _ in range(rng.randint(2, 5))]
+                  for _ in range(3)]
+        for parts in cases:
+            got = r.call(step_speedup_fn, list(parts), what=f"step_speedup({parts})")
+            if got is None:
+                return
+            want = reference_step_speedup(parts)
+            if not isinstance(got, (int, float)) or not math.isclose(got, want, rel_tol=1e-9):
+                mean = sum(s for _, s in parts) / len(parts)
+                weighted = sum(ms * s for ms, s in parts) / sum(ms for ms, _ in parts)
+                why = ""
+                if isinstance(got, (int, float)) and math.isclose(got, weighted, rel_tol=1e-9):
+                    why = (" (that averages the speed-ups, weighted by time; add up the new times of the parts "
+                           "instead)")
+                elif isinstance(got, (int, float)) and math.isclose(got, mean, rel_tol=1e-9):
+                    why = " (that averages the speed-ups; parts take different times, add up the new times)"
+                r.expect(False, f"step_speedup({[(round(m, 3), round(s, 3)) for m, s in parts]}) = {got!r}, "
+                                f"expected {want:.6g}{why}")
+                return
+    return run_check(report, body, show)

@@ -1,0 +1,60 @@
+"""Where a 2:4 layer's state lives on each rank under DDP and FSDP2 (one figure for notebook 12).
+
+For a weight W (out x in) and its mask, rank r of N stores under DDP every row, under FSDP2 the rows
+``torch.chunk(range(out), N)[r]`` (FSDP2 shards dim 0; the mask is sharded like its weight).
+"""
+from __future__ import annotations
+
+import torch
+
+from ._optional import plotly_go
+
+
+def stored_rows(rows: int, world: int) -> list[tuple[int, int]]:
+    """(start, stop) of the rows each rank stores under FSDP2's dim-0 sharding (torch.chunk)."""
+    sizes = [len(c) for c in torch.chunk(torch.arange(rows), world)]
+    sizes += [0] * (world - len(sizes))
+    starts = [sum(sizes[:k]) for k in range(world)]
+    return [(s, s + n) for s, n in zip(starts, sizes)]
+
+
+def sharding_figure(mask: torch.Tensor, world: int = 2):
+    """Side by side, for each rank: the mask entries it stores under DDP and under FSDP2 (grey: not stored).
+
+    mask: (out, in) bool. Kept weights are dark, pruned light; rows a rank does not store are blank.
+    """
+    from plotly.subplots import make_subplots
+
+    go = plotly_go()
+    if mask.dim() != 2 or mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a 2-D bool tensor, got {mask.dtype} with shape {tuple(mask.shape)}")
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise ValueError(f"world must be an int >= 1, got {world!r}")
+    rows = mask.shape[0]
+    titles = [f"DDP, rank {r}" for r in range(world)] + [f"FSDP2, rank {r}" for r in range(world)]
+    fig = make_subplots(rows=2, cols=world, subplot_titles=titles, vertical_spacing=0.12, horizontal_spacing=0.04)
+    values = mask.float()
+    for r, (start, stop) in enumerate(stored_rows(rows, world)):
+        for row, keep in ((1, (0, rows)), (2, (start, stop))):
+            z = torch.full_like(values, float("nan"))
+            z[keep[0]:keep[1]] = values[keep[0]:keep[1]]
+            fig.add_trace(go.Heatmap(z=z.tolist(), zmin=0, zmax=1, showscale=False, xgap=1, ygap=1,
+                                     colorscale=((0, "rgb(222,235,247)"), (1, "rgb(8,81,156)")),
+                                     hovertemplate="row %{y}, col %{x}: %{z}<extra></extra>"), row=row, col=r + 1)
+    fig.update_yaxes(autorange="reversed", showticklabels=False)
+    fig.update_xaxes(showticklabels=False)
+    fig.update_layout(title=f"Mask entries stored per rank ({rows} x {mask.shape[1]} layer, {world} ranks; "
+                            "dark = kept weight, light = pruned, blank = not stored)",
+                      height=520, margin=dict(t=80, l=20, r=20, b=20))
+    return fig
+
+
+def distributed_table(payload: dict) -> str:
+    """The recorded (or live) distributed benchmark as a text table: one row per method and parallel mode."""
+    lines = [f"{'method':<10} {'parallel':<8} {'step ms':>9} {'tok/s/GPU':>11} {'tok/s total':>12} {'peak GiB':>9}"]
+    for r in payload["rows"]:
+        peak = max((p for p in r["peak_memory_gib_per_rank"] if p is not None), default=None)
+        lines.append(f"{r['method']:<10} {r['parallel']:<8} {1e3 * r['median_step_s']:>9.1f} "
+                     f"{r['tokens_per_s_per_gpu']:>11.0f} {r['tokens_per_s_total']:>12.0f} "
+                     f"{'-' if peak is None else f'{peak:.2f}':>9}")
+    return "\n".join(lines)
