@@ -78,7 +78,7 @@ def test_the_pages_commands_parse():
              for line in block.replace("\\\n", " ").splitlines()]  # continuation lines joined
     commands = [line for line in lines if line.startswith("sparsity-lab ")]
     commands += [" ".join(span.split()) for span in re.findall(r"`(sparsity-lab [a-z-]+ [^`]+)`", text)]
-    assert len(commands) >= 15, commands
+    assert len(commands) >= 10, commands  # the benchmarks: test_every_benchmark_command_on_the_page_names_a_benchmark_and_parses
     for command in commands:
         argv = shlex.split(command)[1:]
         try:
