@@ -40,6 +40,10 @@ A_SCALE_MODE, B_SCALE_MODE, A_SCALE_POINTER, B_SCALE_POINTER, SCALE_SCALAR_32F =
 # "alpha_vector": alpha as a device vector of m floats (refused for FP8 by cuSPARSELt 0.8 on the H100);
 # "multiply_after": alpha 1, then one elementwise pass over D (bfloat16 product by the fp32 scale)
 SCALE_MODES = ("scale_pointers", "alpha_vector", "multiply_after")
+# "host_alpha": alpha = s_a s_b passed as cuSPARSELt's scalar alpha, read from the host at the call (a sync when
+# the scales live on the device; a CUDA graph would bake the value in). Not tried by training: probed only
+# (benchmarks/fp8_scalar_alpha.py), to learn whether a scalar alpha scales an E4M3 product on SM90.
+PROBE_MODES = ("host_alpha",)
 FP8_MULTIPLE = 32  # both dimensions of an fp8 sparse operand (cuSPARSELt's minimum, as PyTorch checks)
 
 
@@ -129,8 +133,8 @@ class FP8DirectOps:
         """``s_a s_b (A @ B)`` as bfloat16 (m, n), or its transpose (n, m) contiguous. s_a, s_b: float32
         one-element tensors on b's device (the per-tensor dequantization scales of A and B)."""
         m, k, n, b_t = fp8_operand_shape(compressed, b)
-        if mode not in SCALE_MODES:
-            raise ValueError(f"mode must be one of {SCALE_MODES}, got {mode!r}")
+        if mode not in SCALE_MODES + PROBE_MODES:
+            raise ValueError(f"mode must be one of {SCALE_MODES + PROBE_MODES}, got {mode!r}")
         if not (b.is_cuda and compressed.device == b.device == s_a.device == s_b.device):
             raise ValueError("compressed, b and the scales must be on one CUDA device")
         for t in (compressed, b):
@@ -144,6 +148,9 @@ class FP8DirectOps:
         elif mode == "alpha_vector":
             alpha = (s_a.float() * s_b.float()).reshape(1).expand(m).contiguous()
             alpha_p = alpha.data_ptr()
+        elif mode == "host_alpha":
+            alpha_host = ctypes.c_float(float((s_a.float() * s_b.float()).item()))
+            alpha_p = ctypes.addressof(alpha_host)
         else:
             alpha_p = ctypes.addressof(alpha_host)
         out = torch.empty((n, m) if transpose_result else (m, n), dtype=torch.bfloat16, device=b.device)
