@@ -102,7 +102,7 @@ def test_the_wheel_ships_the_course_material(wheel):
     read = _results_the_notebooks_read()
     wanted |= read
     missing = sorted(w for w in wanted if f"sparsity_lab/_shipped/{w}" not in names)
-    assert len(read) > 15 and not missing, f"course material missing from the wheel: {missing}"
+    assert len(read) >= 10 and not missing, f"course material missing from the wheel: {missing}"
     assert not [n for n in names if n.startswith("sparsity_lab/_shipped/") and n.endswith(".html")]
 
 
