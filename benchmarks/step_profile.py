@@ -555,6 +555,7 @@ def run(args: argparse.Namespace) -> int:
                                     "skipped": True})
                     print(f"[{elapsed:5.0f} s] {mode} {config_name}: skipped (budget)", flush=True)
                     continue
+                print(f"[{elapsed:5.0f} s] {mode} {config_name} ...", flush=True)
                 record = run_one(table[config_name], mode, args, batches, sampler, device)
                 records.append(record)
                 if record.get("error"):
