@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "ffn": ("benchmarks.ffn.cli", "2:4 FFN and GPT step on cuSPARSELt against dense and PyTorch's path (GPU)"),
     "cslt-calls": ("benchmarks.cusparselt_calls", "one cuSPARSELt product: PyTorch's call, the direct binding, dense (GPU)"),
     "lab-speed": ("benchmarks.lab_speed", "the lab's training loop, dense against 2:4 tokens/s, eager and CUDA graph (GPU)"),
+    "step-profile": ("benchmarks.step_profile", "the lab GPT's training step, dense against 2:4: breakdown, Amdahl ceilings (GPU)"),
     "dist": ("benchmarks.distributed_speed", "lab GPT dense against 2:4 under DDP and FSDP2 (run under torchrun; GPU)"),
     "compile": ("benchmarks.compile_speed", "torch.compile'd dense and 2:4 FFN and GPT training steps beside eager (GPU)"),
     "export": ("benchmarks.export_speed", "the exported lab GPT: prefill tokens/s and decode ms/token (GPU)"),

@@ -65,6 +65,8 @@ class DistributedTrainer(Trainer):
         if config.model.activation_sparsity != "none":  # Act24MLP reads proj's full weight and counts its own steps
             raise ValueError(f"--activation-sparsity {config.model.activation_sparsity} runs on one process; "
                              "drop --parallel (or the activation sparsity)")
+        if config.bf16_weights or config.compile:  # the wrappers are built around the float32, eager model
+            raise ValueError("--bf16-weights and --compile run on one process; drop --parallel (or those options)")
         self.rank, self.world, _ = init_from_torchrun(config.device)
         if config.batch_size % self.world:
             raise ValueError(f"--batch-size {config.batch_size} is the global batch; it must be a multiple of the "

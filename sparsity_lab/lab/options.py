@@ -34,9 +34,9 @@ TRAIN_OPTIONS = ("data", "data_max_bytes", "batch_size", "grad_accum", "steps", 
                  "warmup_steps", "weight_decay", "grad_clip", "eval_interval", "eval_batches", "seed",
                  "device", "precision")
 # speed and logging options (TrainConfig fields too; they leave the trajectory alone)
-SPEED_OPTIONS = ("track_flips", "log_interval", "cuda_graph", "masks_in_graph")
+SPEED_OPTIONS = ("track_flips", "log_interval", "cuda_graph", "masks_in_graph", "bf16_weights", "compile")
 TRAJECTORY_OPTIONS = (*MODEL_OPTIONS, *TRAIN_OPTIONS, "select", "tokens", "transposable", "mask_refresh_interval",
-                      "backend", "method", "decay", "mvue", "fp8_sim", "dense_finetune_at")
+                      "backend", "method", "decay", "mvue", "fp8_sim", "dense_finetune_at", "bf16_weights")
 
 
 def fraction_or_none(text: str) -> float | None:
@@ -146,6 +146,11 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                    "refresh the masks that are due every step inside the graph, or (the default, "
                    "--no-masks-in-graph) eagerly before each replay: as fast or faster for the lab's steps on the H100; "
                    "inside is much faster for steps of a millisecond or less")
+    g.add_argument("--bf16-weights", action="store_true", default=S, help="hold the linear weights in bf16 (what the "
+                   "products read: no per-step weight casts) with float32 master weights in the optimizer; masks, "
+                   "S-STE and MVUE work on the bf16 weights (needs bf16 autocast: a GPU or --precision bf16)")
+    g.add_argument("--compile", action="store_true", default=S, help="run the training forward through "
+                   "torch.compile (fuses norms, residual adds, activations and casts; each 2:4 layer stays one custom op)")
     g.add_argument("--track-flips", action="store_true", default=S, help="dense only: compute the would-be "
                    "2:4 masks every step for the reference flip-rate curve (slower; off by default)")
     g = parser.add_argument_group("2:4")

@@ -29,6 +29,13 @@ those due every step inside the graph instead (slightly slower for the lab's ste
 for steps of a millisecond or less; ``graph_step.py``).
 The summary's ``cuda_graph`` entry says which.
 
+Two more options cut the step's non-product work: ``bf16_weights=True`` (``--bf16-weights``) holds the
+linear weights in bf16, what the products read, with float32 master weights in the optimizer
+(``master_weights.py``: no per-step weight casts under autocast; masks, S-STE and MVUE work on the bf16
+weights; needs bf16 autocast), and ``compile=True`` (``--compile``) runs the training forward through
+``torch.compile`` (Inductor fuses the norms, residual adds, activations and casts; each 2:4 layer is one
+custom op, ``custom_ops.py``). The model, its checkpoint and the evaluation stay the uncompiled module.
+
 Resume is exact: the checkpoint holds model (masks, beta and counters included), optimizer,
 scheduler, the data sampler's generator and the torch RNG states, and a resumed run follows the
 same loss sequence bit for bit (on the CPU; GPU kernels may not be bitwise deterministic). A run
@@ -113,6 +120,8 @@ class TrainConfig:
     cuda_graph: bool = False  # forward + backward through CudaGraphStep (a CUDA GPU, grad_accum 1)
     masks_in_graph: bool = False  # with cuda_graph: masks due every step refreshed inside the graph
     select: str = "ffn"  # which linears are 2:4: "ffn" or "all_linears" (attention projections too)
+    bf16_weights: bool = False  # linear weights in bf16, float32 masters in the optimizer (bf16 autocast)
+    compile: bool = False  # the training forward through torch.compile
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
@@ -142,6 +151,15 @@ class TrainConfig:
         if self.masks_in_graph and not self.cuda_graph:
             raise ValueError("masks_in_graph=True (--masks-in-graph) is an option of the CUDA-graph step: "
                              "add --cuda-graph, or drop it")
+        for name in ("bf16_weights", "compile"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.bf16_weights and self.precision == "fp32":
+            raise ValueError("bf16_weights=True (--bf16-weights) runs the products in bf16 under autocast: it needs "
+                             "precision 'bf16' or 'auto' on a GPU, got precision 'fp32'")
+        if self.compile and self.cuda_graph:
+            raise ValueError("compile=True (--compile) and cuda_graph=True (--cuda-graph) do not combine (the compiled "
+                             "2:4 layers keep host-side state that a replay skips): choose one")
         if self.cuda_graph and self.grad_accum != 1:
             raise ValueError(f"cuda_graph needs grad_accum 1 (a replay overwrites the gradients), got "
                              f"grad_accum={self.grad_accum}")
@@ -240,6 +258,9 @@ class Trainer:
                              f"(dense included), not with the structure {cfg.method!r}")
         if self.is_24:
             cfg.model.check_nm(self.method.m, self.method.transposable)
+        if cfg.bf16_weights and self.autocast_dtype != torch.bfloat16:
+            raise ValueError(f"bf16_weights=True (--bf16-weights) needs bf16 autocast: this run on {self.device.type} "
+                             "computes in float32; add --precision bf16")
         if cfg.cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph needs a CUDA GPU (this run is on {self.device.type}); drop --cuda-graph")
         torch.manual_seed(cfg.seed)  # the same initial weights for every method
@@ -273,7 +294,14 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+        if cfg.bf16_weights:  # after sparsify: the masks and S-STE's beta came from the float32 weights
+            from .master_weights import lower_linear_weights
+            self.optimizer = lower_linear_weights(self.model, torch.optim.AdamW, param_groups=groups, lr=cfg.lr,
+                                                  betas=cfg.betas)
+        else:
+            self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+        # what the training steps call (the model itself is what is saved and evaluated)
+        self.forward_model = torch.compile(self.model) if cfg.compile else self.model
         self.hooks = attach_optimizer(self.model, self.optimizer) if self.is_24 and not self.plain_dense else None
         self.act_hook = attach_activation_schedule(self.model, self.optimizer) if act24 else None
         # prune-and-regrow's schedule (None for 2:4 methods and DYAD); its state is checkpointed
@@ -399,7 +427,7 @@ class Trainer:
             for _ in range(cfg.grad_accum):
                 x, y = self.sampler.sample(self.device)
                 with self._autocast():
-                    _, loss = model(x, y)
+                    _, loss = self.forward_model(x, y)
                 (loss / cfg.grad_accum).backward()
                 loss_sum += loss.detach()
         masks = self._mask_stats() if log else None  # the masks and phase this step's products used

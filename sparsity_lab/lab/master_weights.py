@@ -1,0 +1,165 @@
+"""Low-precision weights for the products, float32 master weights in the optimizer.
+
+Under bf16 autocast with float32 weights every step casts each linear weight to bf16 in the forward
+(a read of 4 bytes and a write of 2 per weight, per step) and its bf16 gradient back to float32 in the
+backward. With ``MasterWeights`` the model's linear weights *are* bf16: the products read them as they
+are (autocast's cast is then a no-op), masks, S-STE's soft threshold, MVUE and the compression work on
+those bf16 weights, and the gradients arrive in bf16. The optimizer keeps a float32 master copy of each
+lowered weight and updates it: per step it copies the bf16 gradients into float32 master gradients, runs
+the inner optimizer (AdamW, fused on CUDA) on the masters, and writes the masters back rounded to bf16
+(two multi-tensor copies; the autocast casts are gone).
+
+What is exact (``tests/test_master_weights.py``): the master weights follow the inner optimizer fed the
+same gradients bit for bit (they are what a float32 run would hold given those gradients), the bf16
+weights are always the masters rounded to nearest, and ``state_dict`` holds the masters with the inner
+optimizer's state, so a resumed run continues bit for bit. Parameters that stay float32 (norms, the
+position embedding) are stepped by the inner optimizer in place, as without the wrapper.
+
+The wrapper is a ``torch.optim.Optimizer`` over the model's own parameters: schedulers change its
+``param_groups`` (copied to the inner optimizer before every step) and ``attach_optimizer``'s hooks see
+the model's weights (masked decay lands on the bf16 gradient before the step). A weight changed after
+the step (``MaskedDecayOnWeights``'s decoupled decay) would be overwritten from its master at the next
+step: ``lower_linear_weights`` refuses such a method.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+LOW_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def linear_weights(model: nn.Module) -> list[nn.Parameter]:
+    """The ``weight`` of every ``nn.Linear`` (``SparseLinear`` included) of ``model``, each once (a weight
+    tied to an embedding, like the lab GPT's head, counts once): what autocast casts at every step."""
+    seen: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and isinstance(module.weight, nn.Parameter):
+            seen.setdefault(id(module.weight), module.weight)
+    return list(seen.values())
+
+
+def check_lowerable(model: nn.Module) -> None:
+    """ValueError when a 2:4 layer changes its weight after the optimizer step (its master would undo it)."""
+    from ..training_hooks import sparse_layers
+
+    late = [name for name, layer in sparse_layers(model) if layer.method.decay_after_step]
+    if late:
+        raise ValueError(f"bf16 weights with float32 master weights: layers {late[:3]} decay their weights after the "
+                         "optimizer step (masked_decay_weights), which the master copy would overwrite; use "
+                         "masked_decay (decay on the gradient) or float32 weights")
+
+
+class MasterWeights(torch.optim.Optimizer):
+    """``optimizer_class`` over float32 masters of the parameters in ``lower``, which are cast to ``dtype``.
+
+    params: the model's parameters or param groups (as for any optimizer). lower: the parameters to hold
+    in ``dtype`` (each must be in ``params``; float32 now: its value becomes the master). Every other
+    parameter is stepped in place. defaults: the inner optimizer's keyword arguments (lr, betas, fused, ...).
+    """
+
+    def __init__(self, params, lower: Iterable[torch.Tensor], dtype: torch.dtype = torch.bfloat16,
+                 optimizer_class: type = torch.optim.AdamW, **defaults) -> None:
+        if dtype not in LOW_DTYPES:
+            raise ValueError(f"dtype must be one of {LOW_DTYPES}, got {dtype!r}")
+        super().__init__(params, defaults)
+        mine = {id(p) for g in self.param_groups for p in g["params"]}
+        lower = list(lower)
+        strangers = [tuple(p.shape) for p in lower if id(p) not in mine]
+        if strangers:
+            raise ValueError(f"lower: {len(strangers)} tensor(s) (shapes {strangers[:3]}) are not among params")
+        bad = [tuple(p.shape) for p in lower if p.dtype != torch.float32]
+        if bad:
+            raise ValueError(f"lower: the parameters to hold in {dtype} must be float32 now (their value becomes the "
+                             f"master), got {len(bad)} of another dtype (shapes {bad[:3]})")
+        self.low_dtype = dtype
+        self._master: dict[int, torch.Tensor] = {}
+        with torch.no_grad():
+            for p in lower:
+                if id(p) not in self._master:
+                    self._master[id(p)] = p.detach().clone()
+                    p.data = p.data.to(dtype)  # the same Parameter object: modules and hooks keep it
+        self.inner = optimizer_class([self._inner_group(g) for g in self.param_groups], **defaults)
+        self._pairs = [(p, self._master[id(p)]) for g in self.param_groups for p in g["params"] if id(p) in self._master]
+
+    def _inner_group(self, group: dict) -> dict:
+        return {**{k: v for k, v in group.items() if k != "params"},
+                "params": [self._master.get(id(p), p) for p in group["params"]]}
+
+    def master(self, param: torch.Tensor) -> torch.Tensor:
+        """The float32 master of a lowered parameter (the parameter itself for one kept in float32)."""
+        return self._master.get(id(param), param)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group, inner in zip(self.param_groups, self.inner.param_groups):
+            inner.update({k: v for k, v in group.items() if k != "params"})  # a scheduler's lr, ...
+        lows, masters = [], []
+        for p, m in self._pairs:
+            if p.grad is None:
+                m.grad = None  # no gradient this step: the inner optimizer skips it, as it would p
+                continue
+            if m.grad is None or m.grad.shape != p.grad.shape:
+                m.grad = torch.empty_like(m)
+            lows.append(p.grad)
+            masters.append(m.grad)
+        if lows:
+            torch._foreach_copy_(masters, lows)  # bf16 -> float32 is exact
+        self.inner.step()
+        updated = [(p, m) for p, m in self._pairs if m.grad is not None]
+        if updated:
+            torch._foreach_copy_([p.data for p, _ in updated], [m for _, m in updated])  # round to nearest
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none=set_to_none)
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        """The inner optimizer's state and the masters, in the order of the lowered parameters."""
+        return {"inner": self.inner.state_dict(), "masters": [m.detach().clone() for _, m in self._pairs],
+                "low_dtype": str(self.low_dtype), "param_groups": [
+                    {k: v for k, v in g.items() if k != "params"} for g in self.param_groups]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if set(state) != {"inner", "masters", "low_dtype", "param_groups"}:
+            raise ValueError(f"not a MasterWeights state_dict (keys {sorted(state)}): was it saved by a plain "
+                             "optimizer? A run with bf16 master weights resumes only from one that had them")
+        if state["low_dtype"] != str(self.low_dtype) or len(state["masters"]) != len(self._pairs):
+            raise ValueError(f"MasterWeights state_dict holds {len(state['masters'])} {state['low_dtype']} masters, "
+                             f"this optimizer {len(self._pairs)} {self.low_dtype} ones")
+        if len(state["param_groups"]) != len(self.param_groups):
+            raise ValueError(f"MasterWeights state_dict has {len(state['param_groups'])} param groups, this optimizer "
+                             f"{len(self.param_groups)}")
+        with torch.no_grad():
+            for (p, m), saved in zip(self._pairs, state["masters"]):
+                if saved.shape != m.shape:
+                    raise ValueError(f"MasterWeights state_dict: a master of shape {tuple(saved.shape)} for a "
+                                     f"parameter of shape {tuple(m.shape)}")
+                m.copy_(saved)
+                p.copy_(m)  # the working weight is the master rounded, whatever the model's state_dict held
+        for group, saved in zip(self.param_groups, state["param_groups"]):
+            group.update(saved)
+        self.inner.load_state_dict(state["inner"])
+
+
+def lower_linear_weights(model: nn.Module, optimizer_class: type = torch.optim.AdamW,
+                         dtype: torch.dtype = torch.bfloat16, param_groups=None, **defaults) -> MasterWeights:
+    """``MasterWeights`` for ``model``: its linear weights (``linear_weights``) held in ``dtype`` from now on.
+
+    Call after ``sparsify`` (masks and S-STE's beta come from the float32 weights) and before
+    ``attach_optimizer``. param_groups: the optimizer's groups (default: ``model.parameters()``)."""
+    check_lowerable(model)
+    from ..training_hooks import sparse_layers
+
+    opt = MasterWeights(param_groups if param_groups is not None else model.parameters(), linear_weights(model),
+                        dtype=dtype, optimizer_class=optimizer_class, **defaults)
+    for _, layer in sparse_layers(model):
+        layer.clear_operand_cache()  # prepared from the float32 weight, if any was
+    return opt

@@ -1,0 +1,261 @@
+"""bf16 weights with float32 master weights (``sparsity_lab.lab.master_weights``): exact on the CPU."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import sparsity_lab as sl
+from sparsity_lab.lab.master_weights import MasterWeights, linear_weights, lower_linear_weights
+
+
+def _model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 8, bias=False))
+
+
+def _grads(model: nn.Module, step: int) -> list[torch.Tensor]:
+    """Gradients as a bf16 run gives them: bf16 for the lowered weights, float32 for the rest."""
+    gen = torch.Generator().manual_seed(100 + step)
+    low = {id(p) for p in linear_weights(model)}
+    return [torch.randn(p.shape, generator=gen).to(torch.bfloat16 if id(p) in low else torch.float32)
+            for p in model.parameters()]
+
+
+def _step_both(model, wrapped, reference, ref_opt, step):
+    for p, r, g in zip(model.parameters(), reference.parameters(), _grads(model, step)):
+        p.grad, r.grad = g.clone(), g.float()  # the same gradient, exactly, in float32 for the reference
+    wrapped.step()
+    ref_opt.step()
+    wrapped.zero_grad(set_to_none=True)
+    ref_opt.zero_grad(set_to_none=True)
+
+
+def test_masters_follow_float32_adamw_bit_for_bit_and_weights_are_them_rounded():
+    model, reference = _model(), _model()
+    opt = lower_linear_weights(model, torch.optim.AdamW, lr=1e-2, weight_decay=0.1)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.1)
+    low = linear_weights(model)
+    assert [p.dtype for p in low] == [torch.bfloat16, torch.bfloat16]
+    assert model[1].weight.dtype == torch.float32 and model[0].bias.dtype == torch.float32  # not lowered
+    for step in range(5):
+        _step_both(model, opt, reference, ref_opt, step)
+        for p, r in zip(model.parameters(), reference.parameters()):
+            assert torch.equal(opt.master(p), r.detach())  # the master is what float32 training holds
+            assert torch.equal(p.detach(), r.detach().to(p.dtype))  # the working weight: the master rounded
+
+
+def test_the_scheduler_reaches_the_inner_optimizer():
+    model, reference = _model(), _model()
+    opt = lower_linear_weights(model, torch.optim.AdamW, lr=1e-2)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + s)) for o in (opt, ref_opt)]
+    for step in range(4):
+        _step_both(model, opt, reference, ref_opt, step)
+        for s in scheds:
+            s.step()
+    # the inner optimizer took the lr of the last step (1 / 4), the wrapper holds the next one (1 / 5)
+    assert opt.inner.param_groups[0]["lr"] == pytest.approx(1e-2 / 4)
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 / 5)
+    for p, r in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(opt.master(p), r.detach())
+
+
+def test_state_dict_resumes_bit_for_bit():
+    model, reference = _model(), _model()
+    opt = lower_linear_weights(model, torch.optim.AdamW, lr=1e-2)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    for step in range(2):
+        _step_both(model, opt, reference, ref_opt, step)
+    saved_model, saved_opt = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+    resumed = _model(seed=1)  # other weights: everything must come from the state dicts
+    resumed_opt = lower_linear_weights(resumed, torch.optim.AdamW, lr=1e-2)
+    resumed.load_state_dict(saved_model)
+    resumed_opt.load_state_dict(saved_opt)
+    for step in range(2, 4):
+        _step_both(model, opt, reference, ref_opt, step)
+        for p, g in zip(resumed.parameters(), _grads(resumed, step)):
+            p.grad = g.clone()
+        resumed_opt.step()
+    for p, q in zip(model.parameters(), resumed.parameters()):
+        assert torch.equal(p, q) and torch.equal(opt.master(p), resumed_opt.master(q))
+    with pytest.raises(ValueError, match="not a MasterWeights state_dict"):
+        resumed_opt.load_state_dict(torch.optim.AdamW(reference.parameters()).state_dict())
+
+
+def test_a_parameter_without_gradient_is_left_alone():
+    model = _model()
+    opt = lower_linear_weights(model, torch.optim.AdamW, lr=1e-2)
+    before, master_before = model[2].weight.detach().clone(), opt.master(model[2].weight).clone()
+    first = model[0].weight.detach().clone()
+    for p, g in zip(model.parameters(), _grads(model, 0)):
+        p.grad = g
+    model[2].weight.grad = None
+    opt.step()
+    assert torch.equal(model[2].weight, before) and torch.equal(opt.master(model[2].weight), master_before)
+    assert not torch.equal(model[0].weight, first)
+
+
+def test_bad_input_is_named():
+    model = _model()
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        MasterWeights(model.parameters(), [model[0].weight], dtype=torch.float64)
+    with pytest.raises(ValueError, match="not among params"):
+        MasterWeights(model[0].parameters(), [model[2].weight])
+    model[2].weight.data = model[2].weight.data.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="must be float32 now"):
+        MasterWeights(model.parameters(), [model[2].weight])
+
+
+def test_2to4_layers_train_on_their_bf16_weights():
+    """S-STE + MVUE under bf16 autocast on the CPU: the hooks advance the layers, the masks are those of the
+    bf16 weights, and the masked decay of MaskedDecay lands on the bf16 gradient."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32, bias=False), nn.GELU(), nn.Linear(32, 16, bias=False))
+    sl.sparsify(model, sl.SSTE(mvue=True, transposable=True), select="all")
+    opt = lower_linear_weights(model, torch.optim.AdamW, lr=1e-2)
+    sl.attach_optimizer(model, opt)
+    x = torch.randn(64, 16)
+    for _ in range(3):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x).float().square().mean()
+        loss.backward()
+        assert model[0].weight.grad.dtype == torch.bfloat16
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    layer = model[0]
+    assert layer.step == 3 and layer.weight.dtype == torch.bfloat16 and layer.beta.dtype == torch.float32
+    layer.refresh_mask()
+    assert torch.equal(layer.mask, layer.backend.mask(layer.weight.detach(), 2, 4, True))
+
+    decayed = nn.Sequential(nn.Linear(16, 16, bias=False))
+    sl.sparsify(decayed, sl.MaskedDecay(decay=0.5, total_steps=10), select="all")
+    dopt = lower_linear_weights(decayed, torch.optim.SGD, lr=0.0)
+    sl.attach_optimizer(decayed, dopt)
+    w = decayed[0].weight
+    w.grad = torch.zeros_like(w)
+    dopt.step()  # the pre-hook adds 0.5 * (1 - m) * W to the bf16 gradient
+    assert torch.equal(w.grad, (0.5 * (~decayed[0].mask) * w.detach()).to(torch.bfloat16))
+
+
+def test_decay_on_weights_after_the_step_is_refused():
+    model = nn.Sequential(nn.Linear(16, 16, bias=False))
+    sl.sparsify(model, sl.MaskedDecayOnWeights(decay=0.1, total_steps=10), select="all")
+    with pytest.raises(ValueError, match="after the\\s+optimizer step"):
+        lower_linear_weights(model, torch.optim.AdamW)
+
+
+# --- the lab trainer's --bf16-weights and --compile ------------------------------------------------------------
+def _trainer_config(**kw):
+    from _lab_testing import tiny_config
+
+    from sparsity_lab.lab import GPTConfig
+
+    tiny = GPTConfig(n_layer=1, n_head=2, d_model=16, context=16)
+    return tiny_config(tiny, **{"method": "sste", "method_options": {"mvue": True, "transposable": True},
+                                "steps": 6, "eval_interval": 3, "eval_batches": 1, "precision": "bf16", **kw})
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    from sparsity_lab.lab import load_corpus
+
+    return load_corpus(max_bytes=100_000)
+
+
+def test_trainer_bf16_weights_resume_bit_for_bit(tmp_path, corpus):
+    from _lab_testing import without_speed
+
+    from sparsity_lab.lab import Trainer
+
+    straight = Trainer(_trainer_config(bf16_weights=True), corpus=corpus)
+    straight.run()
+    assert isinstance(straight.optimizer, MasterWeights)
+    assert straight.model.blocks[0].mlp.fc.weight.dtype == torch.bfloat16
+    assert straight.model.blocks[0].ln1.weight.dtype == torch.float32
+    ckpt = tmp_path / "ck.pt"
+    first = Trainer(_trainer_config(bf16_weights=True, checkpoint_path=str(ckpt)), corpus=corpus)
+    first.run(stop_at=3)
+    first.close()
+    resumed = Trainer.resume(ckpt, corpus=corpus)
+    resumed.run()
+    assert without_speed(resumed.history) == without_speed(straight.history[3:])
+    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
+
+
+def test_trainer_options_are_checked():
+    from sparsity_lab.lab import Trainer
+
+    with pytest.raises(ValueError, match="bf16_weights=True .* precision 'fp32'"):
+        _trainer_config(bf16_weights=True, precision="fp32")
+    with pytest.raises(ValueError, match="--precision bf16"):
+        Trainer(_trainer_config(bf16_weights=True, precision="auto"))  # the CPU computes in float32
+    with pytest.raises(ValueError, match="compile=True .* cuda_graph=True"):
+        _trainer_config(compile=True, cuda_graph=True)
+    with pytest.raises(ValueError, match="compile must be True or False"):
+        _trainer_config(compile="yes")
+
+
+def test_trainer_compile_runs_the_forward_compiled(monkeypatch, corpus):
+    """--compile: the training forward goes through torch.compile (aot_eager here: no C++ build), the
+    evaluation and the checkpoint through the model itself, and the run follows the eager one."""
+    import functools
+
+    from sparsity_lab.lab import Trainer
+
+    compiled = []
+    real = torch.compile
+
+    def compile_(model, **kw):
+        compiled.append(model)
+        return real(model, **{**kw, "backend": "aot_eager"})
+    monkeypatch.setattr(torch, "compile", functools.wraps(real)(compile_))
+    eager = Trainer(_trainer_config(steps=3, bf16_weights=True), corpus=corpus)
+    eager.run()
+    trainer = Trainer(_trainer_config(steps=3, compile=True, bf16_weights=True), corpus=corpus)
+    trainer.run()
+    assert compiled == [trainer.model] and trainer.forward_model is not trainer.model
+    assert not any(k.startswith("_orig_mod") for k in trainer.state_dict()["model"])
+    for a, b in zip(eager.history, trainer.history):
+        assert a["loss"] == pytest.approx(b["loss"], rel=2e-2)
+
+
+def test_cli_flags_reach_the_config():
+    from sparsity_lab.lab.cli import build_parser
+    from sparsity_lab.lab.options import config_from_args
+
+    args = build_parser("train").parse_args(["train", "--bf16-weights", "--compile", "--precision", "bf16"])
+    cfg = config_from_args(args)
+    assert cfg.bf16_weights and cfg.compile
+    assert not config_from_args(build_parser("train").parse_args(["train"])).bf16_weights
+
+
+@pytest.mark.gpu
+def test_cuda_fused_adamw_masters_match_float32_training_and_2to4_layers_run():
+    """On the GPU: the masters under the fused AdamW follow a float32 fused AdamW fed the same gradients bit for
+    bit, and S-STE + MVUE on the cusparselt backend trains on the bf16 weights (the Triton kernels take them)."""
+    model, reference = _model().cuda(), _model().cuda()
+    opt = lower_linear_weights(model, torch.optim.AdamW, lr=1e-2, fused=True)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, fused=True)
+    for step in range(3):
+        for p, r, g in zip(model.parameters(), reference.parameters(), _grads(model, step)):
+            p.grad, r.grad = g.cuda(), g.float().cuda()
+        opt.step()
+        ref_opt.step()
+    for p, r in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(opt.master(p), r.detach()) and torch.equal(p.detach(), r.detach().to(p.dtype))
+
+    torch.manual_seed(0)
+    ffn = nn.Sequential(nn.Linear(256, 1024, bias=False), nn.GELU(), nn.Linear(1024, 256, bias=False)).cuda()
+    sl.sparsify(ffn, sl.SSTE(mvue=True, transposable=True, backend="cusparselt"), select="all")
+    opt = lower_linear_weights(ffn, torch.optim.AdamW, lr=1e-3, fused=True)
+    sl.attach_optimizer(ffn, opt)
+    x = torch.randn(512, 256, device="cuda")
+    for _ in range(3):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = ffn(x).float().square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    assert torch.isfinite(loss) and ffn[0].step == 3 and ffn[0].weight.dtype == torch.bfloat16
