@@ -25,8 +25,9 @@ or less cannot hide the host work of an eager refresh: the graphed FFN step at 4
 capture uses, ``eager_refresh_reasons`` why a layer is left out). A layer whose mask is due every step
 (``mask_refresh_interval`` 1, a phase that tracks masks) on a backend whose mask and flip-count kernels
 run on the device alone (``Backend.mask_refresh_capturable``: "triton", "cusparselt", "cusparselt_auto",
-the FP8 backends), with SparseLinear's own refresh (not a sharded layer), is refreshed *inside* the
-graph: at the start of the captured step its new mask is computed from the weight into its mask
+the FP8 backends), with the backend's mask rule (a method handler's own rule only when it declares
+``own_mask_capturable``) and SparseLinear's own refresh (not a sharded layer), is refreshed *inside* the
+graph (``graph_layer.py``): at the start of the captured step its new mask is computed from the weight into its mask
 buffer, and its flips r_t = ||m_t XOR m_{t-1}||_1 are counted into a static device buffer that also
 keeps their running sum (``graph_flips.py``). After a replay the host only advances the layer's
 Python counters (``mask_step``, ``mask_updates``); ``last_flips`` / ``flips_total`` read the device
