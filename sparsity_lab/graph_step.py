@@ -320,8 +320,8 @@ class CudaGraphStep:
                 layer.mask_step = mask_step
         twice = [layer for layer in self._mvue if not layer.dense_now and layer.seed_source.uses != 1]
         if twice:
-            raise RuntimeError(f"{len(twice)} MVUE layer(s) ran {twice[0].seed_source.uses} times in one captured step; "
-                               "CudaGraphStep supports each SparseLinear running once per step")
+            raise RuntimeError(f"{len(twice)} MVUE layer(s) ran {twice[0].seed_source.uses} times in one captured "
+                               "step; CudaGraphStep supports each SparseLinear running once per step")
         for _, layer in sparse_layers(self.model):
             layer.operand_cache.clear()  # the captured operand's cache key must not serve an eager call
         self.graph, self._key, self._static_loss = graph, key, loss.detach()
