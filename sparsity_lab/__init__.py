@@ -8,8 +8,8 @@
 from .layers import SparseLinear
 from .masks import (is_nm, is_transposable, kept_fraction, mask_diversity, nm_mask, transposable_mask,
                     validate_transposable_mask)
-from .methods import (SRSTE, SSTE, STE, Dense, MaskedDecay, MaskedDecayOnWeights, SparsityMethod, flip_rate, method_from_name,
-                      mvue24, soft_threshold, sste_beta)
+from .methods import (SRSTE, SSTE, STE, Dense, MaskedDecay, MaskedDecayOnWeights, MethodHandler, SparsityMethod,
+                      flip_rate, method_from_name, method_handler, mvue24, register_method, soft_threshold, sste_beta)
 from .sparsify import flip_report, sparsify, sparsity_summary
 from .training_hooks import (advance_step, apply_decay_on_weights, apply_masked_decay, attach_optimizer,
                              sparse_layers)
@@ -21,9 +21,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CudaGraphStep", "Sparse24Linear", "export", "save_compressed_tensors", "SRSTE", "SSTE", "STE", "Dense",
-    "MaskedDecay", "MaskedDecayOnWeights", "SparseLinear", "SparsityMethod", "advance_step",
+    "MaskedDecay", "MaskedDecayOnWeights", "MethodHandler", "SparseLinear", "SparsityMethod", "advance_step",
     "apply_decay_on_weights", "apply_masked_decay", "attach_optimizer", "flip_rate", "flip_report", "is_nm", "is_transposable",
-    "kept_fraction", "mask_diversity", "method_from_name", "mvue24", "nm_mask", "soft_threshold",
+    "kept_fraction", "mask_diversity", "method_from_name", "method_handler", "mvue24", "nm_mask", "register_method",
+    "soft_threshold",
     "sparse_layers", "sparsify", "sparsity_summary", "sste_beta", "transposable_mask",
     "validate_transposable_mask",
 ]

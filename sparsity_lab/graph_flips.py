@@ -1,4 +1,5 @@
-"""Flip counts of a mask refresh captured in a CUDA graph, held on the device until someone reads them.
+"""What a layer keeps on the device in a CUDA-graph step: the flip counts of a mask refresh captured in the
+graph, held there until someone reads them, and the MVUE seed its captured backward reads (``DeviceSeed``).
 
 A layer whose mask is refreshed inside a captured step (``CudaGraphStep``) counts its flips there:
 
@@ -8,7 +9,7 @@ A layer whose mask is refreshed inside a captured step (``CudaGraphStep``) count
 Every replay overwrites ``counts[0]`` and adds to ``counts[1]``: no host launch per step. The host marks
 each replay (``replayed``); a reader takes what the replays since the last look added (``take``: two
 0-d device tensors, snapshots made in stream order, so the next replay cannot change them), and the layer
-folds them into its pending counts exactly as an eager refresh would (``SparseLinear._take_graph_flips``).
+folds them into its pending counts exactly as an eager refresh would (``flip_counts.FlipCounts.take_source``).
 ``taken`` (on the device) is how much of ``counts[1]`` was already handed over.
 """
 from __future__ import annotations
@@ -53,3 +54,17 @@ class GraphFlipCounts:
         """Forget what the replays counted so far (a loaded checkpoint replaces the layer's counters)."""
         self.taken.copy_(self.counts[1])
         self.unread = False
+
+
+class DeviceSeed:
+    """The MVUE seed of a layer's captured backward: ``tensor`` (0-d int64 on the device); ``uses``: the
+    forward calls that took it since it was made (one per captured step)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.tensor = torch.zeros((), dtype=torch.int64, device=device)
+        self.uses = 0
+
+    def take(self) -> torch.Tensor:
+        """What the layer's backward draws from (``SparseLinear.call_plan``)."""
+        self.uses += 1
+        return self.tensor

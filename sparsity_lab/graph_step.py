@@ -25,8 +25,9 @@ or less cannot hide the host work of an eager refresh: the graphed FFN step at 4
 capture uses, ``eager_refresh_reasons`` why a layer is left out). A layer whose mask is due every step
 (``mask_refresh_interval`` 1, a phase that tracks masks) on a backend whose mask and flip-count kernels
 run on the device alone (``Backend.mask_refresh_capturable``: "triton", "cusparselt", "cusparselt_auto",
-the FP8 backends), with SparseLinear's own refresh (not a sharded layer), is refreshed *inside* the
-graph: at the start of the captured step its new mask is computed from the weight into its mask
+the FP8 backends), with the backend's mask rule (a method handler's own rule only when it declares
+``own_mask_capturable``) and SparseLinear's own refresh (not a sharded layer), is refreshed *inside* the
+graph (``graph_layer.py``): at the start of the captured step its new mask is computed from the weight into its mask
 buffer, and its flips r_t = ||m_t XOR m_{t-1}||_1 are counted into a static device buffer that also
 keeps their running sum (``graph_flips.py``). After a replay the host only advances the layer's
 Python counters (``mask_step``, ``mask_updates``); ``last_flips`` / ``flips_total`` read the device
@@ -60,12 +61,16 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from .graph_layer import (after_graph_refresh, fill_device_seed, mask_rule_capturable, refresh_mask_in_graph,
+                          refreshes_mask_with_own_hooks, release_device_seed, release_graph_flips, use_device_seed,
+                          use_graph_flips)
 from .layers import SparseLinear
+from .methods.handlers import method_handler
 from .training_hooks import sparse_layers
 
 
 def mvue_layers(model: nn.Module) -> list[SparseLinear]:
-    return [layer for _, layer in sparse_layers(model) if layer.method.mvue]
+    return [layer for _, layer in sparse_layers(model) if method_handler(layer.method).mvue(layer)]
 
 
 def fill_seeds(layers: list[SparseLinear]) -> None:
@@ -74,7 +79,7 @@ def fill_seeds(layers: list[SparseLinear]) -> None:
     A layer in a dense phase draws nothing in an eager step, so it gets no seed (its count stays)."""
     for layer in layers:
         if not layer.dense_now:
-            layer.fill_device_seed()
+            fill_device_seed(layer)
 
 
 def use_device_seeds(layers: list[SparseLinear], device: torch.device) -> None:
@@ -82,15 +87,15 @@ def use_device_seeds(layers: list[SparseLinear], device: torch.device) -> None:
     any: a layer whose backend draws on the host (``reads_seed_from_device`` False) is refused."""
     host = [layer for layer in layers if not layer.backend.reads_seed_from_device]
     if host:
-        host[0].use_device_seed(device)  # raises, naming the backend
+        use_device_seed(host[0], device)  # raises, naming the backend
     for layer in layers:
-        layer.use_device_seed(device)
+        use_device_seed(layer, device)
 
 
 def release_device_seeds(layers: list[SparseLinear]) -> None:
     """Back to eager mode: the layers draw from their host generators again."""
     for layer in layers:
-        layer.release_device_seed()
+        release_device_seed(layer)
 
 
 def refresh_due_masks(model: nn.Module, skip: Iterable[SparseLinear] = ()) -> None:
@@ -106,7 +111,7 @@ def refresh_due_masks(model: nn.Module, skip: Iterable[SparseLinear] = ()) -> No
 def eager_refresh_reason(layer: SparseLinear, masks_in_graph: bool = False) -> str | None:
     """None when CudaGraphStep can refresh this layer's mask inside its graph (see the module
     docstring), else why the layer is refreshed eagerly before each replay. Asked of layers that
-    track their mask now (``layer.tracks_mask``)."""
+    track their mask now (the method handler's ``tracks_mask``)."""
     m = layer.method
     if not masks_in_graph:
         return "masks_in_graph=False"
@@ -117,7 +122,10 @@ def eager_refresh_reason(layer: SparseLinear, masks_in_graph: bool = False) -> s
         return f"backend {layer.backend.name!r} computes masks with host work (not capturable)"
     if (m.n, m.m) != (2, 4):
         return f"{m.n}:{m.m} masks: the capturable mask kernels are 2:4"
-    if not layer.refreshes_mask_with_own_hooks:
+    if not mask_rule_capturable(layer):
+        return (f"method handler {type(method_handler(m)).__name__} computes its own masks (not declared "
+                "capturable: own_mask_capturable)")
+    if not refreshes_mask_with_own_hooks(layer):
         return f"{type(layer).__name__} overrides the mask refresh (a sharded mask)"
     if layer.mask_updates < 1:
         return "no previous mask to count flips against yet"
@@ -128,7 +136,7 @@ def mask_refresh_plan(model: nn.Module, masks_in_graph: bool = False) -> dict[st
     """{layer name: None (refreshed inside the graph) or the reason it is refreshed eagerly} for every
     SparseLinear that tracks its mask now (a layer in a dense phase computes none and is left out)."""
     return {name: eager_refresh_reason(layer, masks_in_graph)
-            for name, layer in sparse_layers(model) if layer.tracks_mask}
+            for name, layer in sparse_layers(model) if method_handler(layer.method).tracks_mask(layer)}
 
 
 def refresh_mode(plan: dict[str, str | None]) -> str:
@@ -265,14 +273,14 @@ class CudaGraphStep:
         fill_seeds(self._mvue)
         self.graph.replay()
         for layer in self._graph_refresh:  # Python counters only: the flips stay on the device until read
-            layer.after_graph_refresh()
+            after_graph_refresh(layer)
         for p, grad in self._static_grads:  # a zero_grad(set_to_none=True) between steps must not lose them
             p.grad = grad
         return self._static_loss
 
     def _eager(self, inputs: tuple) -> torch.Tensor:
         self.eager_steps += 1
-        if any(layer.device_seed is not None for layer in self._mvue):
+        if any(layer.seed_source is not None for layer in self._mvue):
             # after a capture the layers read their seed on the device: write this step's draw, or the
             # eager step would reuse the last replay's seed and fall one draw behind an eager run
             fill_seeds(self._mvue)
@@ -291,11 +299,11 @@ class CudaGraphStep:
         use_device_seeds(self._mvue, device)
         inside = [self._layers[name] for name, reason in plan.items() if reason is None]
         for layer in inside:
-            layer.use_graph_flips(device)  # static counts, allocated outside the graph's pool
+            use_graph_flips(layer, device)  # static counts, allocated outside the graph's pool
         refresh_due_masks(self.model, skip=inside)  # the others' refresh for this step; the graph's runs in the replay
         self._static_inputs = tuple(t.detach().clone() for t in inputs)
         for _, layer in sparse_layers(self.model):
-            layer.clear_operand_cache()  # the operand must be prepared inside the graph
+            layer.operand_cache.clear()  # the operand must be prepared inside the graph
         for p in self._params:
             p.grad = None  # the backward allocates the gradients in the graph's pool
         graph = torch.cuda.CUDAGraph()
@@ -303,19 +311,19 @@ class CudaGraphStep:
         try:
             with torch.cuda.graph(graph), graph_timing(self.model):
                 for layer in inside:
-                    layer.refresh_mask_in_graph()
+                    refresh_mask_in_graph(layer)
                     layer.mask_step = layer.step  # captured: the forward below must not refresh it again
                 loss = self.loss_fn(self.model, *self._static_inputs)
                 loss.backward()
         finally:  # nothing ran yet: the replay's after_graph_refresh advances the counters
             for layer, mask_step in zip(inside, mask_steps):
                 layer.mask_step = mask_step
-        twice = [layer for layer in self._mvue if not layer.dense_now and layer.device_seed_uses != 1]
+        twice = [layer for layer in self._mvue if not layer.dense_now and layer.seed_source.uses != 1]
         if twice:
-            raise RuntimeError(f"{len(twice)} MVUE layer(s) ran {twice[0].device_seed_uses} times in one captured step; "
-                               "CudaGraphStep supports each SparseLinear running once per step")
+            raise RuntimeError(f"{len(twice)} MVUE layer(s) ran {twice[0].seed_source.uses} times in one captured "
+                               "step; CudaGraphStep supports each SparseLinear running once per step")
         for _, layer in sparse_layers(self.model):
-            layer.clear_operand_cache()  # the captured operand's cache key must not serve an eager call
+            layer.operand_cache.clear()  # the captured operand's cache key must not serve an eager call
         self.graph, self._key, self._static_loss = graph, key, loss.detach()
         self._graph_refresh, self._plan = inside, dict(plan)
         self._static_grads = [(p, p.grad) for p in self._params if p.grad is not None]
@@ -328,4 +336,4 @@ class CudaGraphStep:
         self._graph_refresh = []
         release_device_seeds(self._mvue)
         for layer in self._layers.values():
-            layer.release_graph_flips()
+            release_graph_flips(layer)

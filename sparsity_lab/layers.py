@@ -9,33 +9,41 @@ unchanged (straight-through); SR-STE adds decay * (1 - m) * W to it inside the b
 decay adds it to the gradient before the optimizer step (``apply_masked_decay``) and the decoupled
 variant subtracts lr * decay * (1 - m) * W from W after the step (``apply_decay_on_weights``).
 
+What the method does is its registered handler's (``methods/handlers.py``): the layer asks
+``method_handler(self.method)`` for the mask, S(W)'s beta, the decays, MVUE and the dense phase, and
+never branches on the method's type. How the products run is the backend's (``self.backend``, which
+for FP8 is a child module holding the layer's scaling state). The products themselves (and the autograd
+Function that runs them) are in ``layer_products.py``; the step's prepared operand in
+``operand_cache.py``; the flip counts, read lazily, in ``flip_counts.py``; the state a CUDA-graph step
+adds in ``graph_layer.py``; the sharded mode in ``distributed/sharded_layer.py``; torch.compile's custom
+ops in ``custom_ops.py``.
+
 State: the mask and beta are buffers; the integer counters (optimizer steps, when the mask was
 computed, flip counts, the MVUE draw counter) are the module's extra state. Both are in
 ``state_dict()``, so a stopped run resumes exactly.
-
-The products themselves (and the autograd Function that runs them) are in ``layer_products.py``.
 """
 from __future__ import annotations
 
 import math
 import sys
 import warnings
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .backends import get_backend
-from .backends.base import MvueSeed
 from .custom_ops import compiled_sparse_linear, register_layer
-from .graph_flips import GraphFlipCounts
+from .flip_counts import FlipCounts
+from .graph_flips import DeviceSeed
 from .layer_products import CallPlan, SparseLinearFn, compute_dtype
 from .methods.config import STE, SparsityMethod
-from .methods.soft_threshold import soft_threshold, sste_beta
+from .methods.handlers import method_handler
+from .operand_cache import OperandCache
 from .validation import check_divisible, check_float_tensor, check_has_values
 
 _COUNTERS = ("step", "mask_step", "mask_updates", "last_flips", "flips_total", "mvue_seed", "mvue_calls")
+_FLIP_COUNTERS = ("last_flips", "flips_total")  # read through the layer's FlipCounts
 _RANK_STRIDE = 0x9E3779B97F4A7C15  # odd 64-bit constant: rank streams land far apart in seed space
 
 
@@ -46,9 +54,43 @@ def mvue_stream_seed(seed: int, rank: int, call: int) -> int:
     return ((seed + rank * _RANK_STRIDE) * 1_000_003 + call) % (2**63 - 1)
 
 
+def next_mvue_generator(layer: "SparseLinear") -> torch.Generator:
+    """The CPU generator of ``layer``'s next MVUE draw; advances ``layer.mvue_calls``.
+
+    Counter-based: draw k is a function of (seed, rank, k) alone, so resume is exact. A CPU generator
+    even for GPU tensors: a backend takes its kernel seed from it (or seeds a device generator, see
+    backends.torch_reference.generator_on) without a host-device sync. The rank is ``layer.mvue_rank``
+    or, when None, this process's torch.distributed rank (0 when not distributed)."""
+    rank = layer.mvue_rank
+    if rank is None:
+        dist = torch.distributed
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    gen = torch.Generator()
+    gen.manual_seed(mvue_stream_seed(layer.mvue_seed, rank, layer.mvue_calls))
+    layer.mvue_calls += 1
+    return gen
+
+
 def _is_dtensor(tensor: torch.Tensor) -> bool:
     dtensor_module = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before its import
     return dtensor_module is not None and isinstance(tensor, dtensor_module.DTensor)
+
+
+def _migrate_pickled(state: dict) -> None:
+    """A layer pickled before its flip counts, operand cache and CUDA-graph seed moved into their own
+    objects: the same state in the current attributes."""
+    counts = FlipCounts()
+    counts.load(state.pop("_last_flips", 0), state.pop("_flips_total", 0))
+    counts._pending_sum, counts._pending_last = state.pop("_pending_sum", None), state.pop("_pending_last", None)
+    counts.source = state.pop("_graph_flips", None)
+    state["flip_counts"] = counts
+    cache = state["operand_cache"] = OperandCache()
+    cache.entry, cache.prepare_count = state.pop("_operand_cache", None), state.pop("prepare_count", 0)
+    device_seed, uses = state.pop("_device_seed", None), state.pop("_device_seed_uses", 0)
+    state["seed_source"] = None
+    if device_seed is not None:
+        source = state["seed_source"] = DeviceSeed(device_seed.device)
+        source.tensor, source.uses = device_seed, uses
 
 
 class SparseLinear(nn.Linear):
@@ -78,6 +120,7 @@ class SparseLinear(nn.Linear):
     def _setup(self, method: SparsityMethod) -> None:
         if not isinstance(method, SparsityMethod):
             raise TypeError(f"method must be a SparsityMethod (e.g. STE()), got {type(method).__name__}")
+        handler = method_handler(method)  # a config type without a registered handler is refused here
         if _is_dtensor(self.weight):
             raise TypeError("this linear's weight is already sharded (a DTensor, e.g. by fully_shard): call "
                             "sparsify(model, method) first, then sparsity_lab.distributed.fully_shard_sparse")
@@ -93,35 +136,28 @@ class SparseLinear(nn.Linear):
         self.backend = get_backend(method.backend).for_layer(self)
         self.op_key = register_layer(self)  # how the torch.compile custom ops find this layer
         self.attached_optimizer = False
-        self._operand_cache: tuple[tuple, Any] | None = None
-        self.prepare_count = 0  # how many operands were prepared (diagnostic, not saved)
-        self._decayed_at_step = -1  # SR-STE: step whose backward already carries the decay
-        self._pending_sum = self._pending_last = None  # flip counts still on the device
-        # CUDA-graph step with the mask refresh inside the graph: the flips it counts on the device (None
-        # otherwise; see use_graph_flips)
-        self._graph_flips: GraphFlipCounts | None = None
-        # CUDA-graph step (sparsity_lab.graph_step): the MVUE seed lives in this 0-d int64 device tensor,
-        # written by the host before each replay; None in eager mode (see use_device_seed)
-        self._device_seed: torch.Tensor | None = None
-        self._device_seed_uses = 0  # forward calls that took _device_seed since use_device_seed
-        self._last_flips = self._flips_total = 0
+        self.operand_cache = OperandCache()
+        self.flip_counts = FlipCounts()
+        # where the backward's MVUE seed comes from: None, the host generator (next_mvue_generator); under a
+        # CUDA-graph step a graph_layer.DeviceSeed
+        self.seed_source = None
+        self._decayed_at_step = -1  # the step whose backward already carries the backward decay (SR-STE)
         # which process's MVUE stream to draw from; None: this process's torch.distributed rank (0 when
         # not distributed), so data-parallel ranks draw independently (not saved: it belongs to the process)
         self.mvue_rank: int | None = None
         for name in _COUNTERS:
-            setattr(self, name, 0)
+            if name not in _FLIP_COUNTERS:
+                setattr(self, name, 0)
         self.mvue_seed = int(torch.randint(0, 2**62, (1,)).item())
         w = self.weight
         self.register_buffer("mask", torch.ones(w.shape, dtype=torch.bool, device=w.device))
         self.register_buffer("beta", torch.ones((), dtype=torch.float32, device=w.device))
         self.refresh_mask()
-        if method.soft_threshold:
-            # beta is computed once, here, and never updated (updating it makes it grow).
-            with torch.no_grad():
-                self.beta.copy_(sste_beta(w, soft_threshold(w, self.mask, method.n, method.m)))
+        handler.init_state(self)  # S-STE's beta: computed once, here, and never updated
 
     def __setstate__(self, state: dict) -> None:
-        state.setdefault("_graph_flips", None)  # a layer pickled before CUDA-graph mask refreshes existed
+        if "flip_counts" not in state:
+            _migrate_pickled(state)
         super().__setstate__(state)
         self.op_key = register_layer(self)  # a copy (deepcopy, pickle) is a layer of its own
 
@@ -143,12 +179,11 @@ class SparseLinear(nn.Linear):
         missing = [name for name in _COUNTERS if name not in state]
         if missing:
             raise ValueError(f"SparseLinear extra state lacks counters {missing}; was it saved by SparseLinear?")
-        self._pending_sum = self._pending_last = None  # the loaded counters replace any pending count
-        if self._graph_flips is not None:
-            self._graph_flips.discard()
+        self.flip_counts.load(state["last_flips"], state["flips_total"])  # replaces any pending count
         for name in _COUNTERS:
-            setattr(self, name, int(state[name]))
-        self._operand_cache = None
+            if name not in _FLIP_COUNTERS:
+                setattr(self, name, int(state[name]))
+        self.operand_cache.clear()
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs) -> None:
@@ -167,128 +202,87 @@ class SparseLinear(nn.Linear):
                           f"this layer runs backend {self.backend.name!r}, which keeps none: that state is ignored",
                           UserWarning, stacklevel=4)
 
-    # --- schedule ---------------------------------------------------------------------------
+    # --- schedule and flips -------------------------------------------------------------------
     @property
     def dense_now(self) -> bool:
         """True when the output uses the dense W: a Dense method, or the dense fine-tune phase."""
-        start = self.method.dense_finetune_step
-        return (not self.method.sparse_forward) or (start is not None and self.step >= start)
-
-    @property
-    def tracks_mask(self) -> bool:
-        """Whether masks are still computed: sparse phases always, Dense when it tracks flips."""
-        if not self.method.sparse_forward:
-            return bool(getattr(self.method, "track_flips", False))
-        return not self.dense_now
+        return method_handler(self.method).dense(self)
 
     def mask_due(self) -> bool:
-        return self.tracks_mask and self.step - self.mask_step >= self.method.mask_refresh_interval
+        """Whether the method still computes masks and ``mask_refresh_interval`` steps have passed."""
+        return (method_handler(self.method).tracks_mask(self)
+                and self.step - self.mask_step >= self.method.mask_refresh_interval)
+
+    @property
+    def last_flips(self) -> int:
+        """Flips of the latest mask computation (0 before the second one)."""
+        return self.flip_counts.last
+
+    @property
+    def flips_total(self) -> int:
+        """Flips summed over every mask computation."""
+        return self.flip_counts.total
 
     @property
     def last_flip_rate(self) -> float:
         """Flip rate of the latest mask computation (NaN before the second one)."""
         return self.last_flips / self.mask.numel() if self.mask_updates >= 2 else math.nan
 
-    @property
-    def mask_is_fresh(self) -> bool:
-        """True when the latest mask computation happened at the current step (and had a predecessor)."""
-        return self.mask_updates >= 2 and self.mask_step == self.step
-
+    # --- the mask -------------------------------------------------------------------------------
     @torch.no_grad()
     def refresh_mask(self) -> None:
-        """Recompute the mask from the current weight and count the flips."""
-        m = self.method
-        new = self.backend.mask(self.weight.detach(), m.n, m.m, m.transposable)
-        if self.mask_updates > 0:
-            # counted on the device and read when someone asks (last_flips / flips_total): no host
-            # sync in the training step, which would stall the queue of cuSPARSELt calls
-            flips = self._count_flips(new)
-            self._take_graph_flips()  # refreshes replayed in a CUDA graph came before this one
-            self._pending_last = flips
-            self._pending_sum = flips if self._pending_sum is None else self._pending_sum + flips
-        self._set_mask(new)
+        """Recompute the mask from the current weight (the method's rule) and count the flips."""
+        new = method_handler(self.method).mask(self, self.weight.detach())
+        # counted on the device and read when someone asks (last_flips / flips_total): no host
+        # sync in the training step, which would stall the queue of cuSPARSELt calls
+        flips = self._replace_mask(new, count=self.mask_updates > 0)
+        if flips is not None:
+            self.flip_counts.add(flips)
         self.mask_step = self.step
         self.mask_updates += 1
-        self._operand_cache = None
+        self.operand_cache.clear()
 
     # hooks that a sharded layer (sparsity_lab.distributed) overrides: the mask buffer may hold only
     # this process's part, while the products need the full mask
-    def _count_flips(self, new: torch.Tensor) -> torch.Tensor:
-        return self.backend.mask_flips(self.mask, new)
-
-    def _set_mask(self, new: torch.Tensor) -> None:
+    def _replace_mask(self, new: torch.Tensor, count: bool) -> torch.Tensor | None:
+        """Store the full mask ``new``; with ``count``, first its flips against the stored one (0-d device tensor)."""
+        flips = self.backend.mask_flips(self.mask, new) if count else None
         self.mask.copy_(new)
+        return flips
 
     def _mask_for_products(self) -> torch.Tensor:
         """The full mask the products of this forward use."""
         return self.mask
 
-    def _settle_flips(self) -> None:
-        self._take_graph_flips()
-        if self._pending_sum is not None:
-            total, last = torch.stack((self._pending_sum, self._pending_last)).tolist()  # one host sync
-            self._flips_total += int(total)
-            self._last_flips = int(last)
-            self._pending_sum = self._pending_last = None
-
-    def _take_graph_flips(self) -> None:
-        """Fold the flips that CUDA-graph replays counted since the last look into the pending counts, as
-        if each replay's refresh had been an eager ``refresh_mask`` (device tensors, no host sync)."""
-        taken = self._graph_flips.take() if self._graph_flips is not None else None
-        if taken is not None:
-            latest, since = taken
-            self._pending_last = latest
-            self._pending_sum = since if self._pending_sum is None else self._pending_sum + since
-
-    @property
-    def last_flips(self) -> int:
-        """Flips of the latest mask computation (0 before the second one)."""
-        self._settle_flips()
-        return self._last_flips
-
-    @last_flips.setter
-    def last_flips(self, value: int) -> None:
-        self._settle_flips()
-        self._last_flips = int(value)
-
-    @property
-    def flips_total(self) -> int:
-        """Flips summed over every mask computation."""
-        self._settle_flips()
-        return self._flips_total
-
-    @flips_total.setter
-    def flips_total(self, value: int) -> None:
-        self._settle_flips()
-        self._flips_total = int(value)
-
+    # --- the optimizer step ---------------------------------------------------------------------
     def advance_step(self) -> None:
         """Called after every optimizer step (``attach_optimizer`` does it)."""
         self.step += 1
-        self._operand_cache = None
+        self.operand_cache.clear()
         self.backend.advance_step()  # per-layer backend state (the FP8 amax history); nothing for most
 
     @torch.no_grad()
     def apply_masked_decay(self, grad_scale: float = 1.0) -> None:
-        """grad += decay * (1 - m) * W, for methods that decay right before the optimizer step.
+        """The method's term on the gradient right before the optimizer step (masked decay:
+        grad += decay * (1 - m) * W); nothing in a dense phase or without a gradient.
 
         grad_scale: the factor the gradients still carry (a fused optimizer under a GradScaler
         unscales inside its step), so that the decay is right once they are unscaled.
         """
-        decay = self.method.decay_before_step
-        if decay and not self.dense_now and self.weight.grad is not None:
-            self.backend.masked_decay_(self.weight.grad, self.weight, self.mask, decay * grad_scale)
+        if not self.dense_now and self.weight.grad is not None:
+            method_handler(self.method).decay_gradient_(self, self.weight.grad, self.weight, self.mask, grad_scale)
 
     @torch.no_grad()
     def apply_decay_on_weights(self, lr: float) -> None:
-        """W -= lr * decay * (1 - m) * W, for methods that decay the weights after the optimizer step
-        (decoupled: the optimizer never sees the term). lr: the weight's param-group learning rate."""
-        decay = self.method.decay_after_step
-        if decay and not self.dense_now:
+        """The method's term on the weights after the optimizer step (the decoupled masked decay:
+        W -= lr * decay * (1 - m) * W; the optimizer never sees it). lr: the weight's param-group
+        learning rate. Nothing in a dense phase."""
+        if not self.dense_now:
             w = self.weight.detach()
-            # in place, elementwise: w += (-lr * decay) * (1 - m) * w
-            self.backend.masked_decay_(w, w, self.mask, -float(lr) * decay)
-            self._operand_cache = None
+            version = w._version
+            method_handler(self.method).decay_weight_(self, w, self.mask, lr)
+            if w._version != version:
+                self.operand_cache.clear()
 
     # --- products -----------------------------------------------------------------------------
     def sparse_weight(self) -> torch.Tensor:
@@ -296,161 +290,15 @@ class SparseLinear(nn.Linear):
         if self.dense_now:
             return self.weight
         m = self.method
-        beta = self.beta if m.soft_threshold else None
-        return self.backend.sparse_weight(self.weight.detach(), self._mask_for_products(), beta, m.n, m.m)
-
-    def _operand(self, dtype: torch.dtype, backward: bool = True) -> Any:
-        # one prepared (pruned, and for hardware backends compressed) weight per optimizer step,
-        # reused by every gradient-accumulation micro-step; rebuilt when W, the mask or beta change
-        key = (self.step, self.weight._version, self.mask._version, self.beta._version, self.mask_updates,
-               dtype, self.weight.device)
-        if self._operand_cache is None or self._operand_cache[0] != key:
-            self.prepare_count += 1
-            m = self.method
-            if self.dense_now:  # only reached for a backend with products_in_dense_phase
-                operand = self.backend.prepare_dense(self.weight.detach(), dtype)
-            else:
-                operand = self.backend.prepare_masked(self.weight.detach(), self._mask_for_products(),
-                                                      self.beta if m.soft_threshold else None,
-                                                      m.n, m.m, dtype, backward=backward)
-            self._operand_cache = (key, operand)
-        return self._operand_cache[1]
-
-    def clear_operand_cache(self) -> None:
-        """Forget the prepared operand: the next forward prepares it again (a CUDA-graph capture must
-        prepare it inside the graph, and the captured one must not serve a later eager call)."""
-        self._operand_cache = None
-
-    def _generator(self, device: torch.device) -> torch.Generator | None:
-        if not self.method.mvue:
-            return None
-        # counter-based: draw k of this layer is a function of (seed, k) alone, so resume is exact.
-        # A CPU generator even for GPU tensors: a backend takes its kernel seed from it (or seeds a
-        # device generator, see backends.torch_reference.generator_on) without a host-device sync.
-        gen = torch.Generator()
-        gen.manual_seed(mvue_stream_seed(self.mvue_seed, self._mvue_rank(), self.mvue_calls))
-        self.mvue_calls += 1
-        return gen
-
-    def _mvue_rank(self) -> int:
-        if self.mvue_rank is not None:
-            return self.mvue_rank
-        dist = torch.distributed
-        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-    def _seed_for_backward(self, device: torch.device) -> MvueSeed | None:
-        """What the backend draws MVUE from: this call's CPU generator (eager), or under a CUDA-graph
-        step the device seed tensor that the step fills before each replay (``fill_device_seed``)."""
-        if self._device_seed is None or not self.method.mvue:
-            return self._generator(device)
-        self._device_seed_uses += 1
-        return self._device_seed
-
-    # --- CUDA-graph mode: the mask refresh inside the graph (sparsity_lab.graph_step) -------------------
-    @property
-    def refreshes_mask_with_own_hooks(self) -> bool:
-        """True when this class keeps SparseLinear's own mask refresh (``refresh_mask``, ``_count_flips``,
-        ``_set_mask``): a sharded layer overrides them (collectives, a DTensor mask) and is refreshed eagerly."""
-        cls = type(self)
-        return all(getattr(cls, name) is getattr(SparseLinear, name)
-                   for name in ("refresh_mask", "_count_flips", "_set_mask"))
-
-    def use_graph_flips(self, device: torch.device) -> GraphFlipCounts:
-        """Give the layer device flip counts for a mask refresh captured in a CUDA graph (kept, with what
-        they counted, when the layer has them on ``device`` already)."""
-        device = torch.device(device)
-        if self._graph_flips is None or self._graph_flips.device != device:
-            self._take_graph_flips()
-            self._graph_flips = GraphFlipCounts(device)
-        return self._graph_flips
-
-    def release_graph_flips(self) -> None:
-        """Back to eager refreshes only: what the replays counted joins the pending counts first."""
-        self._take_graph_flips()
-        self._graph_flips = None
-
-    @torch.no_grad()
-    def refresh_mask_in_graph(self) -> None:
-        """The device work of ``refresh_mask`` for a CUDA-graph capture: the new mask from the weight into
-        the mask buffer (in place) and its flips against the previous mask into the graph flip counts.
-        The host counters are not touched here (a capture runs nothing); ``after_graph_refresh`` updates
-        them after each replay. Needs ``use_graph_flips`` first and a previous mask (``mask_updates`` >= 1)."""
-        if self._graph_flips is None:
-            raise RuntimeError("refresh_mask_in_graph needs use_graph_flips(device) first")
-        if self.mask_updates < 1:
-            raise RuntimeError("refresh_mask_in_graph counts flips against the previous mask; this layer has "
-                               "none yet (mask_updates 0): refresh it eagerly first")
-        m = self.method
-        new = self.backend.mask(self.weight.detach(), m.n, m.m, m.transposable)
-        self._graph_flips.record(self._count_flips(new))
-        self._set_mask(new)
-
-    def after_graph_refresh(self) -> None:
-        """Host bookkeeping after a replay that ran ``refresh_mask_in_graph``: the counters an eager
-        ``refresh_mask`` would have advanced (no device work, no sync)."""
-        self._graph_flips.replayed()
-        self.mask_step = self.step
-        self.mask_updates += 1
-        self._operand_cache = None
-
-    # --- CUDA-graph mode: the MVUE seed read on the device (sparsity_lab.graph_step) -------------------
-    def use_device_seed(self, device: torch.device) -> None:
-        """From now on the backward draws MVUE from a 0-d int64 seed tensor on ``device`` that
-        ``fill_device_seed`` writes before each step (a CUDA graph replays the kernels that read it).
-        Refused for a layer without MVUE and for a backend that draws on the host
-        (``reads_seed_from_device`` False). Resets ``device_seed_uses``."""
-        if not self.method.mvue:
-            raise ValueError(f"use_device_seed is for MVUE layers; this layer's method is {self.method.describe()}")
-        if not self.backend.reads_seed_from_device:
-            raise ValueError(
-                f"a CUDA-graph step needs every MVUE layer on a backend whose kernels read the MVUE seed on the "
-                f"device (reads_seed_from_device: e.g. 'triton', 'cusparselt'); this layer runs "
-                f"{self.backend.name!r}, which draws on the host")
-        device = torch.device(device)
-        if self._device_seed is None or self._device_seed.device != device:
-            self._device_seed = torch.zeros((), dtype=torch.int64, device=device)
-        self._device_seed_uses = 0
-
-    def fill_device_seed(self) -> int:
-        """Write the next MVUE draw's seed into the device seed tensor: the value the eager step would
-        draw (the layer's counter-based generator for its next call; ``mvue_calls`` advances as in eager
-        mode). Returns the value written."""
-        if self._device_seed is None:
-            raise RuntimeError("fill_device_seed needs use_device_seed(device) first")
-        seed = self.backend.device_seed_value(self._generator(self._device_seed.device))
-        self._device_seed.fill_(seed)
-        return seed
-
-    def release_device_seed(self) -> None:
-        """Back to eager mode: the backward draws from a host generator again."""
-        self._device_seed = None
-
-    @property
-    def device_seed(self) -> torch.Tensor | None:
-        """The 0-d int64 device tensor the MVUE kernels read in CUDA-graph mode; None in eager mode."""
-        return self._device_seed
-
-    @property
-    def device_seed_uses(self) -> int:
-        """Forward calls that took the device seed since ``use_device_seed`` (one per captured step)."""
-        return self._device_seed_uses
-
-    def _backward_decay(self) -> float:
-        """SR-STE's decay, once per optimizer step: with k gradient-accumulation micro-steps (each
-        loss divided by k) the term keeps the size it has without accumulation. Under a
-        GradScaler the term is added to the *scaled* gradient, so it shrinks by the loss scale:
-        use bf16 autocast (no scaler) or MaskedDecay, whose decay lands after unscaling."""
-        decay = self.method.decay_in_backward
-        if not decay or self._decayed_at_step == self.step:
-            return 0.0
-        self._decayed_at_step = self.step
-        return decay
+        return self.backend.sparse_weight(self.weight.detach(), self._mask_for_products(),
+                                          method_handler(m).beta(self), m.n, m.m)
 
     def call_plan(self, x: torch.Tensor, training: bool, grad_needed: bool,
                   dtype: torch.dtype | None = None) -> CallPlan | None:
         """The per-call work before the products: mask refresh when due (training), the operand,
-        SR-STE's decay and the MVUE draw (grad_needed). None in a dense phase (plain F.linear), unless
-        the backend runs its products there too (``Backend.products_in_dense_phase``: FP8).
+        the method's backward decay (once per optimizer step) and the MVUE draw (grad_needed). None in a
+        dense phase (plain F.linear), unless the backend runs its products there too
+        (``Backend.products_in_dense_phase``: FP8).
         ``forward`` runs it, and under torch.compile the custom op of ``custom_ops.py`` does;
         ``layer_products`` runs the products of the plan. dtype: the products' dtype (default: as
         nn.Linear would, see ``layer_products.compute_dtype``)."""
@@ -468,15 +316,27 @@ class SparseLinear(nn.Linear):
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must have shape (..., in_features={self.in_features}), got {tuple(x.shape)}")
         dtype = dtype or compute_dtype(x, self.weight)
+        operand = self.operand_cache.get(self, dtype, backward=grad_needed)
         if dense:  # an FP8 backend in a dense phase: dense products in its format, dense dW, no decay
-            return CallPlan(backend=self.backend, operand=self._operand(dtype, backward=grad_needed), dtype=dtype,
-                            mask=self._mask_for_products(), decay=0.0, mvue=False, seed=None)
-        return CallPlan(
-            backend=self.backend, operand=self._operand(dtype, backward=grad_needed), dtype=dtype,
-            mask=self._mask_for_products(),
-            decay=self._backward_decay() if grad_needed else 0.0, mvue=self.method.mvue,
-            seed=self._seed_for_backward(x.device) if grad_needed else None,
-        )
+            return CallPlan(backend=self.backend, operand=operand, dtype=dtype, mask=self._mask_for_products(),
+                            decay=0.0, mvue=False, seed=None)
+        mask = self._mask_for_products()
+        handler = method_handler(self.method)
+        decay = 0.0
+        if grad_needed and self._decayed_at_step != self.step:
+            # once per optimizer step: with k gradient-accumulation micro-steps (each loss divided by k) the
+            # term keeps the size it has without accumulation. Under a GradScaler it is added to the
+            # *scaled* gradient, so it shrinks by the loss scale: use bf16 autocast (no scaler) or
+            # MaskedDecay, whose decay lands after unscaling
+            decay = handler.backward_decay(self)
+            if decay:
+                self._decayed_at_step = self.step
+        mvue = handler.mvue(self)
+        seed = None
+        if grad_needed and mvue:
+            seed = self.seed_source.take() if self.seed_source is not None else next_mvue_generator(self)
+        return CallPlan(backend=self.backend, operand=operand, dtype=dtype, mask=mask, decay=decay, mvue=mvue,
+                        seed=seed)
 
     def _after_forward(self, plan: CallPlan) -> None:
         """Hook for a sharded layer: may drop what the backward can rebuild (``plan.rebuild``)."""

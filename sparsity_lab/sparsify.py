@@ -18,6 +18,7 @@ from torch import nn
 from .architectures import architecture_selector, is_convertible, record_recipe, shape_of, to_sparse_layer
 from .methods.config import SparsityMethod
 from .methods.flip_rate import overall_flip_rate
+from .methods.handlers import method_handler
 from .training_hooks import sparse_layers
 
 # Names of feed-forward blocks in common transformer code (nanoGPT, HF GPT-2/BERT/Llama, timm).
@@ -112,7 +113,9 @@ def flip_report(model: nn.Module, fresh_only: bool = False) -> dict[str, float]:
     report: dict[str, float] = {}
     pairs = []
     for name, layer in sparse_layers(model):
-        stale = fresh_only and not layer.mask_is_fresh
+        # fresh: the latest mask computation happened at the current step (and had a predecessor)
+        fresh = layer.mask_updates >= 2 and layer.mask_step == layer.step
+        stale = fresh_only and not fresh
         report[name] = math.nan if stale else layer.last_flip_rate
         if not math.isnan(report[name]):
             pairs.append((layer.last_flips, layer.mask.numel()))
@@ -158,7 +161,8 @@ def backend_report(model) -> list[LayerBackendRow]:
         if layer.dense_now:
             products = {p: "dense W (dense phase of the method)" for p in PRODUCTS}
         else:
-            products = backend.product_plan(layer.out_features, layer.in_features, layer.method.mvue)
+            products = backend.product_plan(layer.out_features, layer.in_features,
+                                            method_handler(layer.method).mvue(layer))
         rows.append(LayerBackendRow(name or "<model>", layer.out_features, layer.in_features, layer.method.backend,
                                     backend.name, backend.fallback_reason, products))
     return rows

@@ -467,7 +467,7 @@ def check_no_full_size_state_after_step(results: dict) -> None:
         results["fsdp_between_forward_and_backward"] = {"keep": keep, "recompute": recompute}
         results["fsdp_state_after_step"] = {
             "sharded_layers": all(isinstance(layer, ShardedSparseLinear) and layer.mask_is_sharded for layer in layers),
-            "no_cached_operand": all(layer._operand_cache is None for layer in layers),
+            "no_cached_operand": all(layer.operand_cache.entry is None for layer in layers),
             "no_full_mask": all(layer._full_mask is None for layer in layers),
             "local_mask_rows": [tuple(layer.mask.to_local().shape) for layer in layers],
             "full_mask_shapes": [tuple(layer.mask.shape) for layer in layers],

@@ -21,6 +21,7 @@ import sparsity_lab as sl
 from sparsity_lab.backends import Backend, base, get_backend, register_backend
 from sparsity_lab.sparsify import backend_report
 from sparsity_lab.backends.torch_reference import TorchBackend
+from sparsity_lab.graph_layer import fill_device_seed, use_device_seed
 from sparsity_lab.graph_step import fill_seeds, graph_timing, mvue_layers, release_device_seeds, use_device_seeds
 from sparsity_lab.masks.nm import nm_mask
 from sparsity_lab.masks.transposable import transposable_mask
@@ -213,7 +214,7 @@ def test_device_seeds_follow_the_capability_not_the_name(registry):
     seeded = copy.deepcopy(eager)
     layers = mvue_layers(seeded)
     use_device_seeds(layers, torch.device("cpu"))
-    assert all(l.device_seed is not None and l.device_seed.dtype == torch.int64 for l in layers)
+    assert all(l.seed_source is not None and l.seed_source.tensor.dtype == torch.int64 for l in layers)
     opts = []
     for model in (eager, seeded):
         opts.append(torch.optim.SGD(model.parameters(), lr=0.05))
@@ -228,10 +229,10 @@ def test_device_seeds_follow_the_capability_not_the_name(registry):
             opt.step()
     for a, b in zip(eager.parameters(), seeded.parameters()):
         assert torch.equal(a, b)
-    assert all(l.device_seed_uses == 3 for l in layers)
+    assert all(l.seed_source.uses == 3 for l in layers)
     assert [l.mvue_calls for _, l in sl.sparse_layers(eager)] == [l.mvue_calls for l in layers] == [3, 3]
     release_device_seeds(layers)
-    assert all(l.device_seed is None for l in layers)
+    assert all(l.seed_source is None for l in layers)
 
 
 def test_a_mixed_model_is_refused_before_any_layer_changes(registry):
@@ -241,22 +242,22 @@ def test_a_mixed_model_is_refused_before_any_layer_changes(registry):
     layers = mvue_layers(model)
     with pytest.raises(ValueError, match="reads_seed_from_device.*runs 'host_drawing', which draws on the host"):
         use_device_seeds(layers, torch.device("cpu"))
-    assert all(l.device_seed is None for l in layers)
+    assert all(l.seed_source is None for l in layers)
 
 
-def test_layer_device_seed_methods_check_their_use(registry):
+def test_device_seed_functions_check_their_use(registry):
     register_backend("device_seed_fake", DeviceSeedBackend)
     torch.manual_seed(0)
     layer = sl.SparseLinear(16, 8, method=sl.SSTE(mvue=True, transposable=True, backend="device_seed_fake"))
     with pytest.raises(RuntimeError, match="use_device_seed"):
-        layer.fill_device_seed()
-    layer.use_device_seed("cpu")
+        fill_device_seed(layer)
+    use_device_seed(layer, "cpu")
     calls = layer.mvue_calls
-    written = layer.fill_device_seed()
-    assert int(layer.device_seed) == written and layer.mvue_calls == calls + 1
+    written = fill_device_seed(layer)
+    assert int(layer.seed_source.tensor) == written and layer.mvue_calls == calls + 1
     plain = sl.SparseLinear(16, 8, method=sl.STE(backend="device_seed_fake"))
     with pytest.raises(ValueError, match="for MVUE layers"):
-        plain.use_device_seed("cpu")
+        use_device_seed(plain, "cpu")
 
 
 class MeasuringBackend(MinimalBackend):

@@ -349,7 +349,7 @@ def test_fused_prepare_writes_both_operands_in_one_pass(registry, monkeypatch, m
     for name, a, b in zip(("output", "grad_input", "grad_weight"), *grads):
         assert _rel(a, b) < 1e-2, name
     assert backend.stats["fused_prepares"] == 1 and backend.stats["fast_compressions"] >= 2
-    operand = cs._operand_cache[1]
+    operand = cs.operand_cache.value
     assert operand.compressed is not None and operand.compressed_t is not None
     assert operand._weight is None, "no dense product ran, so the dense S(W) must not have been made"
     torch.testing.assert_close(operand.weight.float(), cs.sparse_weight().to(torch.bfloat16).float())

@@ -14,6 +14,8 @@ from sparsity_lab.backends.cusparselt.fp8_train import FP8Backend
 from sparsity_lab.backends.torch_reference import TorchBackend
 from sparsity_lab.backends.triton import TritonBackend
 from sparsity_lab.graph_flips import GraphFlipCounts
+from sparsity_lab.graph_layer import (after_graph_refresh, refresh_mask_in_graph, release_graph_flips,
+                                      use_graph_flips)
 from sparsity_lab.graph_step import (CudaGraphStep, eager_refresh_reason, fill_seeds, mask_refresh_plan, mvue_layers,
                                      refresh_mode, release_device_seeds, use_device_seeds)
 
@@ -67,9 +69,9 @@ def test_device_seeds_draw_what_eager_draws():
     for a, b in zip(eager.parameters(), seeded.parameters()):
         assert torch.equal(a, b)
     assert [l.mvue_calls for _, l in sl.sparse_layers(eager)] == [l.mvue_calls for l in layers] == [3, 3]
-    assert all(l.device_seed_uses == 3 for l in layers)
+    assert all(l.seed_source.uses == 3 for l in layers)
     release_device_seeds(layers)
-    assert all(l.device_seed is None for l in layers)
+    assert all(l.seed_source is None for l in layers)
 
 
 @pytest.mark.triton
@@ -80,7 +82,7 @@ def test_a_wrong_seed_would_show():
     layers = mvue_layers(seeded)
     use_device_seeds(layers, torch.device("cpu"))
     for layer in layers:
-        layer.device_seed.fill_(12345)
+        layer.seed_source.tensor.fill_(12345)
     for model in (eager, seeded):
         for _, layer in sl.sparse_layers(model):
             layer.attached_optimizer = True  # products only here: no optimizer, no warning
@@ -94,7 +96,7 @@ def test_host_drawing_backend_is_refused():
     layers = mvue_layers(_mlp("torch", "cpu"))
     with pytest.raises(ValueError, match="reads_seed_from_device.*runs 'torch', which draws on the host"):
         use_device_seeds(layers, torch.device("cpu"))
-    assert all(layer.device_seed is None for layer in layers)
+    assert all(layer.seed_source is None for layer in layers)
 
 
 def test_bad_arguments_and_no_gpu_are_named():
@@ -136,7 +138,7 @@ def test_a_layer_in_its_dense_phase_gets_no_seed():
     use_device_seeds(layers, torch.device("cpu"))
     layers[1].step = 1  # its dense phase
     fill_seeds(layers)
-    assert [layer.mvue_calls for layer in layers] == [1, 0] and layers[0].device_seed.item() != 0
+    assert [layer.mvue_calls for layer in layers] == [1, 0] and layers[0].seed_source.tensor.item() != 0
 
 
 def test_backends_declare_whether_a_graph_can_capture_their_mask_refresh():
@@ -189,8 +191,8 @@ def test_the_plan_names_why_a_layer_is_refreshed_eagerly():
     first.mask_updates = 1
 
     class OwnFlipCount(sl.SparseLinear):  # as a sharded layer: its own hooks (collectives) stay eager
-        def _count_flips(self, new):
-            return super()._count_flips(new)
+        def _replace_mask(self, new, count):
+            return super()._replace_mask(new, count)
     first.__class__ = OwnFlipCount
     assert "OwnFlipCount overrides the mask refresh" in eager_refresh_reason(first, masks_in_graph=True)
     first.__class__ = sl.SparseLinear
@@ -205,9 +207,9 @@ def _replay_refresh(layers):
     """What a replay of a graph holding the refresh does, run eagerly: the captured device work, then
     the host's bookkeeping (CudaGraphStep.__call__ does the same around ``graph.replay()``)."""
     for layer in layers:
-        layer.refresh_mask_in_graph()
+        refresh_mask_in_graph(layer)
     for layer in layers:
-        layer.after_graph_refresh()
+        after_graph_refresh(layer)
 
 
 def _flip_state(model):
@@ -228,7 +230,7 @@ def test_refresh_in_the_graph_counts_what_an_eager_refresh_counts(schedule, read
     graphed = copy.deepcopy(eager)
     layers = [layer for _, layer in sl.sparse_layers(graphed)]
     for layer in layers:
-        layer.use_graph_flips(torch.device("cpu"))
+        use_graph_flips(layer, torch.device("cpu"))
     opts = [torch.optim.SGD(m.parameters(), lr=1.0) for m in (eager, graphed)]
     for model, opt in zip((eager, graphed), opts):
         sl.attach_optimizer(model, opt)
@@ -257,11 +259,11 @@ def test_refresh_in_the_graph_counts_what_an_eager_refresh_counts(schedule, read
 def test_in_graph_refresh_needs_its_counts_and_a_previous_mask():
     layer = sl.sparse_layers(_mlp("torch", "cpu"))[0][1]
     with pytest.raises(RuntimeError, match="use_graph_flips"):
-        layer.refresh_mask_in_graph()
-    layer.use_graph_flips(torch.device("cpu"))
+        refresh_mask_in_graph(layer)
+    use_graph_flips(layer, torch.device("cpu"))
     layer.mask_updates = 0
     with pytest.raises(RuntimeError, match="mask_updates 0"):
-        layer.refresh_mask_in_graph()
+        refresh_mask_in_graph(layer)
 
 
 def test_a_loaded_checkpoint_replaces_the_counts_of_unread_replays():
@@ -269,7 +271,7 @@ def test_a_loaded_checkpoint_replaces_the_counts_of_unread_replays():
     saved = copy.deepcopy(model.state_dict())
     layers = [layer for _, layer in sl.sparse_layers(model)]
     for layer in layers:
-        layer.use_graph_flips(torch.device("cpu"))
+        use_graph_flips(layer, torch.device("cpu"))
         layer.weight.data.normal_()  # new weights: the next refresh flips
         layer.step += 1
     _replay_refresh(layers)
@@ -282,27 +284,36 @@ def test_a_loaded_checkpoint_replaces_the_counts_of_unread_replays():
     assert all(l.mask_updates == 2 and l.flips_total == l.last_flips > 0 for l in layers)
 
 
-def test_a_layer_pickled_before_graph_flip_counts_existed_still_counts():
+@pytest.mark.parametrize("with_graph_flips", [False, True])
+def test_a_layer_pickled_in_the_older_layout_still_counts(with_graph_flips):
+    """Pickled when the flip counts, the operand cache and the device seed were plain attributes of the
+    layer (and, older still, before it had graph flip counts): it unpickles with its counts and counts on."""
     import pickle
     layer = sl.sparse_layers(_mlp("torch", "cpu"))[0][1]
     state = layer.__getstate__()
-    del state["_graph_flips"]
+    for name in ("flip_counts", "operand_cache", "seed_source"):
+        del state[name]
+    state.update(_last_flips=3, _flips_total=7, _pending_sum=None, _pending_last=None, _operand_cache=None,
+                 prepare_count=2, _device_seed=None, _device_seed_uses=0)
+    if with_graph_flips:
+        state["_graph_flips"] = None
     old = sl.SparseLinear.__new__(sl.SparseLinear)
     old.__setstate__(pickle.loads(pickle.dumps(state)))
+    assert (old.last_flips, old.flips_total, old.operand_cache.prepare_count) == (3, 7, 2)
     old.weight.data.normal_()
     old.refresh_mask()
-    assert old.last_flips == old.flips_total > 0
+    assert old.flips_total == 7 + old.last_flips and old.last_flips > 0
 
 
 def test_release_hands_unread_replays_to_the_eager_counts():
     model = _mlp("torch", "cpu", mvue=False)
     layer = sl.sparse_layers(model)[0][1]
-    layer.use_graph_flips(torch.device("cpu"))
+    use_graph_flips(layer, torch.device("cpu"))
     layer.weight.data.normal_()
     layer.step += 1
     _replay_refresh([layer])
     first = int((layer.mask ^ layer.backend.mask(layer.weight, 2, 4, True)).sum())  # 0: the refresh ran
-    layer.release_graph_flips()
+    release_graph_flips(layer)
     assert first == 0 and layer.last_flips == layer.flips_total > 0 and layer.mask_updates == 2
 
 

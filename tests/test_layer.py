@@ -159,17 +159,17 @@ def test_operand_prepared_once_per_optimizer_step_across_micro_steps():
     for step in range(3):
         opt.zero_grad()
         expected_dw = torch.zeros_like(layer.weight)
-        prepared_before = layer.prepare_count
+        prepared_before = layer.operand_cache.prepare_count
         operands = set()
         for i, x in enumerate(micro):
             y = layer(x)
             if i == 0:
                 s = reference_operand(layer)  # after the first forward: the mask of this step
-            operands.add(id(layer._operand_cache[1]))
+            operands.add(id(layer.operand_cache.value))
             torch.testing.assert_close(y, x @ s.t() + layer.bias.detach())
             (y.sum() / len(micro)).backward()
             expected_dw += torch.ones(3, 8).t() @ x / len(micro)
-        assert layer.prepare_count == prepared_before + 1, step  # one prepare for 3 micro-steps
+        assert layer.operand_cache.prepare_count == prepared_before + 1, step  # one prepare for 3 micro-steps
         assert len(operands) == 1
         assert layer.mask_updates == 1 + step  # one mask per optimizer step (interval 1)
         torch.testing.assert_close(layer.weight.grad, expected_dw)

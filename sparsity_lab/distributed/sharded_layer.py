@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..layers import SparseLinear
+from ..methods.handlers import method_handler
 
 
 class ShardedSparseLinear(SparseLinear):
@@ -71,18 +72,17 @@ class ShardedSparseLinear(SparseLinear):
             self._full_weight_in_forward()
         super().refresh_mask()
 
-    def _count_flips(self, new: torch.Tensor) -> torch.Tensor:
+    def _replace_mask(self, new: torch.Tensor, count: bool) -> torch.Tensor | None:
         if not self.mask_is_sharded:
-            return super()._count_flips(new)
-        flips = self.backend.mask_flips(self.mask.to_local(), self._local_part(new)).to(torch.int64)
-        dist.all_reduce(flips, group=self.mask.device_mesh.get_group())  # the full mask's count
-        return flips
-
-    def _set_mask(self, new: torch.Tensor) -> None:
-        if not self.mask_is_sharded:
-            return super()._set_mask(new)
-        self.mask.to_local().copy_(self._local_part(new))
+            return super()._replace_mask(new, count)
+        local = self._local_part(new)
+        flips = None
+        if count:
+            flips = self.backend.mask_flips(self.mask.to_local(), local).to(torch.int64)
+            dist.all_reduce(flips, group=self.mask.device_mesh.get_group())  # the full mask's count
+        self.mask.to_local().copy_(local)
         self._full_mask = new  # the products of this forward use it
+        return flips
 
     def _mask_for_products(self) -> torch.Tensor:
         if not self.mask_is_sharded:
@@ -106,10 +106,10 @@ class ShardedSparseLinear(SparseLinear):
             self._full_weight_in_forward()
             self._full_mask = self.mask.full_tensor()
             try:
-                return self._operand(dtype, backward=True), self._full_mask
+                return self.operand_cache.get(self, dtype, backward=True), self._full_mask
             finally:
                 self._full_mask = None
-                self._operand_cache = None
+                self.operand_cache.clear()
 
         plan.rebuild = rebuild
 
@@ -124,27 +124,26 @@ class ShardedSparseLinear(SparseLinear):
             if self.mask_is_sharded:
                 # the autograd graph holds what the backward needs; nothing full-size outlives the forward
                 self._full_mask = None
-                self._operand_cache = None
+                self.operand_cache.clear()
 
     @torch.no_grad()
     def apply_masked_decay(self, grad_scale: float = 1.0) -> None:
         if not self.mask_is_sharded:
             return super().apply_masked_decay(grad_scale)
-        decay = self.method.decay_before_step
         weight = self.weight
-        if decay and not self.dense_now and weight.grad is not None:
-            grad = weight.grad
-            self.backend.masked_decay_(grad.to_local(), weight.to_local(), self.mask.to_local(), decay * grad_scale)
+        if not self.dense_now and weight.grad is not None:
+            # the rank's parts of the gradient, of W and of the mask (the decays are elementwise)
+            method_handler(self.method).decay_gradient_(self, weight.grad.to_local(), weight.to_local(),
+                                                        self.mask.to_local(), grad_scale)
 
     @torch.no_grad()
     def apply_decay_on_weights(self, lr: float) -> None:
         if not self.mask_is_sharded:
             return super().apply_decay_on_weights(lr)
-        decay = self.method.decay_after_step
-        if decay and not self.dense_now:
+        if not self.dense_now:
             w = self.weight.to_local()  # the rank's rows, updated in place like the whole W on one process
-            self.backend.masked_decay_(w, w, self.mask.to_local(), -float(lr) * decay)
-            self._operand_cache = None
+            method_handler(self.method).decay_weight_(self, w, self.mask.to_local(), lr)
+            self.operand_cache.clear()
 
     def sparse_weight(self) -> torch.Tensor:
         if self.mask_is_sharded and isinstance(self.weight, DTensor):

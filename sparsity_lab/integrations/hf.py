@@ -25,7 +25,7 @@ from torch import nn
 
 from ..layers import SparseLinear
 from ..methods.config import method_from_name
-from ..methods.soft_threshold import soft_threshold, sste_beta
+from ..methods.handlers import method_handler
 from ..sparsify import sparsify
 from ..training_hooks import sparse_layers
 
@@ -88,14 +88,12 @@ class LoadReport:
 @torch.no_grad()
 def restart_sparse_state(layer: SparseLinear) -> None:
     """Make ``layer``'s sparse state that of a fresh conversion of its current weight: counters 0
-    (the MVUE seed kept), mask recomputed from W (no flip counted), S-STE beta recomputed."""
+    (the MVUE seed kept), mask recomputed from W (no flip counted), the method's state recomputed from
+    both (S-STE's beta: ``MethodHandler.init_state``)."""
     layer.set_extra_state({"step": 0, "mask_step": 0, "mask_updates": 0, "last_flips": 0, "flips_total": 0,
                            "mvue_seed": layer.mvue_seed, "mvue_calls": 0})
     layer.refresh_mask()
-    method = layer.method
-    if method.soft_threshold:
-        w = layer.weight.detach()
-        layer.beta.copy_(sste_beta(w, soft_threshold(w, layer.mask, method.n, method.m)))
+    method_handler(layer.method).init_state(layer)
 
 
 def load_dense_checkpoint(model: nn.Module, source: str | os.PathLike | Mapping[str, torch.Tensor],

@@ -1,7 +1,8 @@
 """Training methods as small, frozen config objects.
 
 A method says *what* a 2:4 layer does; the backend (``backend="torch"`` and later ones) says *how*
-the products run. ``sparsify(model, method)`` hands one method to every converted layer.
+the products run. ``sparsify(model, method)`` hands one method to every converted layer. A config is
+data: what it does in the layer is the handler registered for its type (``handlers.py``).
 
 Common fields
     n, m                   the N:M pattern (2:4 runs on sparse tensor cores).

@@ -71,6 +71,16 @@ HALF = (torch.bfloat16, torch.float16)
 TOKEN_MULTIPLE = 64  # tokens padded to this for the FP8 tensor-core products (zero rows change nothing)
 
 
+def _padded_rows(tokens: int, t: torch.Tensor) -> int:
+    """Tokens rounded up to the products' row multiple (64 on CUDA, 4 elsewhere)."""
+    multiple = TOKEN_MULTIPLE if t.is_cuda else 4
+    return -(-tokens // multiple) * multiple
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    return x if x.shape[0] == rows else F.pad(x, (0, 0, 0, rows - x.shape[0]))
+
+
 class FP8Operand:
     """One optimizer step's weight operand: S(W) (compute dtype), q(S(W)) E4M3 and its scale; the
     compressed forms (sparse engine) and q(S(W))^T (dense engine) made on first use.
@@ -145,6 +155,42 @@ class FP8Engine:
             from .fp8_algorithms import FP8SparseProducts
             self._sparse = FP8SparseProducts()
         return self._sparse
+
+    def check(self, t: torch.Tensor, what: str) -> None:
+        """Refuse an operand the GPU engines cannot multiply (not CUDA, not bfloat16/float16)."""
+        if self.engine == "reference":
+            return
+        if not t.is_cuda:
+            raise ValueError(f"{what} is on {t.device}; backend {self.name!r} runs its products on CUDA tensors: move "
+                             "the model and its inputs to the GPU (or use backend='fp8_reference')")
+        if t.dtype not in HALF:
+            raise TypeError(f"backend {self.name!r} runs bfloat16/float16 layers, but {what} is {t.dtype}: run under "
+                            "torch.autocast('cuda', dtype=torch.bfloat16) or convert the model to bfloat16")
+
+    def engine_for(self, operand: FP8Operand) -> str:
+        """The engine of this operand's products: a dense phase's W runs dense FP8 on the sparse engine."""
+        engine = self.engine
+        return "scaled_mm" if operand.dense and engine == "cusparselt" else engine
+
+    def mvue(self, dz: torch.Tensor, seed: MvueSeed | None) -> torch.Tensor:
+        """MVUE(dZ), groups of 4 along the tokens: the Triton kernel on CUDA (the draws of backends
+        "triton" and "cusparselt" for the same seed), the reference elsewhere."""
+        if dz.is_cuda:
+            return self.kernels().mvue24(dz, dim=0, seed=kernel_seed(seed))
+        from ...methods.mvue import mvue24
+        return mvue24(dz, dim=0, generator=generator_on(dz.device, seed), check=False)
+
+    def sparse_grad_weight(self, a, s_g, q_x, q_x_t, s_x, rows: int, grad_out: torch.Tensor) -> torch.Tensor:
+        """dW = s_g s_x A q(X) on sparse FP8 tensor cores, A = q(MVUE(dZ))^T compressed (out, rows)."""
+        out_f, in_f = grad_out.shape[1], q_x.shape[1]
+        choice = self.sparse.choose(out_f, rows, in_f, [(False, False), (True, True)], grad_out.device)
+        b_transposed, transpose_result = choice.layout
+        if b_transposed:  # B = q(X) as the .t() of the contiguous q(X)^T (in, rows)
+            b = (q_x_t if q_x_t is not None else q_x.t().contiguous()).t()
+        else:
+            b = q_x
+        dw = self.sparse.mm(a, b, s_g, s_x, choice)
+        return (dw.t() if transpose_result else dw).to(grad_out.dtype)
 
 
 class FP8Backend(Backend, nn.Module):
@@ -266,29 +312,10 @@ class FP8Backend(Backend, nn.Module):
         return q, None, scale, a
 
     # --- products ---------------------------------------------------------------------------------------
-    def _check(self, t: torch.Tensor, what: str) -> None:
-        if self.engine.engine == "reference":
-            return
-        if not t.is_cuda:
-            raise ValueError(f"{what} is on {t.device}; backend {self.name!r} runs its products on CUDA tensors: move "
-                             "the model and its inputs to the GPU (or use backend='fp8_reference')")
-        if t.dtype not in HALF:
-            raise TypeError(f"backend {self.name!r} runs bfloat16/float16 layers, but {what} is {t.dtype}: run under "
-                            "torch.autocast('cuda', dtype=torch.bfloat16) or convert the model to bfloat16")
-
-    @staticmethod
-    def _rows(tokens: int, t: torch.Tensor) -> int:
-        multiple = TOKEN_MULTIPLE if t.is_cuda else 4
-        return -(-tokens // multiple) * multiple
-
-    @staticmethod
-    def _pad(x: torch.Tensor, rows: int) -> torch.Tensor:
-        return x if x.shape[0] == rows else F.pad(x, (0, 0, 0, rows - x.shape[0]))
-
     def prepare(self, sparse_weight: torch.Tensor) -> FP8Operand:
         if sparse_weight.dim() != 2:
             raise ValueError(f"the sparse weight must be 2-D (out, in), got shape {tuple(sparse_weight.shape)}")
-        self._check(sparse_weight, "the layer's weight")
+        self.engine.check(sparse_weight, "the layer's weight")
         w = sparse_weight.contiguous()
         q, scale = self.quantize("w", w)  # zeros stay zeros: the 2:4 pattern survives the cast
         return FP8Operand(w, q, scale)
@@ -318,16 +345,12 @@ class FP8Backend(Backend, nn.Module):
         operand.dense = True
         return operand
 
-    def _engine_for(self, operand: FP8Operand) -> str:
-        engine = self.engine.engine
-        return "scaled_mm" if operand.dense and engine == "cusparselt" else engine
-
     def linear(self, x, operand: FP8Operand, bias):
-        self._check(x, "x")
-        tokens, engine = x.shape[0], self._engine_for(operand)
-        rows = self._rows(tokens, x)
+        self.engine.check(x, "x")
+        tokens, engine = x.shape[0], self.engine.engine_for(operand)
+        rows = _padded_rows(tokens, x)
         # one pass: q(X) for this product and q(X)^T for the weight gradient's (GPU engines)
-        q_x, q_x_t, s_x, a_x = self._cast("x", self._pad(x, rows), transpose=engine != "reference")
+        q_x, q_x_t, s_x, a_x = self._cast("x", _pad_rows(x, rows), transpose=engine != "reference")
         self._forward_x = _ForwardX(weakref.ref(x), x._version, q_x, q_x_t, s_x, a_x)
         if engine == "reference":
             z = reference.reference_forward(q_x, s_x, operand.q, operand.scale, x.dtype)
@@ -349,11 +372,11 @@ class FP8Backend(Backend, nn.Module):
             fx.recorded = True
 
     def grad_input(self, grad_out, operand: FP8Operand):
-        self._check(grad_out, "grad_out")
+        self.engine.check(grad_out, "grad_out")
         self._record_x()
-        tokens, engine = grad_out.shape[0], self._engine_for(operand)
-        rows = self._rows(tokens, grad_out)
-        q_dz, s_dz = self.quantize("dz", self._pad(grad_out, rows))
+        tokens, engine = grad_out.shape[0], self.engine.engine_for(operand)
+        rows = _padded_rows(tokens, grad_out)
+        q_dz, s_dz = self.quantize("dz", _pad_rows(grad_out, rows))
         if engine == "reference":
             dx = reference.reference_grad_input(q_dz, s_dz, operand.q, operand.scale, grad_out.dtype)
         elif engine == "scaled_mm":
@@ -369,14 +392,6 @@ class FP8Backend(Backend, nn.Module):
             dx = self.engine.sparse.mm(operand.compressed_t, q_dz.t(), operand.scale, s_dz, choice)
         return dx[:tokens].to(grad_out.dtype)
 
-    def _mvue(self, dz: torch.Tensor, seed: MvueSeed | None) -> torch.Tensor:
-        """MVUE(dZ), groups of 4 along the tokens: the Triton kernel on CUDA (the draws of backends
-        "triton" and "cusparselt" for the same seed), the reference elsewhere."""
-        if dz.is_cuda:
-            return self.engine.kernels().mvue24(dz, dim=0, seed=kernel_seed(seed))
-        from ...methods.mvue import mvue24
-        return mvue24(dz, dim=0, generator=generator_on(dz.device, seed), check=False)
-
     def _x_for_backward(self, x: torch.Tensor, rows: int):
         """(q(X), q(X)^T or None, s_x) of the forward when this is its x (same tensor, unchanged), else
         X cast again with the same scale (nothing advanced in between), counted in ``stats``."""
@@ -385,23 +400,23 @@ class FP8Backend(Backend, nn.Module):
         if fx is not None and fx.x() is x and fx.version == x._version and fx.q.shape[0] == rows:
             return fx.q, fx.q_t, fx.scale
         self.engine.stats["x_requantized"] += 1
-        q, q_t, scale, a = self._cast("x", self._pad(x, rows), transpose=self.engine.engine != "reference")
+        q, q_t, scale, a = self._cast("x", _pad_rows(x, rows), transpose=self.engine.engine != "reference")
         if fx is None:  # no forward recorded this X's amax
             self.scaling.record("x", a)
         return q, q_t, scale
 
     def grad_weight(self, grad_out, x, mvue, seed):
-        self._check(grad_out, "grad_out")
+        self.engine.check(grad_out, "grad_out")
         tokens, engine = grad_out.shape[0], self.engine.engine
-        rows = self._rows(tokens, grad_out)
-        dz = self._pad(grad_out, rows)
+        rows = _padded_rows(tokens, grad_out)
+        dz = _pad_rows(grad_out, rows)
         q_x, q_x_t, s_x = self._x_for_backward(x, rows)
         if (mvue and engine == "cusparselt" and self.engine.fused and dz.is_cuda
                 and self.scaling.recipe.format_of("dz_mvue") == "e4m3"):
             a, s_g = self._mvue_compressed(dz.contiguous(), seed)
-            return self._sparse_grad_weight(a, s_g, q_x, q_x_t, s_x, rows, grad_out)
+            return self.engine.sparse_grad_weight(a, s_g, q_x, q_x_t, s_x, rows, grad_out)
         if mvue:
-            q_g, s_g = self.quantize("dz_mvue", self._mvue(dz, seed))
+            q_g, s_g = self.quantize("dz_mvue", self.engine.mvue(dz, seed))
         else:
             q_g, s_g = self.quantize("dz", dz)
         if engine == "reference":
@@ -409,29 +424,17 @@ class FP8Backend(Backend, nn.Module):
         if engine == "scaled_mm" or not mvue:
             return dense.scaled_mm_grad_weight(q_g, s_g, q_x, s_x, q_x_t).to(grad_out.dtype)
         a = self.engine.kernels().compress24(q_g.t())  # q(MVUE(dZ))^T (out, rows), 2:4 along the tokens
-        return self._sparse_grad_weight(a, s_g, q_x, q_x_t, s_x, rows, grad_out)
+        return self.engine.sparse_grad_weight(a, s_g, q_x, q_x_t, s_x, rows, grad_out)
 
     def _mvue_compressed(self, dz: torch.Tensor, seed: MvueSeed | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(compressed q(MVUE(dZ))^T, its scale) by kernel 19, amax recorded: one pass with delayed
-        scaling, after an amax pass of the same draw with current scaling. The draw is ``_mvue``'s."""
+        scaling, after an amax pass of the same draw with current scaling. The draw is ``FP8Engine.mvue``'s."""
         k, state, kseed = self.engine.kernels(), self.scaling, kernel_seed(seed)
         observed = None if state.uses_history else k.mvue24_amax(dz, kseed)
         scale, inv_scale, _ = state.scales_for("dz_mvue", None, observed_amax=observed)
         a, amax = k.mvue_compress24_fp8(dz, kseed, inv_scale)
         state.record("dz_mvue", amax)
         return a, scale
-
-    def _sparse_grad_weight(self, a, s_g, q_x, q_x_t, s_x, rows: int, grad_out: torch.Tensor) -> torch.Tensor:
-        """dW = s_g s_x A q(X) on sparse FP8 tensor cores, A = q(MVUE(dZ))^T compressed (out, rows)."""
-        out_f, in_f = grad_out.shape[1], q_x.shape[1]
-        choice = self.engine.sparse.choose(out_f, rows, in_f, [(False, False), (True, True)], grad_out.device)
-        b_transposed, transpose_result = choice.layout
-        if b_transposed:  # B = q(X) as the .t() of the contiguous q(X)^T (in, rows)
-            b = (q_x_t if q_x_t is not None else q_x.t().contiguous()).t()
-        else:
-            b = q_x
-        dw = self.engine.sparse.mm(a, b, s_g, s_x, choice)
-        return (dw.t() if transpose_result else dw).to(grad_out.dtype)
 
     def summary(self) -> dict:
         out = super().summary()
