@@ -24,6 +24,10 @@ import torch
 from sparsity_lab.lab.cli import main
 from sparsity_lab.distributed import local_batch
 
+# the workers import the benchmarks, which run from the clone (they are not installed)
+_CLONE_ON_PATH = {"PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                                os.environ.get("PYTHONPATH")]))}
+
 WORKER = Path(__file__).with_name("_distributed_worker.py")
 METHODS = ["ste", "ste_transposable", "ste_refresh3", "srste", "masked_decay_finetune", "masked_decay_weights",
            "sste", "sste_mvue",
@@ -37,7 +41,7 @@ ERRORS = ["seeds_differ", "methods_differ", "fully_shard_then_sparsify", "ddp_th
 def records(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("distributed")
     out = tmp / "records.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SPARSITY_LAB_DIST_TIMEOUT": "400"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SPARSITY_LAB_DIST_TIMEOUT": "400", **_CLONE_ON_PATH}
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            str(WORKER), str(out), str(tmp)], env=env, capture_output=True, text=True, timeout=600)
@@ -246,7 +250,8 @@ def test_bench_dist_world_size_one_matches_the_unwrapped_run_on_cusparselt(tmp_p
     done = subprocess.run([sys.executable, "-m", "benchmarks.distributed_speed", "--width", "256",
                            "--layers", "2", "--heads", "4", "--context", "128", "--batch-per-gpu", "4", "--steps", "4",
                            "--warmup", "2", "--out-dir", str(tmp_path), "--name", "dist"],
-                          capture_output=True, text=True, timeout=600)  # its own process: it sets RANK etc.
+                          capture_output=True, text=True, timeout=600,  # its own process: it sets RANK etc.
+                          env={**os.environ, **_CLONE_ON_PATH})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     result = json.loads((tmp_path / "dist.json").read_text())
     assert result["world_size"] == 1 and result["nccl"] and result["gpu"]
