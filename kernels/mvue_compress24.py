@@ -6,7 +6,7 @@ The idea
     compressed operand. Two kernels (``mvue24(dZ, dim=0)`` then ``compress24`` of its transposed view)
     write the dense MVUE(dZ) and read it back: for 16384 tokens x 16384 outputs that is 1 GiB of
     traffic on top of the one read of dZ. Here one program loads 64 output columns x 4*BLOCK_G tokens
-    of dZ, draws exactly what ``mvue24(dZ, dim=0, seed, variant="level_philox4")`` draws (same
+    of dZ, draws exactly what ``mvue24(dZ, dim=0, seed)`` (kernel 4) draws (same
     counters, same Philox outputs, same "level" arithmetic, same rounding to dZ's dtype) and writes
     the kept values and metadata as ``compress24`` would: the bytes are identical to the two-kernel
     path (tested), the dense MVUE(dZ) never exists.
