@@ -49,7 +49,6 @@ each) alive for the optimizer step.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from collections import Counter
 from typing import Any
@@ -102,6 +101,9 @@ class CusparseltBackend(OperandPreparation, Backend):
     sweep: try every algorithm id, not only cuSPARSELt's own pick.
     grad_weight_transpose_result: take the weight gradient's result as (in, out) and return its
     ``.t()`` view (the probe measures which layout is faster).
+    fast_compress, fused_mvue_compress, fused_prepare: the Triton kernels 8, 10 and 11 (compress24,
+    MVUE drawn straight into the compressed layout, S(W) and S(W)^T compressed straight from W); False
+    brings back the slower path each replaces (same bytes), for a benchmark's A/B run.
     """
 
     reads_seed_from_device = True  # MVUE runs in the Triton kernels, which read a device seed under graph capture
@@ -380,17 +382,16 @@ class CusparseltBackend(OperandPreparation, Backend):
         return found + [(mode, pair[0]) for mode, pair in self._by_timing.items() if mode != self._timing]
 
 
-def cusparselt_backend(auto: bool = False, min_speedup: float = 1.0):
-    """What ``get_backend("cusparselt")`` (or ``"cusparselt_auto"``) builds.
+def cusparselt_backend(auto: bool = False, min_speedup: float = 1.0, fused_mvue_compress: bool = True,
+                       fused_prepare: bool = True):
+    """What ``get_backend("cusparselt")`` (or ``"cusparselt_auto"``) builds; a benchmark that compares
+    variants builds its own with the arguments (``CusparseltBackend``'s, e.g. ``fused_prepare=False``).
 
     No CUDA GPU: :class:`ReferenceFallback`, with a :class:`BackendFallbackWarning`. A GPU that
     cannot run cuSPARSELt: raises :class:`CusparseltUnavailable`. Otherwise the real backend.
     """
     name = "cusparselt_auto" if auto else "cusparselt"
-    # kernel 10 is the default; SPARSITY_LAB_FUSED_MVUE_COMPRESS=0 brings back the two-kernel path (A/B runs)
-    fused = os.environ.get("SPARSITY_LAB_FUSED_MVUE_COMPRESS", "1") != "0"
-    # kernel 11 likewise; SPARSITY_LAB_FUSED_PREPARE=0 compresses the dense S(W) twice instead
-    prepare = os.environ.get("SPARSITY_LAB_FUSED_PREPARE", "1") != "0"
+    fused, prepare = fused_mvue_compress, fused_prepare
     if not torch.cuda.is_available():
         reason = unavailable_reason()
         warnings.warn(f"backend {name!r} was requested, but {reason}: SparseLinear layers run the reference "

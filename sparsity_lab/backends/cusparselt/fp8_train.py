@@ -47,7 +47,6 @@ of one backend name share (the cuSPARSELt plans and algorithm choices, counters)
 """
 from __future__ import annotations
 
-import os
 import weakref
 import warnings
 from collections import Counter
@@ -109,14 +108,14 @@ class FP8Engine:
     """What the layers of one backend name share: how the products run (``engine``, one of
     ``ENGINES``), the cuSPARSELt products (plans, algorithm choices) and counters."""
 
-    def __init__(self, name: str, engine: str, fallback_reason: str | None = None, fused: bool | None = None) -> None:
+    def __init__(self, name: str, engine: str, fallback_reason: str | None = None, fused: bool = True) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.name, self.engine, self.fallback_reason = name, engine, fallback_reason
         # kernels 18 and 19 on the sparse engine (W's cast and both compressions in one pass; MVUE(dZ)'s
-        # cast and compression in one pass); SPARSITY_LAB_FUSED_FP8=0 (or fused=False) brings back the
-        # unfused kernels for A/B runs: the bytes are the same
-        self.fused = os.environ.get("SPARSITY_LAB_FUSED_FP8", "1") != "0" if fused is None else bool(fused)
+        # cast and compression in one pass); fused=False brings back the unfused kernels for a benchmark's
+        # A/B run: the bytes are the same
+        self.fused = bool(fused)
         self.reference = TorchBackend()
         self._triton = None
         self._sparse = None
