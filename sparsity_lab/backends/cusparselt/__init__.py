@@ -4,7 +4,7 @@
     operand     the step's weight operand and its compression (the backend's part before the products)
     measure     the auto policy's timing of one product, dense against sparse
     ops         the contract of PyTorch's ``torch._cslt_*`` ops, checked shapes and dtypes
-    direct      the direct ctypes binding with a cached plan (about 0.01 ms of host time per product)
+    direct      the direct ctypes binding with a cached plan (little host time per product)
     algorithms  the matmul algorithm chosen per product shape, cached
     auto        the "cusparselt_auto" policy: sparse per product shape only where it beats dense
     fp8_train   the FP8 training backends "cusparselt_fp8", "fp8_dense", "fp8_reference" (one recipe,

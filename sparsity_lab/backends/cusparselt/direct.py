@@ -2,8 +2,9 @@
 
 Why: ``torch._cslt_sparse_mm`` builds three descriptors, a matmul descriptor, an algorithm selection
 and a *plan* on every call and destroys them after it. ``cusparseLtMatmulPlanInit`` is the costly
-part: on the H100 two forward products of a 4096-token FFN (d_model 1024) took 1.2 ms eager against
-0.13 ms dense (results/cusparselt_ffn_h100.json), all of it host time. There are two cures,
+part: on the H100 two forward products of a 4096-token FFN (d_model 1024) took several times the
+dense products' time eagerly, all of it host time (docs/measuring.md,
+results/cusparselt_ffn_h100.json). There are two cures,
 CUDA-graph capture (``sparsity_lab.CudaGraphStep``) and a cached plan through a direct binding; this
 module is the second. The library is the one PyTorch already loaded (same file, same version).
 
