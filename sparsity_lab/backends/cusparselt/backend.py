@@ -56,9 +56,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .activation import TILE, ActivationProducts
 from .auto import PRODUCTS, AutoPolicy, ProductShape
 from .layer_plan import LayerShape, plan_name
 from ..base import Backend, MvueSeed, kernel_seed
+from ..report import BackendReport, MeasuresProducts
 from .algorithms import AlgorithmCache, ProductKey
 from ...methods.flip_rate import mask_flips_tensor
 from .measure import measure_layer, measure_product
@@ -93,7 +95,7 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     return x if x.shape[0] == rows else F.pad(x, (0, 0, 0, rows - x.shape[0]))
 
 
-class CusparseltBackend(OperandPreparation, Backend):
+class CusparseltBackend(OperandPreparation, Backend, BackendReport, MeasuresProducts):
     """2:4 products on sparse tensor cores through cuSPARSELt (see the module docstring).
 
     ops: the cuSPARSELt calls (default: PyTorch's, which checks the GPU; tests pass a stand-in).
@@ -132,6 +134,7 @@ class CusparseltBackend(OperandPreparation, Backend):
         self.slow_compress_reasons: Counter = Counter()
         self._reference = TorchBackend()
         self._kernels = None
+        self._activation_products: ActivationProducts | None = None
         # how the auto policy times a product: "eager" (back-to-back calls: the host's launch cost
         # counts) or "graph" (replayed from a CUDA graph: kernel time only), each mode with its own
         # decisions. sparsity_lab.graph_step.graph_timing switches it around CudaGraphStep's eager steps.
@@ -333,6 +336,27 @@ class CusparseltBackend(OperandPreparation, Backend):
         dw = self._ops.mm(a, x_p, None, tr, config)
         return dw.t() if tr else dw
 
+    # --- 2:4 activation products (activation.py): the activation is the sparse operand ---------------------
+    token_feature_multiple = TILE  # pruned features in whole 64-row tiles of the compressed operand
+
+    def _activation(self) -> ActivationProducts:
+        if self._activation_products is None:
+            self._activation_products = ActivationProducts(self._ops, self.algorithms)
+        return self._activation_products
+
+    def act24_linear(self, h, weight):
+        return self._activation().linear(h, weight)
+
+    def act24_grad(self, h, grad_a24):
+        return self._activation().grad(h, grad_a24)
+
+    def act24_grad_input(self, operand, weight):
+        return self._activation().grad_input(operand, weight)
+
+    def tokens24_weight_grad(self, a, g, perm, dense_count):
+        return self._activation().tokens24_weight_grad(a, g, perm, dense_count)
+
+    # --- what the auto policy measures (report.MeasuresProducts) -------------------------------------------
     def measure_product(self, shape: ProductShape) -> tuple[float, float]:
         """(dense_ms, sparse_ms) of one product of ``shape`` on the GPU, for the auto policy
         (``measure.measure_product``)."""

@@ -62,6 +62,7 @@ from ...references import fp8_products as reference
 from ...references.fp8 import amax as amax_of, quantize_with_inv_scale
 from .. import fp8_dense as dense
 from ..base import Backend, MvueSeed, kernel_seed
+from ..report import BackendReport
 from ..torch_reference import TorchBackend, generator_on
 
 NAMES = {"cusparselt_fp8": "cusparselt", "fp8_dense": "scaled_mm", "fp8_reference": "reference"}
@@ -146,7 +147,7 @@ class FP8Engine:
         return self._sparse
 
 
-class FP8Backend(Backend, nn.Module):
+class FP8Backend(Backend, BackendReport, nn.Module):
     """An FP8 backend with its own scaling state (``scaling``, an :class:`FP8ScalingState`).
 
     ``get_backend(name)`` gives one (its state shared by whoever calls it directly, e.g. a product
