@@ -26,7 +26,7 @@ dense step of the round (either mode) over the variant's fastest step of the rou
 over rounds (pairing in time removes the GPU clock's drift from the ratio); per-mode ratios are kept
 too. Dense TFLOP/s counts the six products, 12 tokens d hidden floating-point operations. Before
 timing, every activation variant's output and input gradient are checked against the reference
-products (``ReferenceProducts``: dense products of the same pruned operands) by relative error, and
+products (the "torch" backend's: dense products of the same pruned operands) by relative error, and
 the weight gradients too (for tokens24 the reference of the same permutations and dense features);
 the tokens24 rows report the share of A24 and dH that the token-dimension 2:4 drops (``dropped``,
 from that checking step: random inputs and initial weights, not a trained model's activations).
@@ -86,7 +86,8 @@ class Relu2FFN(nn.Module):
 
 def build(variant: str, s: Settings) -> nn.Module:
     import sparsity_lab as sl
-    from sparsity_lab.activation24 import Act24MLP, CusparseltProducts, ReferenceProducts
+    from sparsity_lab.activation24 import Act24MLP
+    from sparsity_lab.backends import get_backend
 
     d, hidden = s.d_model, 4 * s.d_model
     torch.manual_seed(0)
@@ -97,7 +98,7 @@ def build(variant: str, s: Settings) -> nn.Module:
         model = Act24MLP(d, hidden, weight_grads="tokens24" if tokens24 else "dense", dense_fraction=DENSE_FRACTION)
     model = model.to(device=s.device, dtype=torch.bfloat16)
     if variant.startswith("act24"):
-        model.products = ReferenceProducts() if s.smoke else CusparseltProducts()
+        model.backend = get_backend("torch" if s.smoke else "cusparselt")  # the activation products
     backend = "torch" if s.smoke else "cusparselt"
     mvue = variant.endswith("_mvue")
     method = sl.STE(transposable=True, mvue=mvue, backend=backend)
@@ -114,7 +115,7 @@ def check_against_reference(model: nn.Module, x: torch.Tensor, dy: torch.Tensor)
     """Relative errors of y, dx, dW1 and dW2 against the same model with reference (dense) activation
     products (for tokens24: the same permutations and dense features), and for tokens24 the dropped share
     of each weight-gradient operand (``dropped``: {"dW2": ..., "dW1": ...} of ``tokens24_dropped``)."""
-    from sparsity_lab.activation24 import ReferenceProducts
+    from sparsity_lab.backends.torch_reference import TorchBackend
 
     tokens24 = model.weight_grads == "tokens24"
 
@@ -130,13 +131,13 @@ def check_against_reference(model: nn.Module, x: torch.Tensor, dy: torch.Tensor)
         return out
 
     fast = run()
-    saved = model.products
-    model.products = ReferenceProducts(feature_multiple=getattr(saved, "feature_multiple", 1))
+    saved = model.backend
+    model.backend = TorchBackend(token_feature_multiple=saved.token_feature_multiple)
     model.record_dropped = tokens24
     try:
         ref = run()
     finally:
-        model.products, model.record_dropped = saved, False
+        model.backend, model.record_dropped = saved, False
     rel = [float((a - b).norm() / b.norm().clamp_min(1e-30)) for a, b in zip(fast, ref)]
     out = {"y_rel_err": rel[0], "dx_rel_err": rel[1], "dw1_rel_err": rel[2], "dw2_rel_err": rel[3]}
     if tokens24:

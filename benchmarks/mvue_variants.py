@@ -3,7 +3,8 @@
 ``python -m benchmarks.mvue_variants --out PATH`` (CUDA GPU), in this order:
 
 1. the ceiling: a device-to-device copy of a 128 MiB bf16 tensor, bytes read + written per second;
-2. for each variant of ``kernels/mvue24.py`` and each group dim (0: the tokens of dZ, -1: the last
+2. for each variant of ``benchmarks/baselines/mvue24.py`` ("level_philox4": the shipped
+   ``kernels/mvue24.py``) and each group dim (0: the tokens of dZ, -1: the last
    dim), on a 128 MiB bf16 tensor (8192 x 8192 by default):
 
    * checks, on the benchmark tensor: at most 2 non-zeros per group (all of it); kept values are
@@ -87,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cols", type=int, default=8192, help="columns of the bf16 benchmark tensor (default 8192)")
     parser.add_argument("--rep-ms", type=int, default=40, help="do_bench repetition time per measurement (ms)")
     parser.add_argument("--variants", default=None,
-                        help="comma-separated subset of kernels/mvue24.VARIANTS (default: all)")
+                        help="comma-separated subset of benchmarks/baselines/mvue24.VARIANTS (default: all)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes on the CPU through the Triton interpreter: checks the script, not the figures")
 
@@ -96,10 +97,11 @@ def _compiled_kernel_info() -> list[dict]:
     """Registers, spills and shared memory of every compiled MVUE kernel (best effort: triton's
     cache layout is internal and differs between versions; an error is recorded, not hidden)."""
     shipped = importlib.import_module("sparsity_lab.kernels.mvue24")
-    baselines = importlib.import_module("sparsity_lab.kernels.mvue24_variants")
+    baselines = importlib.import_module("benchmarks.baselines.mvue24")
     infos = []
     for module, name in ((baselines, "_mvue24_lastdim_kernel"), (shipped, "_mvue24_lastdim_quads_kernel"),
-                         (baselines, "_mvue24_strided_kernel"), (shipped, "_mvue24_strided_quads_kernel"),
+                         (baselines, "_mvue24_lastdim_quads_kernel"), (baselines, "_mvue24_strided_kernel"),
+                         (shipped, "_mvue24_strided_quads_kernel"), (baselines, "_mvue24_strided_quads_kernel"),
                          (baselines, "_mvue24_strided_tile16_kernel")):
         fn = getattr(module, name)
         try:
@@ -240,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
     device = bench_device(args.smoke, "mvue_variants")
     if device is None:
         return 2
-    M = importlib.import_module("sparsity_lab.kernels.mvue24")
+    M = importlib.import_module("benchmarks.baselines.mvue24")  # the variants; "level_philox4" is the shipped kernel
     from sparsity_lab.provenance import provenance
 
     variants = M.VARIANTS if args.variants is None else tuple(v.strip() for v in args.variants.split(","))

@@ -8,8 +8,7 @@ package (named in its docstring) and a test against it (tests/test_kernels_*.py)
     prune24            1. row-wise 2:4 magnitude prune, uint8 group mask
     transposable24     2. exact transposable 2:4 mask (90 patterns), pruned W and W^T
     soft_threshold24   3. S-STE soft threshold times beta
-    mvue24             4. MVUE 2:4 with a counter-based RNG, groups along any dim (baselines:
-                          mvue24_v2, mvue24_variants)
+    mvue24             4. MVUE 2:4 with a counter-based RNG, groups along any dim
     masked_decay       5. g += lambda * (1 - m) * w, in place
     gated              6. SwiGLU / GEGLU forward and backward, row-major or transposed layout
     fp8_cast           7. FP8 per-tensor amax, scale, cast (E4M3 / E5M2) and back
@@ -37,7 +36,6 @@ from .fp8_cast_transpose import quantize_fp8_transposed
 from .gated import gated_backward, gated_forward
 from .masked_decay import masked_decay_
 from .mvue24 import mvue24
-from . import mvue24_variants  # noqa: F401  (adds the measured baseline variants to mvue24's launchers)
 from .mvue_compress24 import mvue24_amax, mvue_compress24, mvue_compress24_fp8
 from .prepare24 import prepare24
 from .prepare24_fp8 import prepare24_amax, prepare24_fp8

@@ -67,8 +67,8 @@ def act24_backward(h: torch.Tensor, grad_a24: torch.Tensor, out_dtype: torch.dty
     h: (tokens, hidden) the forward's pre-activation, grad_a24 (tokens, hidden) = dY W2; bfloat16 /
     float16 / float32, any strides; tokens and hidden multiples of 64. out_dtype: bfloat16 / float16
     (default grad_a24's dtype). block_groups: as :func:`~sparsity_lab.kernels.act24.act24`. num_warps:
-    default 8 for blocks of 32 groups, else 4 (the fastest measured on the H100 at 16384 x 16384:
-    0.72 ms against 1.10 ms with 4 warps for 32 groups, ``results/act24_kernels_sweep_h100.json``).
+    default 8 for blocks of 32 groups, else 4 (the fastest on the H100 at 16384 x 16384, see
+    docs/measuring.md and ``results/act24_kernels_sweep_h100.json``).
     """
     check_tensor(h, "h", (torch.bfloat16, torch.float16, torch.float32))
     check_tensor(grad_a24, "grad_a24", (torch.bfloat16, torch.float16, torch.float32))

@@ -1,9 +1,9 @@
 """Kernel 8: compress a 2:4 matrix into cuSPARSELt's sm90 layout, at memory speed.
 
 The idea
-    ``torch._cslt_compress`` is slow on the H100: 2.26 ms for a 16384 x 4096 bf16 weight, about
-    60 GB/s of input (``results/kernels_h100.json``, the "8 compress24" row against
-    ``_cslt_compress``), so about 9 ms for a 16384^2 weight, more than the sparse product saves.
+    ``torch._cslt_compress`` is slow on the H100: far below the copy rate, so that compressing a
+    large weight every step costs more than the sparse product saves (docs/measuring.md;
+    ``results/kernels_h100.json``, the "8 compress24" row against ``_cslt_compress``).
     Its output layout on sm90 was mapped by measurement (``sparsity_lab/references/cusparselt_layout.py`` states it and holds the plain
     PyTorch reference ``compress24_reference``): the kept values row-major, then one 4-bit code
     ``i | j << 2`` per group, placed by a bit permutation of (row, group) inside 64-row tiles.

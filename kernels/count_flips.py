@@ -3,8 +3,8 @@
 The idea
     The flip rate ``||m_prev XOR m_new||_1 / D`` (Hu et al. 2024) is logged at every mask refresh.
     In PyTorch, ``(prev ^ new).sum()`` over bool masks casts the XOR to int64 before reducing (an
-    8-byte temporary per entry, measured at 0.3 ms per 64M-entry layer on the H100, more than the
-    mask itself). Here each program XORs a block of both masks as bytes, sums it in int32 and adds
+    8-byte temporary per entry: on the H100 it took longer than reading the masks does, see
+    docs/measuring.md). Here each program XORs a block of both masks as bytes, sums it in int32 and adds
     it to one int64 counter with an atomic: one read of each mask, no temporary, and the count
     stays on the device (reading it is the caller's choice, so a training step has no host sync).
     Reference: ``sparsity_lab.methods.flip_rate.mask_flips_tensor``.

@@ -26,86 +26,50 @@ Groups along any dimension
     what the weight gradient ``MVUE(dZ^T) X`` needs): each program loads the 4 rows of a group
     as 4 contiguous vectors of BLOCK elements along ``inner``.
 
-Variants (``variant=``; default ``level_philox4``, chosen on the H100: 0.94 of the copy rate with
-groups along the tokens and 0.99 along the last dim, against v2's 0.57 / 0.64, all measured in one
-run, results/mvue_variants_h100.json). The two ``v2`` variants are kept only as the baseline of that
-measurement and warn when selected: they compute "the other three" as ``total - top`` in float32,
-which cancels (a group [1, 1e-10, 0, 0] never keeps its 1e-10, although p = 1), and on the H100
-``v2`` kept 3 entries in some group of a 128 MiB tensor.
-    v2 (0.55 / 0.62 of the copy rate on the H100, kernels/NOTES.md) is not memory-bound: its SASS
-    (sm_90, compiled offline by triton 3.9) issues about 200 instructions per group, 50 per element:
-    one Philox call per group (10 rounds of 2 IMAD.HI + 2 IMAD + 2 LOP3: ~64 instructions) plus
-    ~136 for the probabilities (a full-precision division), the picks, predicate juggling and the
-    bf16 conversions. At 132 SMs x 4 schedulers x 32 lanes x ~1.75 GHz that is ~0.11 ms of issue
-    for 16.8 M groups against a 0.09 ms memory floor. The variants cut instructions per group
-    (offline sm_90 SASS counts, bf16, benchmark configurations):
-
-    ==========================  ========  ========  ===============================================
-    variant                     last dim  other     what changes
-    ==========================  ========  ========  ===============================================
-    ``v2``                      200       198       (``_mvue_group``, ``tl.rand`` per group)
-    ``v2_philox4``              192       184       one Philox call for 4 groups (4 x 32 bits)
-    ``level``                   144       138       ``_mvue_group_level``: no division, no cap
-                                                    flags, no non-zero count; v2's uniforms, so
-                                                    v2's draws up to rounding at interval ends
-    ``level_philox4``           102       100       both
-    ``level_philox4_tile16``    102       120       other dims: tiles of 4 group-rows (16 rows) x
-                                                    BLOCK columns, one column per thread, the 4
-                                                    uniforms of one Philox call to the 4 group-rows
-    ==========================  ========  ========  ===============================================
-
-    Without any RNG (``u = 0.5``, a timing diagnostic only) the level arithmetic and the memory
-    instructions are ~80 per group, v2's ~130.
+Why this arithmetic and this RNG
+    The kernel must run at the copy rate: it reads and writes each element once and does nothing
+    else to memory, so its instructions per group decide its speed. Two choices keep them few:
+    the "water level" arithmetic (``_mvue_group_level``: no division, no cap flags, no non-zero
+    count, and no ``total - top`` cancellation) and one Philox call for 4 groups (``tl.randint4x``:
+    four 32-bit outputs, one uniform per group). Both were chosen on the H100 against the measured
+    baselines kept in ``benchmarks/baselines/mvue24.py`` (``python -m benchmarks mvue_variants``;
+    the figures are in docs/measuring.md and results/mvue_variants_h100.json).
 
     Where the four uniforms of one Philox call go ("a quad" of 4 groups): groups along the last
     dim, groups 4q .. 4q+3 (16 consecutive elements); other dims, the groups of 4 neighbouring
-    columns (``philox4``) or of 4 neighbouring group-rows (``tile16``) at one column. The quad's
-    counter depends only on its position, so draws stay independent of the block size.
-    The philox4 variants turn 32 random bits into ``u = 1.f x 2^0 - 1`` (23 bits, ``u`` a multiple
-    of 2^-23): every inclusion probability is realised to within about 2^-23, the same order as
-    v2's second pointer ``u + 1`` (float32 spacing 2^-23 in [1, 2)).
+    columns. The quad's counter depends only on its position, so draws stay independent of the
+    block size. 32 random bits become ``u = 1.f x 2^0 - 1`` (23 bits, ``u`` a multiple of 2^-23):
+    every inclusion probability is realised to within about 2^-23.
 
-    A layout constraint shapes the philox4 kernels: triton gives the Philox chain its default
-    layout (one element per thread, round robin) and converts its four outputs through shared
-    memory when the data has several quads per thread (it recomputes a single-output chain like
-    ``tl.rand`` in the data's layout, not a four-output one). So every thread holds exactly one
-    quad per repetition: last dim, two [QUADS, 8] loads (16 bytes each in bf16); other dims, 4
-    columns per thread (``block = 128 * num_warps``, 8-byte accesses in bf16) or, for tile16, one
-    column (``block = 32 * num_warps``, 2-byte accesses). Other block sizes are correct, only slower.
-
-Files
-    This file is the shipped kernel (``level_philox4``: the level arithmetic, the philox4 uniforms,
-    the quad kernels) and ``mvue24()`` for every variant. The baselines live in their own files:
-    ``mvue24_v2.py`` (v2's group arithmetic) and ``mvue24_variants.py`` (the one-uniform-per-group
-    kernels of ``v2`` / ``level`` and the ``tile16`` kernel).
+    A layout constraint shapes the kernels: triton gives the Philox chain its default layout (one
+    element per thread, round robin) and converts its four outputs through shared memory when the
+    data has several quads per thread (it recomputes a single-output chain like ``tl.rand`` in the
+    data's layout, not a four-output one). So every thread holds exactly one quad per repetition:
+    last dim, two [QUADS, 8] loads (16 bytes each in bf16); other dims, 4 columns per thread
+    (``block = 128 * num_warps``, 8-byte accesses in bf16). Other block sizes are correct, only
+    slower. ``LAUNCH`` holds the launch constants that meet it.
 
 Bytes (x of dtype size s, numel n)
     read ``s * n``; write ``s * n``.
 """
 from __future__ import annotations
 
-import functools
-import warnings
-from typing import Callable
-
 import torch
 import triton
 import triton.language as tl
 
 from ._common import HALF_AND_FLOAT, check_device, check_tensor, contiguous, join4, split4
-from .mvue24_v2 import _mvue_group
 
-# groups per program (last-dim kernel) / columns per program (strided kernel): best measured on the H100
-DEFAULT_BLOCK = 512
-DEFAULT_WARPS = 8
-DEFAULT_STRIDED_WARPS = 4
-# the last-dim philox4 kernels hold a whole quad (16 elements) per thread: 512 groups = 128 quads
-DEFAULT_QUAD_WARPS = 4
 MAX_SEED = 2**31 - 1
 
-VARIANTS = ("v2", "v2_philox4", "level", "level_philox4", "level_philox4_tile16")
-DEFAULT_VARIANT = "level_philox4"
-BASELINE_VARIANTS = ("v2", "v2_philox4")  # known wrong: the measurement's baseline only
+# Launch constants per group layout, (block, num_warps): block counts groups per program along the
+# last dim (512 groups = 128 quads, one quad per thread with 4 warps) and columns per program along
+# other dims (4 columns = one quad per thread with 4 warps). Chosen on the H100 (docs/measuring.md).
+LAUNCH = {
+    "last dim": (512, 4),
+    "other dims": (512, 4),
+}
+DEFAULT_BLOCK = LAUNCH["last dim"][0]
 
 
 @triton.jit
@@ -156,16 +120,6 @@ def _mvue_group_level(x0, x1, x2, x3, u):
 
 
 @triton.jit
-def _mvue(x0, x1, x2, x3, u, LEVEL: tl.constexpr):
-    """Either group arithmetic on float32 inputs (LEVEL picks ``_mvue_group_level``)."""
-    if LEVEL:
-        y0, y1, y2, y3 = _mvue_group_level(x0, x1, x2, x3, u)
-    else:
-        y0, y1, y2, y3 = _mvue_group(x0, x1, x2, x3, u)
-    return y0, y1, y2, y3
-
-
-@triton.jit
 def _unit_float(bits):
     """32 random bits -> u in [0, 1), a multiple of 2^-23: the top 23 bits as the mantissa of a
     float in [1, 2), minus 1 (exact). Three integer/float instructions, no int -> float conversion."""
@@ -185,20 +139,10 @@ def _load_seed(seed, SEED_PTR: tl.constexpr):
 
 
 @triton.jit
-def _uniforms4(seed, counter, CONSTANT_U: tl.constexpr):
-    """Four uniforms per counter from one Philox call (CONSTANT_U: all 0.5, a timing diagnostic)."""
-    if CONSTANT_U:
-        u0 = tl.full(counter.shape, 0.5, tl.float32)
-        u1 = u0
-        u2 = u0
-        u3 = u0
-    else:
-        r0, r1, r2, r3 = tl.randint4x(seed, counter)
-        u0 = _unit_float(r0)
-        u1 = _unit_float(r1)
-        u2 = _unit_float(r2)
-        u3 = _unit_float(r3)
-    return u0, u1, u2, u3
+def _uniforms4(seed, counter):
+    """Four uniforms per counter from one Philox call."""
+    r0, r1, r2, r3 = tl.randint4x(seed, counter)
+    return _unit_float(r0), _unit_float(r1), _unit_float(r2), _unit_float(r3)
 
 
 @triton.jit
@@ -223,8 +167,7 @@ def _join_pair(y00, y01, y10, y11, y20, y21, y30, y31, QUADS: tl.constexpr):
 
 
 @triton.jit
-def _mvue24_lastdim_quads_kernel(x_ptr, out_ptr, n_groups, seed, QUADS: tl.constexpr, LEVEL: tl.constexpr,
-                                 CONSTANT_U: tl.constexpr, SEED_PTR: tl.constexpr = False):
+def _mvue24_lastdim_quads_kernel(x_ptr, out_ptr, n_groups, seed, QUADS: tl.constexpr, SEED_PTR: tl.constexpr = False):
     seed = _load_seed(seed, SEED_PTR)
     # a program: QUADS quads of 4 groups (16 elements); member j of group g of quad q at 16 q + 4 g + j.
     # Two [QUADS, 8] loads (groups 0-1 and 2-3 of each quad, 16 bytes each in bf16) keep a whole
@@ -238,19 +181,18 @@ def _mvue24_lastdim_quads_kernel(x_ptr, out_ptr, n_groups, seed, QUADS: tl.const
     b = tl.load(x_ptr + second, mask=second < n, other=0.0).to(tl.float32)
     x00, x01, x10, x11, x20, x21, x30, x31 = _split_pair(a, QUADS)  # x{j}{g}: member j of group g
     x02, x03, x12, x13, x22, x23, x32, x33 = _split_pair(b, QUADS)
-    u0, u1, u2, u3 = _uniforms4(seed, quads, CONSTANT_U)  # u_g for group 4 q + g
-    y00, y10, y20, y30 = _mvue(x00, x10, x20, x30, u0, LEVEL)
-    y01, y11, y21, y31 = _mvue(x01, x11, x21, x31, u1, LEVEL)
-    y02, y12, y22, y32 = _mvue(x02, x12, x22, x32, u2, LEVEL)
-    y03, y13, y23, y33 = _mvue(x03, x13, x23, x33, u3, LEVEL)
+    u0, u1, u2, u3 = _uniforms4(seed, quads)  # u_g for group 4 q + g
+    y00, y10, y20, y30 = _mvue_group_level(x00, x10, x20, x30, u0)
+    y01, y11, y21, y31 = _mvue_group_level(x01, x11, x21, x31, u1)
+    y02, y12, y22, y32 = _mvue_group_level(x02, x12, x22, x32, u2)
+    y03, y13, y23, y33 = _mvue_group_level(x03, x13, x23, x33, u3)
     dt = out_ptr.dtype.element_ty
     tl.store(out_ptr + first, _join_pair(y00, y01, y10, y11, y20, y21, y30, y31, QUADS).to(dt), mask=first < n)
     tl.store(out_ptr + second, _join_pair(y02, y03, y12, y13, y22, y23, y32, y33, QUADS).to(dt), mask=second < n)
 
 
 @triton.jit
-def _mvue24_strided_quads_kernel(x_ptr, out_ptr, inner, seed, BLOCK: tl.constexpr, LEVEL: tl.constexpr,
-                                 CONSTANT_U: tl.constexpr, SEED_PTR: tl.constexpr = False):
+def _mvue24_strided_quads_kernel(x_ptr, out_ptr, inner, seed, BLOCK: tl.constexpr, SEED_PTR: tl.constexpr = False):
     seed = _load_seed(seed, SEED_PTR)
     # program (g, j): group-row g, columns j*BLOCK..; one Philox call per 4 neighbouring columns
     # (column 4 k + m takes the call's output m; quads counted over ceil(inner / 4) per group-row)
@@ -264,15 +206,15 @@ def _mvue24_strided_quads_kernel(x_ptr, out_ptr, inner, seed, BLOCK: tl.constexp
     x2 = tl.load(x_ptr + base + 2 * inner, mask=ok, other=0.0).to(tl.float32)
     x3 = tl.load(x_ptr + base + 3 * inner, mask=ok, other=0.0).to(tl.float32)
     quads = g * ((inner + 3) // 4) + col0 // 4 + tl.arange(0, BLOCK // 4)
-    u0, u1, u2, u3 = _uniforms4(seed, quads, CONSTANT_U)
+    u0, u1, u2, u3 = _uniforms4(seed, quads)
     x00, x01, x02, x03 = split4(x0, BLOCK // 4)  # x{k}{m}: row k of the group-row, column 4 q + m
     x10, x11, x12, x13 = split4(x1, BLOCK // 4)
     x20, x21, x22, x23 = split4(x2, BLOCK // 4)
     x30, x31, x32, x33 = split4(x3, BLOCK // 4)
-    y00, y10, y20, y30 = _mvue(x00, x10, x20, x30, u0, LEVEL)
-    y01, y11, y21, y31 = _mvue(x01, x11, x21, x31, u1, LEVEL)
-    y02, y12, y22, y32 = _mvue(x02, x12, x22, x32, u2, LEVEL)
-    y03, y13, y23, y33 = _mvue(x03, x13, x23, x33, u3, LEVEL)
+    y00, y10, y20, y30 = _mvue_group_level(x00, x10, x20, x30, u0)
+    y01, y11, y21, y31 = _mvue_group_level(x01, x11, x21, x31, u1)
+    y02, y12, y22, y32 = _mvue_group_level(x02, x12, x22, x32, u2)
+    y03, y13, y23, y33 = _mvue_group_level(x03, x13, x23, x33, u3)
     dt = out_ptr.dtype.element_ty
     tl.store(out_ptr + base, join4(y00, y01, y02, y03, BLOCK // 4).to(dt), mask=ok)
     tl.store(out_ptr + base + inner, join4(y10, y11, y12, y13, BLOCK // 4).to(dt), mask=ok)
@@ -280,58 +222,27 @@ def _mvue24_strided_quads_kernel(x_ptr, out_ptr, inner, seed, BLOCK: tl.constexp
     tl.store(out_ptr + base + 3 * inner, join4(y30, y31, y32, y33, BLOCK // 4).to(dt), mask=ok)
 
 
-def _check_variant(variant: str, block: int) -> None:
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    if variant in BASELINE_VARIANTS:
-        warnings.warn(f"MVUE variant {variant!r} is a measurement baseline with known errors (float32 "
-                      f"cancellation; it kept 3 of 4 on the H100); use {DEFAULT_VARIANT!r}", stacklevel=3)
-    if block < 1 or block & (block - 1):
-        raise ValueError(f"block must be a power of two >= 1, got {block}")
-    if "philox4" in variant and block < 4:
-        raise ValueError(f"block must be >= 4 for variant {variant!r} (one Philox call serves 4 groups), got {block}")
-
-
-def launch_pair(lastdim_kernel, strided_kernel, quads: bool, x: torch.Tensor, out: torch.Tensor, inner: int, seed,
-                block: int, num_warps: int | None, constant_u: bool, level: bool) -> None:
-    """A variant's two kernels: the flat one for groups along the last dim (``inner == 1``), else the
-    strided one (a program per group-row and BLOCK columns). quads: the flat kernel holds whole quads
-    of groups (``QUADS = block / 4``, the philox4 variants)."""
-    # SEED_PTR: the seed is a device tensor that the kernel reads
-    flags = dict(LEVEL=level, CONSTANT_U=constant_u, SEED_PTR=isinstance(seed, torch.Tensor))
-    if inner == 1:
-        n_groups = x.numel() // 4
-        size = dict(QUADS=block // 4) if quads else dict(BLOCK=block)
-        warps = num_warps or (DEFAULT_QUAD_WARPS if quads else DEFAULT_WARPS)
-        lastdim_kernel[(triton.cdiv(n_groups, block),)](x, out, n_groups, seed, **size, **flags, num_warps=warps)
-        return
-    grid = (x.numel() // (4 * inner), triton.cdiv(inner, block))
-    strided_kernel[grid](x, out, inner, seed, BLOCK=block, **flags, num_warps=num_warps or DEFAULT_STRIDED_WARPS)
-
-
-# variant -> launch(x, out, inner, seed, block, num_warps, constant_u): the two philox4 variants here;
-# the measured variants that are not shipped add theirs from mvue24_variants.py (the package imports it)
-_PHILOX4 = (_mvue24_lastdim_quads_kernel, _mvue24_strided_quads_kernel, True)
-LAUNCHERS: dict[str, Callable] = {
-    "level_philox4": functools.partial(launch_pair, *_PHILOX4, level=True),
-    "v2_philox4": functools.partial(launch_pair, *_PHILOX4, level=False),
-}
-
-
-def _launch(x: torch.Tensor, dim: int, seed: int, block: int, num_warps: int | None, variant: str,
-            constant_u: bool = False) -> torch.Tensor:
-    """Run ``variant`` on a contiguous x (arguments already checked). constant_u=True replaces every
-    uniform by 0.5: NOT a valid MVUE (deterministic picks), only a timing diagnostic that shows what
-    the RNG costs (benchmarks.mvue_variants)."""
-    if variant not in LAUNCHERS:
-        raise RuntimeError(f"MVUE variant {variant!r} is not loaded: import sparsity_lab.kernels (it loads the "
-                           "measured variants of kernels/mvue24_variants.py)")
-    out = torch.empty_like(x)
+def group_layout(x: torch.Tensor, dim: int) -> int:
+    """``inner``: the product of the sizes after ``dim`` (1 when the groups run along the last dim)."""
     inner = 1
     for size in x.shape[dim + 1:]:
         inner *= size
-    LAUNCHERS[variant](x, out, inner, seed, block, num_warps, constant_u)
-    return out
+    return inner
+
+
+def launch(x: torch.Tensor, out: torch.Tensor, inner: int, seed, block: int, num_warps: int | None) -> None:
+    """The flat kernel for groups along the last dim (``inner == 1``, ``QUADS = block / 4``), else the
+    strided one (a program per group-row and ``block`` columns); x, out contiguous, arguments checked."""
+    seed_ptr = isinstance(seed, torch.Tensor)  # the seed is a device tensor that the kernel reads
+    if inner == 1:
+        n_groups = x.numel() // 4
+        warps = num_warps or LAUNCH["last dim"][1]
+        _mvue24_lastdim_quads_kernel[(triton.cdiv(n_groups, block),)](x, out, n_groups, seed, QUADS=block // 4,
+                                                                     SEED_PTR=seed_ptr, num_warps=warps)
+        return
+    grid = (x.numel() // (4 * inner), triton.cdiv(inner, block))
+    _mvue24_strided_quads_kernel[grid](x, out, inner, seed, BLOCK=block, SEED_PTR=seed_ptr,
+                                       num_warps=num_warps or LAUNCH["other dims"][1])
 
 
 def check_seed(seed, x: torch.Tensor) -> None:
@@ -346,7 +257,12 @@ def check_seed(seed, x: torch.Tensor) -> None:
         raise ValueError(f"seed must be an int in [0, {MAX_SEED}] (or a 0-d int64 device tensor), got {seed!r}")
 
 
-def _checked(x: torch.Tensor, dim: int, seed: int, block: int, variant: str) -> tuple[torch.Tensor, int]:
+def check_block(block: int) -> None:
+    if block < 4 or block & (block - 1):
+        raise ValueError(f"block must be a power of two >= 4 (one Philox call serves 4 groups), got {block}")
+
+
+def checked(x: torch.Tensor, dim: int, seed, block: int) -> tuple[torch.Tensor, int]:
     """The argument checks of :func:`mvue24`; returns (contiguous x, dim in [0, x.dim()))."""
     check_tensor(x, "x", HALF_AND_FLOAT)
     if not -x.dim() <= dim < x.dim():
@@ -357,32 +273,25 @@ def _checked(x: torch.Tensor, dim: int, seed: int, block: int, variant: str) -> 
                          "(MVUE 2:4 needs groups of 4)")
     check_seed(seed, x)
     check_device(_mvue24_lastdim_quads_kernel, x=x)
-    _check_variant(variant, block)
+    check_block(block)
     return contiguous(x), dim
 
 
-def mvue24(x: torch.Tensor, dim: int = -1, seed: int = 0, block: int = DEFAULT_BLOCK,
-           num_warps: int | None = None, variant: str = DEFAULT_VARIANT) -> torch.Tensor:
+def mvue24(x: torch.Tensor, dim: int = -1, seed: int = 0, block: int | None = None,
+           num_warps: int | None = None) -> torch.Tensor:
     """Unbiased 2:4 sparsification of ``x`` with groups of 4 along ``dim``.
 
     x: float16/bfloat16/float32, ``x.shape[dim] % 4 == 0`` (non-contiguous inputs are copied).
-    seed: int in [0, 2**31 - 1]; the same seed (and variant) gives the same result for any block. Or a
-    0-d int64 tensor on x's device holding such an int (read on the device: CUDA-graph safe).
-    block: groups per program (last dim) or columns per program (other dims), a power of two
-    (>= 4 for the philox4 variants). num_warps: None picks 8 for groups along the last dim (4 for
-    its philox4 variants), 4 otherwise. variant: one of ``VARIANTS`` (see the module docstring).
+    seed: int in [0, 2**31 - 1]; the same seed gives the same result for any block. Or a 0-d int64
+    tensor on x's device holding such an int (read on the device: CUDA-graph safe).
+    block: groups per program (last dim) or columns per program (other dims), a power of two >= 4;
+    None takes ``LAUNCH``'s. num_warps: None takes ``LAUNCH``'s.
     Returns a tensor like x (contiguous) with at most 2 non-zeros per group and ``E[result] = x``.
     """
-    x, dim = _checked(x, dim, seed, block, variant)
-    return _launch(x, dim, seed, block, num_warps, variant)
-
-
-def mvue24_constant_u_for_timing(x: torch.Tensor, dim: int = -1, block: int = DEFAULT_BLOCK,
-                                 num_warps: int | None = None, variant: str = DEFAULT_VARIANT) -> torch.Tensor:
-    """NOT an MVUE: ``variant`` with every uniform replaced by 0.5 (deterministic picks, biased).
-
-    A timing diagnostic only (benchmarks.mvue_variants): the gap between this and
-    :func:`mvue24` with the same variant is what the random numbers cost.
-    """
-    x, dim = _checked(x, dim, 0, block, variant)
-    return _launch(x, dim, 0, block, num_warps, variant, constant_u=True)
+    x, dim = checked(x, dim, seed, DEFAULT_BLOCK if block is None else block)
+    inner = group_layout(x, dim)
+    if block is None:
+        block = LAUNCH["last dim" if inner == 1 else "other dims"][0]
+    out = torch.empty_like(x)
+    launch(x, out, inner, seed, block, num_warps)
+    return out

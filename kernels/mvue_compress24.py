@@ -6,7 +6,7 @@ The idea
     compressed operand. Two kernels (``mvue24(dZ, dim=0)`` then ``compress24`` of its transposed view)
     write the dense MVUE(dZ) and read it back: for 16384 tokens x 16384 outputs that is 1 GiB of
     traffic on top of the one read of dZ. Here one program loads 64 output columns x 4*BLOCK_G tokens
-    of dZ, draws exactly what ``mvue24(dZ, dim=0, seed, variant="level_philox4")`` draws (same
+    of dZ, draws exactly what ``mvue24(dZ, dim=0, seed)`` (kernel 4) draws (same
     counters, same Philox outputs, same "level" arithmetic, same rounding to dZ's dtype) and writes
     the kept values and metadata as ``compress24`` would: the bytes are identical to the two-kernel
     path (tested), the dense MVUE(dZ) never exists.
@@ -160,8 +160,8 @@ def mvue_compress24_fp8(dz: torch.Tensor, seed, inv_scale: torch.Tensor, block_g
     mvue24(dz, dim=0, seed=seed), inv_scale)``: shape ``compressed_shape(out, tokens, float8_e4m3fn)``
     and a float32 0-d tensor. The dense MVUE(dZ) and q never exist.
     """
-    # 16 groups per program by default: 0.72 ms against 0.87 ms for 32 at 16384 x 16384 bf16 on the H100
-    # (results/act24_kernels_sweep_h100.json); one 8-bit metadata tile is 16 groups wide
+    # 16 groups per program by default: faster than 32 at 16384 x 16384 bf16 on the H100 (docs/measuring.md,
+    # results/act24_kernels_sweep_h100.json); one 8-bit metadata tile is 16 groups wide
     block_groups = _checked_dz(dz, seed, 16 if block_groups is None else block_groups, 16)
     if not isinstance(inv_scale, torch.Tensor) or inv_scale.numel() != 1 or inv_scale.dtype != torch.float32:
         raise TypeError("inv_scale must be a float32 tensor with one element (fp8_max / amax)")

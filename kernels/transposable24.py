@@ -29,9 +29,9 @@ Layout
     W^T three ways (``transpose=``): "permute" and "trans" write it from the same kernel through a
     register transpose (16-byte rows of W^T per tile row block); "separate" (the default) lets a
     second, plain 64 x 64 block transpose kernel read the pruned W back and write W^T. On the H100
-    (results/kernels_h100.json, 16384 x 4096 bf16) the in-kernel routes took 1.15 ms and the
-    separate pass 0.224 ms, although it moves 9n instead of 7n bytes; why the in-kernel stores are
-    that slow is not understood yet (the PTX shows 8-byte vector stores, no local memory).
+    (results/kernels_h100.json, 16384 x 4096 bf16; docs/measuring.md) the in-kernel routes were much
+    slower than the separate pass, although it moves 9n instead of 7n bytes; why the in-kernel
+    stores are that slow is not understood yet (the PTX shows 8-byte vector stores, no local memory).
 
 Bytes (W of dtype size s, O x I elements n)
     read ``s * n``; write ``n`` (bool mask) + ``2 * s * n`` (pruned W and pruned W^T), or only the
@@ -381,8 +381,8 @@ def _transposable24_kernel(w_ptr, mask_ptr, out_ptr, out_t_ptr, n_rows, n_cols,
     top = tl.maximum(tl.maximum(m0, m1), tl.maximum(m2, m3))
     # the tile's max into [1, 4): its scores cannot overflow (near 3e38 every pattern tied at inf).
     # NaN/Inf need no mapping: a NaN score never wins a comparison and an Inf one ties, so the
-    # code is always one of the 90 valid patterns (which one is unspecified). H100, 16384 x 4096
-    # bf16, same run: mask only 103.6 -> 109.5 us, mask + W + W^T 224.1 -> 228.0 us.
+    # code is always one of the 90 valid patterns (which one is unspecified). The scaling costs a few
+    # percent on the H100 (docs/measuring.md).
     sc = _power_of_two_scale(top)
     code = _best_pattern(
         a00 * sc, a01 * sc, a02 * sc, a03 * sc,

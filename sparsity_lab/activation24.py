@@ -3,10 +3,12 @@
 ``Act24MLP`` is the squared-ReLU FFN whose down projection multiplies the 2:4-pruned activation
 A24 = top2of4(relu(H)^2) as the *sparse* operand (Haziza et al. 2025, https://arxiv.org/abs/2503.16672).
 The maths and the six products of one training step are written out in
-``sparsity_lab.references.act24``; this module decides how they run:
+``sparsity_lab.references.act24``; this module decides which of them run with the activation as the
+2:4 operand, and a backend (``Backend``'s activation products: ``act24_linear``, ``act24_grad``,
+``act24_grad_input``, ``tokens24_weight_grad``) runs them:
 
-    products           forward                 backward
-    "reference"        dense products of A24   dense products of dH (any device, the ground truth)
+    backend            forward                 backward
+    "torch"            dense products of A24   dense products of dH (any device, the ground truth)
     "cusparselt"       y  = A24 @ W2^T sparse  dx = dH @ W1 sparse (dH is 2:4 in A24's pattern);
                                                dA24 = dY W2, dW2 = dY^T A24, dW1 = dH^T x dense
 
@@ -32,11 +34,10 @@ buffers, so a resumed run draws the same ones), drawn on the host: a CUDA-graph 
 With 2:4 weights on the linears (below) the token-dimension products take the weight gradients in place
 of the layers' own (dense or MVUE), the forwards and input gradients still on the 2:4 weights.
 
-A24 and dH are produced compressed by the Triton kernels ``kernels/act24.py`` and
-``kernels/act24_backward.py`` (activation, selection and cuSPARSELt's layout in one pass) and
-multiplied through cuSPARSELt with the activation on the left: cuSPARSELt's structured operand A of
-D = A @ B is 2:4 along its rows, i.e. along the summed dimension, which for y = A24 W2^T and
-dx = dH W1 is exactly the hidden dimension.
+On "cusparselt" (``backends/cusparselt/activation.py``) A24 and dH are produced compressed by the
+Triton kernels ``kernels/act24.py`` and ``kernels/act24_backward.py`` and multiplied through
+cuSPARSELt with the activation on the left (its structured operand is 2:4 along the summed
+dimension, which for y = A24 W2^T and dx = dH W1 is the hidden dimension).
 
 Layouts of the FFN (``sparsify`` with ``weight_selector`` makes both linears 2:4, ``fc_only`` the
 up projection alone):
@@ -44,7 +45,9 @@ up projection alone):
   so the input gradient dx = dH W1 can use dH's pattern (2 of the 6 products sparse);
 * ``fc`` a ``SparseLinear`` (combined with 2:4 weights): ``fc`` runs its own products (forward and
   input gradient on S(W1), and MVUE(dH^T) x for dW1 with ``mvue=True``) and this module the down
-  projection;
+  projection; with ``weight_grads="tokens24"`` fc runs on detached parameters
+  (``torch.func.functional_call``: fc is still called as a module, its hooks run) and
+  ``_TokenWeightGradFn`` gives its weight the token-dimension gradient;
 * ``proj`` a ``SparseLinear`` too: the forward still multiplies A24 as the sparse operand (times the
   dense-stored S(W2): both 2:4 operands cannot run sparse at once, one is enough), and the backward
   takes the layer's own products, dA24 = dY S(W2) sparse on S(W2)^T (a transposable mask) and
@@ -60,130 +63,36 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from .activations import relu2  # fused on CUDA (kernels/relu2.py), the reference elsewhere
-from .references.act24 import act24, act24_grad
-from .references.act24_tokens import check_dense_fraction, dense_feature_count, tokens24_dropped, tokens24_weight_grad
+from .backends import Backend, get_backend
+from .references.act24_tokens import check_dense_fraction, dense_feature_count, tokens24_dropped
 
-PRODUCTS = ("reference", "cusparselt")
 WEIGHT_GRADS = ("dense", "tokens24")
-TILE = 64  # the Triton kernels take whole 64 x 64 tiles of (tokens, hidden)
+TILE = 64  # cuSPARSELt's activation products take whole 64 x 64 tiles of (tokens, hidden)
 
 
 class Act24FallbackWarning(UserWarning):
     """cuSPARSELt activation products were asked for but cannot run here; the reference runs."""
 
 
-# --- how the products run -----------------------------------------------------------------------
-class ReferenceProducts:
-    """Dense products of the pruned activation (any device, any dtype): the ground truth."""
-
-    name = "reference"
-
-    def __init__(self, feature_multiple: int = 1) -> None:
-        # |S| (the features pruned along the tokens) is rounded to this multiple; 64 reproduces the
-        # cuSPARSELt products' choice of the dense features D (to compare the two)
-        self.feature_multiple = feature_multiple
-
-    def down(self, h: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(y without bias (tokens, d), A24 (tokens, hidden)) for h (tokens, hidden), w2 (d, hidden)."""
-        a24, _ = act24(h)
-        return a24 @ w2.t(), a24
-
-    def grad_h(self, h: torch.Tensor, grad_a24: torch.Tensor) -> tuple[torch.Tensor, object]:
-        """(dH dense, the operand ``grad_x`` reads)."""
-        dh = act24_grad(h, grad_a24, h.dtype)
-        return dh, dh
-
-    def grad_x(self, operand, w1: torch.Tensor) -> torch.Tensor:
-        """dx = dH W1 for w1 (hidden, d)."""
-        return operand @ w1
-
-    def token_weight_grad(self, a: torch.Tensor, g: torch.Tensor, perm: torch.Tensor, dense_count: int) -> torch.Tensor:
-        """C (hidden, k) ~ A^T G with 2:4 along permuted tokens outside the dense features
-        (``references.act24_tokens.tokens24_weight_grad``)."""
-        return tokens24_weight_grad(a, g, perm, dense_count)
-
-
-def _pad_tokens(x: torch.Tensor) -> torch.Tensor:
-    extra = -x.shape[0] % TILE
-    return x if extra == 0 else F.pad(x, (0, 0, 0, extra))
-
-
-class CusparseltProducts:
-    """A24 and dH compressed by the Triton kernels, multiplied by cuSPARSELt (sparse on the left).
-
-    Tokens that are not a multiple of 64 are padded with zero rows (zero H gives zero A24 and dH);
-    the hidden width must be a multiple of 64. Algorithms: searched and checked once per product
-    shape (``backends.cusparselt.algorithms.AlgorithmCache``).
-    """
-
-    name = "cusparselt"
-
-    def __init__(self, ops=None, sweep: bool = True) -> None:
-        from .backends.cusparselt.algorithms import AlgorithmCache
-        from .backends.cusparselt.direct import make_ops
-        from .kernels.act24 import act24 as act24_kernel
-        from .kernels.act24_backward import act24_backward
-        from .kernels.prune24_tokens import prune24_tokens
-        self._tokens_kernel = prune24_tokens
-        self.ops = ops if ops is not None else make_ops()
-        self.algorithms = AlgorithmCache(self.ops, sweep=sweep)
-        self._forward_kernel, self._backward_kernel = act24_kernel, act24_backward
-
-    def _mm(self, compressed: torch.Tensor, b: torch.Tensor, m: int) -> torch.Tensor:
-        from .backends.cusparselt.algorithms import ProductKey
-        k, n = b.shape
-        key = ProductKey(m, k, n, b.dtype, not b.is_contiguous(), False)
-        return self.ops.mm(compressed, b, None, False, self.algorithms.get(key, b.device))
-
-    def down(self, h, w2):
-        tokens = h.shape[0]
-        hp = _pad_tokens(h)
-        compressed, a24 = self._forward_kernel(hp, out_dtype=h.dtype, dense=True)
-        y = self._mm(compressed, w2.t(), hp.shape[0])  # A24 (tokens, hidden) @ W2^T (hidden, d)
-        return y[:tokens], a24[:tokens]
-
-    def grad_h(self, h, grad_a24):
-        tokens = h.shape[0]
-        compressed, dh = self._backward_kernel(_pad_tokens(h), _pad_tokens(grad_a24), out_dtype=h.dtype, dense=True)
-        return dh[:tokens], (compressed, dh.shape[0], tokens)
-
-    def grad_x(self, operand, w1):
-        compressed, rows, tokens = operand
-        return self._mm(compressed, w1.contiguous(), rows)[:tokens]  # dH (tokens, hidden) @ W1 (hidden, d)
-
-    feature_multiple = TILE  # |S| a multiple of 64: whole tiles of the compressed operand
-
-    def token_weight_grad(self, a, g, perm, dense_count):
-        """C (hidden, k) ~ A^T G (``references.act24_tokens``): the dense features D by a dense product; the
-        others by cuSPARSELt with B^T = top2of4_tokens(A[P][:, S])^T (|S|, tokens) gathered, pruned and
-        compressed in one pass (``kernels/prune24_tokens.py``) times G[P] (tokens padded to 64 with zeros)."""
-        from .references.act24_tokens import dense_features
-        dense, sparse = dense_features(a, dense_count)
-        out = torch.empty(a.shape[1], g.shape[1], dtype=a.dtype, device=a.device)
-        if dense.numel():
-            out[dense] = a[:, dense].t() @ g
-        if sparse.numel():
-            compressed = self._tokens_kernel(a, perm, sparse)
-            out[sparse] = self._mm(compressed, _pad_tokens(g[perm]), sparse.numel())
-        return out
-
-
-def make_products(backend: str, hidden: int, device: torch.device):
-    """The products for a weight ``backend`` name: cuSPARSELt for "cusparselt*" on a CUDA device
-    (the hidden width a multiple of 64), the reference otherwise. A "cusparselt*" request on a machine
-    without a CUDA GPU runs the reference with an :class:`Act24FallbackWarning`."""
+# --- which backend runs the products --------------------------------------------------------------
+def activation_backend(backend: str, hidden: int, device: torch.device) -> Backend:
+    """The backend whose activation products an FFN of width ``hidden`` on ``device`` runs, for a weight
+    ``backend`` name: "cusparselt" for any "cusparselt*" name on a CUDA device (the hidden width a
+    multiple of 64), the reference ("torch") otherwise. A "cusparselt*" request on a machine without
+    a CUDA GPU runs the reference with an :class:`Act24FallbackWarning`."""
     if not str(backend).startswith("cusparselt"):
-        return ReferenceProducts()
+        return get_backend("torch")
     if device.type != "cuda" or not torch.cuda.is_available():
         warnings.warn(f"backend {backend!r}: 2:4 activation products need a CUDA GPU; the reference (dense "
                       "products of the pruned activations) runs instead", Act24FallbackWarning, stacklevel=2)
-        return ReferenceProducts()
+        return get_backend("torch")
     if hidden % TILE:
         raise ValueError(f"2:4 activations on cuSPARSELt need the FFN hidden width to be a multiple of {TILE}, "
                          f"got {hidden}: choose --ffn-hidden (or --width) accordingly, or --backend torch")
-    return CusparseltProducts()
+    return get_backend("cusparselt")
 
 
 # --- weight gradients 2:4 along the tokens (weight_grads="tokens24") -------------------------------
@@ -210,19 +119,19 @@ class TokenWeightGrads:
     ``grad(a, g, name)`` returns C (hidden, k) ~ A^T G (``references.act24_tokens``): dW1 = C(dH, x),
     dW2 = C(A24, dY)^T. Each call draws a fresh permutation of the tokens from the module's
     counter-based stream (``Act24MLP.next_token_permutation``); |D| = ``dense_feature_count(hidden,
-    dense_fraction, products.feature_multiple)``. With ``module.record_dropped`` the dropped share of
-    A is kept in ``module.last_dropped[name]`` (an extra pass and a synchronisation: for reports).
+    dense_fraction, backend.token_feature_multiple)``. With ``module.record_dropped`` the dropped share
+    of A is kept in ``module.last_dropped[name]`` (an extra pass and a synchronisation: for reports).
     """
 
-    def __init__(self, module: "Act24MLP", products) -> None:
-        self.module, self.products = module, products
+    def __init__(self, module: "Act24MLP", backend: Backend) -> None:
+        self.module, self.backend = module, backend
 
     def grad(self, a: torch.Tensor, g: torch.Tensor, name: str) -> torch.Tensor:
         refuse_capture(a.device)
         mod = self.module
         perm = mod.next_token_permutation(a.shape[0], a.device)
-        count = dense_feature_count(a.shape[1], mod.dense_fraction, self.products.feature_multiple)
-        out = self.products.token_weight_grad(a, g, perm, count)
+        count = dense_feature_count(a.shape[1], mod.dense_fraction, self.backend.token_feature_multiple)
+        out = self.backend.tokens24_weight_grad(a, g, perm, count)
         if mod.record_dropped:
             mod.last_dropped[name] = tokens24_dropped(a, perm, count)
         return out
@@ -245,15 +154,15 @@ class _Act24FFNFn(torch.autograd.Function):
     """y = act24(x W1^T + b1) W2^T + b2 over x (tokens, d); see the module docstring for the products."""
 
     @staticmethod
-    def forward(ctx, x2, w1, b1, w2, b2, products, dtype, token_grads=None):
+    def forward(ctx, x2, w1, b1, w2, b2, backend, dtype, token_grads=None):
         with torch.autocast(x2.device.type, enabled=False):
             xc, w1c, w2c = x2.to(dtype), w1.to(dtype), w2.to(dtype)
             h = F.linear(xc, w1c, None if b1 is None else b1.to(dtype))
-            y, a24 = products.down(h, w2c)
+            y, a24 = backend.act24_linear(h, w2c)
             if b2 is not None:
                 y = y + b2.to(dtype)
         ctx.save_for_backward(xc, h, a24, w1c, w2c)
-        ctx.products, ctx.has_b1, ctx.has_b2 = products, b1 is not None, b2 is not None
+        ctx.backend, ctx.has_b1, ctx.has_b2 = backend, b1 is not None, b2 is not None
         ctx.param_dtypes, ctx.token_grads = (w1.dtype, w2.dtype), token_grads
         return y
 
@@ -268,8 +177,8 @@ class _Act24FFNFn(torch.autograd.Function):
                 dw2 = (dy.t() @ a24).to(ctx.param_dtypes[1])       # sums over tokens: dense
             else:                                                  # 2:4 along permuted tokens, off D
                 dw2 = tg.grad(a24, dy, "dW2").t().to(ctx.param_dtypes[1])
-            dh, operand = ctx.products.grad_h(h, grad_a24)         # 2:4 in A24's pattern
-            dx = ctx.products.grad_x(operand, w1c)                 # sparse dH on the left
+            dh, operand = ctx.backend.act24_grad(h, grad_a24)      # 2:4 in A24's pattern
+            dx = ctx.backend.act24_grad_input(operand, w1c)        # sparse dH on the left
             if tg is None:
                 dw1 = (dh.t() @ xc).to(ctx.param_dtypes[0])        # sums over tokens: dense
             else:
@@ -283,14 +192,14 @@ class _Act24DownFn(torch.autograd.Function):
     """y = act24(h) W2^T + b2 over h (tokens, hidden); the up projection runs its own products."""
 
     @staticmethod
-    def forward(ctx, h2, w2, b2, products, dtype, token_grads=None):
+    def forward(ctx, h2, w2, b2, backend, dtype, token_grads=None):
         with torch.autocast(h2.device.type, enabled=False):
             hc, w2c = h2.to(dtype), w2.to(dtype)
-            y, a24 = products.down(hc, w2c)
+            y, a24 = backend.act24_linear(hc, w2c)
             if b2 is not None:
                 y = y + b2.to(dtype)
         ctx.save_for_backward(hc, a24, w2c)
-        ctx.products, ctx.has_b2, ctx.w_dtype, ctx.h_dtype = products, b2 is not None, w2.dtype, h2.dtype
+        ctx.backend, ctx.has_b2, ctx.w_dtype, ctx.h_dtype = backend, b2 is not None, w2.dtype, h2.dtype
         ctx.token_grads = token_grads
         return y
 
@@ -304,7 +213,7 @@ class _Act24DownFn(torch.autograd.Function):
                 dw2 = (dy.t() @ a24).to(ctx.w_dtype)
             else:
                 dw2 = ctx.token_grads.grad(a24, dy, "dW2").t().to(ctx.w_dtype)
-            dh, _ = ctx.products.grad_h(hc, grad_a24)
+            dh, _ = ctx.backend.act24_grad(hc, grad_a24)
             db2 = dy.sum(0, dtype=_acc(dy)) if ctx.has_b2 else None
         return dh.to(ctx.h_dtype), dw2, db2, None, None, None
 
@@ -314,14 +223,14 @@ class _Act24SparseDownFn(torch.autograd.Function):
     (``layer_products.products_backward`` with A24 as the layer's input)."""
 
     @staticmethod
-    def forward(ctx, h2, w2, b2, products, plan, sparse_w2, token_grads=None):
+    def forward(ctx, h2, w2, b2, backend, plan, sparse_w2, token_grads=None):
         with torch.autocast(h2.device.type, enabled=False):
             hc = h2.to(plan.dtype)
-            y, a24 = products.down(hc, sparse_w2)
+            y, a24 = backend.act24_linear(hc, sparse_w2)
             if b2 is not None:
                 y = y + b2.to(plan.dtype)
         ctx.save_for_backward(hc, a24, w2)
-        ctx.products, ctx.plan, ctx.h_dtype, ctx.token_grads = products, plan, h2.dtype, token_grads
+        ctx.backend, ctx.plan, ctx.h_dtype, ctx.token_grads = backend, plan, h2.dtype, token_grads
         ctx.b2_dtype = b2.dtype if b2 is not None else None
         return y
 
@@ -340,50 +249,37 @@ class _Act24SparseDownFn(torch.autograd.Function):
             if plan.decay:  # SR-STE's term, as products_backward adds it
                 plan.backend.masked_decay_(dw2, w2, plan.mask, plan.decay)
         with torch.autocast(dy.device.type, enabled=False):
-            dh, _ = ctx.products.grad_h(hc, grad_a24.to(hc.dtype))
+            dh, _ = ctx.backend.act24_grad(hc, grad_a24.to(hc.dtype))
         return dh.to(ctx.h_dtype), dw2, db2, None, None, None, None
 
 
-class _TokenGradLinearFn(torch.autograd.Function):
-    """h = x W1^T + b1 (the up projection: plain, or a ``SparseLinear``'s forward and input-gradient
-    products through its ``CallPlan``) whose weight gradient is dW1 = C(dH, x), 2:4 along the tokens."""
+class _TokenWeightGradFn(torch.autograd.Function):
+    """h as it is (the up projection's output, computed by fc on detached parameters), whose backward
+    gives fc's weight dW1 = C(dH, x), 2:4 along the tokens, and, where fc's own products left it out,
+    its bias db1 = sum of dH over the tokens. plan: fc's ``CallPlan`` (its SR-STE decay goes onto dW1)
+    or None for a plain linear or a dense phase."""
 
     @staticmethod
-    def forward(ctx, x2, w1, b1, plan, dtype, token_grads):
-        from .layer_products import products_forward
-
-        with torch.autocast(x2.device.type, enabled=False):
-            if plan is None:
-                xc, w1c = x2.to(dtype), w1.to(dtype)
-                h = F.linear(xc, w1c, None if b1 is None else b1.to(dtype))
-            else:
-                xc, w1c = x2.to(plan.dtype), w1
-                h = products_forward(xc, b1, plan)
-        ctx.save_for_backward(xc, w1c, w1)
-        ctx.plan, ctx.token_grads, ctx.x_dtype = plan, token_grads, x2.dtype
+    def forward(ctx, h, xc, w1, b1, plan, token_grads):
+        ctx.save_for_backward(xc, w1)
+        ctx.plan, ctx.token_grads = plan, token_grads
         ctx.b1_dtype = None if b1 is None else b1.dtype
-        return h
+        return h.view_as(h)
 
     @staticmethod
     def backward(ctx, dh):
-        from .layer_products import products_backward
-
-        xc, w1c, w1 = ctx.saved_tensors
-        plan, dx, dw1, db1 = ctx.plan, None, None, None
-        dh2 = dh.to(xc.dtype)
-        if plan is None:
+        xc, w1 = ctx.saved_tensors
+        plan, dw1, db1 = ctx.plan, None, None
+        dh2 = dh.reshape(-1, dh.shape[-1]).to(xc.dtype)
+        if ctx.b1_dtype and ctx.needs_input_grad[3]:
             with torch.autocast(dh.device.type, enabled=False):
-                dx = (dh2 @ w1c).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
-                db1 = dh2.sum(0, dtype=_acc(dh2)).to(ctx.b1_dtype) if ctx.b1_dtype and ctx.needs_input_grad[2] else None
-        else:
-            needs = (ctx.needs_input_grad[0], False, ctx.needs_input_grad[2])
-            dx, _, db1 = products_backward(plan, dh2, xc, xc.shape, ctx.x_dtype, w1, ctx.b1_dtype, needs)
-        if ctx.needs_input_grad[1]:
+                db1 = dh2.sum(0, dtype=_acc(dh2)).to(ctx.b1_dtype)
+        if ctx.needs_input_grad[2]:
             with torch.autocast(dh.device.type, enabled=False):
                 dw1 = ctx.token_grads.grad(dh2, xc, "dW1").to(w1.dtype)
             if plan is not None and plan.decay:
                 plan.backend.masked_decay_(dw1, w1, plan.mask, plan.decay)
-        return dx, dw1, db1, None, None, None
+        return dh, None, dw1, db1, None, None
 
 
 # --- the module ----------------------------------------------------------------------------------
@@ -391,8 +287,9 @@ class Act24MLP(nn.Module):
     """Squared-ReLU FFN with 2:4 activations on the down projection (the lab GPT's ``mlp``).
 
     x (..., d) -> (..., d). ``fc`` (hidden, d) and ``proj`` (d, hidden) are named as in the plain MLP,
-    so ``sparsify`` can make ``fc`` 2:4 (``weight_selector`` picks it alone). ``products`` is set by
-    ``configure_activation_sparsity`` (default: the reference). ``weight_grads``, ``dense_fraction`` and
+    so ``sparsify`` can make ``fc`` 2:4 (``weight_selector`` picks it alone). ``backend``, the
+    :class:`~sparsity_lab.backends.Backend` that runs the activation products, is set by
+    ``configure_activation_sparsity`` (default: the reference, "torch"). ``weight_grads``, ``dense_fraction`` and
     ``token_seed``: the weight gradients dense (exact) or "tokens24" (module docstring,
     ``set_weight_grads``).
     """
@@ -405,7 +302,7 @@ class Act24MLP(nn.Module):
         self.fc = nn.Linear(d_model, hidden, bias=bias)
         self.proj = nn.Linear(hidden, d_model, bias=bias)
         self.drop = nn.Dropout(dropout)
-        self.products = ReferenceProducts()
+        self.backend: Backend = get_backend("torch")
         # optimizer steps taken, and the first dense step (-1: never): buffers, so checkpoints keep them
         self.register_buffer("step", torch.zeros((), dtype=torch.int64))
         self.register_buffer("dense_from", torch.full((), -1, dtype=torch.int64))
@@ -496,7 +393,7 @@ class Act24MLP(nn.Module):
         if self.weight_grads == "tokens24" and torch.is_grad_enabled():
             refuse_capture(x.device)
             self.check_weight_grads()
-            tg = TokenWeightGrads(self, self.products)
+            tg = TokenWeightGrads(self, self.backend)
         if isinstance(self.proj, SparseLinear):
             h = self._up(x, dtype, tg)
             h2 = h.reshape(-1, h.shape[-1])
@@ -504,43 +401,41 @@ class Act24MLP(nn.Module):
             plan = self.proj.call_plan(h2, self.training and grad, grad and self.proj.weight.requires_grad, dtype)
             if plan is not None:  # None: the weights' dense phase; the plain-weight path below runs
                 sparse_w2 = self.proj.sparse_weight().to(plan.dtype)
-                y = _Act24SparseDownFn.apply(h2, self.proj.weight, self.proj.bias, self.products, plan, sparse_w2, tg)
+                y = _Act24SparseDownFn.apply(h2, self.proj.weight, self.proj.bias, self.backend, plan, sparse_w2, tg)
                 return self.drop(y.reshape(*x.shape[:-1], y.shape[-1]))
-            y = _Act24DownFn.apply(h2, self.proj.weight, self.proj.bias, self.products, dtype, tg)
+            y = _Act24DownFn.apply(h2, self.proj.weight, self.proj.bias, self.backend, dtype, tg)
             return self.drop(y.reshape(*x.shape[:-1], y.shape[-1]))
         if type(self.fc) is nn.Linear:
             x2 = x.reshape(-1, x.shape[-1])
             y = _Act24FFNFn.apply(x2, self.fc.weight, self.fc.bias, self.proj.weight, self.proj.bias,
-                                  self.products, dtype, tg)
+                                  self.backend, dtype, tg)
         else:
             h = self._up(x, dtype, tg)
-            y = _Act24DownFn.apply(h.reshape(-1, h.shape[-1]), self.proj.weight, self.proj.bias, self.products,
+            y = _Act24DownFn.apply(h.reshape(-1, h.shape[-1]), self.proj.weight, self.proj.bias, self.backend,
                                    dtype, tg)
         return self.drop(y.reshape(*x.shape[:-1], y.shape[-1]))
 
     def _up(self, x: torch.Tensor, dtype: torch.dtype, tg: TokenWeightGrads | None) -> torch.Tensor:
-        """h = fc(x); with token-dimension weight gradients its dW1 is C(dH, x) (``_TokenGradLinearFn``),
-        the forward and dx running as fc runs them (its 2:4 products for a ``SparseLinear``). fc is still
-        called as a module, so its hooks run (the trainer measures the activations' sparsity there)."""
+        """h = fc(x), fc called as a module (its hooks run: the trainer measures the activations' sparsity
+        there). With token-dimension weight gradients fc runs on its detached weight (and, where its own
+        products leave the bias out, detached bias) through ``torch.func.functional_call``, so its
+        forward and dx run as they always do and nothing of fc computes dW1; ``_TokenWeightGradFn``
+        then gives fc's parameters dW1 = C(dH, x) (and that db1)."""
         if tg is None:
             return self.fc(x)
         from .layers import SparseLinear
 
         fc = self.fc
-
-        def forward(inp: torch.Tensor) -> torch.Tensor:
-            x2 = inp.reshape(-1, inp.shape[-1])
-            plan = None
-            if isinstance(fc, SparseLinear):
-                plan = fc.call_plan(x2, self.training, fc.weight.requires_grad, dtype)
-            h = _TokenGradLinearFn.apply(x2, fc.weight, fc.bias, plan, dtype, tg)
-            return h.reshape(*inp.shape[:-1], h.shape[-1])
-
-        fc.forward = forward  # for this call only: fc's hooks run around it as around its own forward
-        try:
-            return fc(x)
-        finally:
-            del fc.forward
+        x2 = x.reshape(-1, x.shape[-1])
+        plan = None
+        if isinstance(fc, SparseLinear):  # the per-call work of a weight-gradient call (mask refresh, decay)
+            plan = fc.call_plan(x2, self.training, fc.weight.requires_grad, dtype)
+        detached = {"weight": fc.weight.detach()}
+        if fc.bias is not None and plan is None:  # a plain linear or a dense phase: db1 comes from the tap
+            detached["bias"] = fc.bias.detach()
+        h = functional_call(fc, detached, (x,))
+        bias = fc.bias if "bias" in detached else None
+        return _TokenWeightGradFn.apply(h, x2.detach().to(dtype), fc.weight, bias, plan, tg)
 
 
 def act24_modules(model: nn.Module) -> list[tuple[str, Act24MLP]]:
@@ -560,7 +455,8 @@ def fc_only(name: str, module: nn.Module) -> bool:
 def configure_activation_sparsity(model: nn.Module, backend: str = "torch", total_steps: int | None = None,
                                   dense_finetune_at: float | None = None, weight_grads: str | None = None,
                                   dense_fraction: float = 0.05, token_seed: int = 0) -> list[tuple[str, Act24MLP]]:
-    """Give every ``Act24MLP`` of ``model`` its products (from the weight ``backend`` name) and its dense
+    """Give every ``Act24MLP`` of ``model`` the backend of its activation products (from the weight
+    ``backend`` name, :func:`activation_backend`) and its dense
     tail (the first dense step = round(dense_finetune_at * total_steps), as the weight methods count).
     ``weight_grads`` (None: leave each module's setting): "dense" or "tokens24" with ``dense_fraction``
     (``Act24MLP.set_weight_grads``); module i draws its token permutations from seed
@@ -572,7 +468,7 @@ def configure_activation_sparsity(model: nn.Module, backend: str = "torch", tota
         raise ValueError("dense_finetune_at needs total_steps (the planned optimizer steps)")
     dense_from = None if dense_finetune_at is None else int(round(dense_finetune_at * total_steps))
     for i, (_, mod) in enumerate(mods):
-        mod.products = make_products(backend, mod.fc.out_features, mod.fc.weight.device)
+        mod.backend = activation_backend(backend, mod.fc.out_features, mod.fc.weight.device)
         mod.set_dense_from(dense_from)
         if weight_grads is not None:
             mod.set_weight_grads(weight_grads, dense_fraction, permutation_seed(token_seed, i) % 2**62)

@@ -1,9 +1,9 @@
 """A training step's forward and backward captured once in a CUDA graph and replayed every step.
 
 Why: in eager mode every 2:4 layer launches its mask, flip-count, soft-threshold, MVUE and compression
-kernels from Python (and each ``torch._cslt_sparse_mm`` call costs 0.2-0.7 ms of host time; the backend's
-direct binding, ``backends/cusparselt/direct.py``, brings a product to ~0.01 ms), so small and medium
-layers are host-bound (``results/cusparselt_NOTES.md``). A replay launches the whole captured step at once;
+kernels from Python (and each ``torch._cslt_sparse_mm`` call builds a plan on the host; the backend's
+direct binding, ``backends/cusparselt/direct.py``, caches it), so small and medium layers are
+host-bound (docs/measuring.md, ``results/cusparselt_NOTES.md``). A replay launches the whole captured step at once;
 under it the ``cusparselt_auto`` policy times its candidate products in CUDA graphs too (``graph_timing``).
 
 What stays exact: a replay draws the MVUE numbers eager mode would draw. Each MVUE layer reads its
@@ -17,10 +17,10 @@ inside the graph. The prepared operands (soft threshold, compression) are rebuil
 from the current weights.
 
 Where the masks are refreshed (``masks_in_graph``, default False: on the H100 the lab's graphed step ran
-1.5-4 % slower with its masks refreshed inside the graph than eagerly before each replay, at widths 1024
+a little slower with its masks refreshed inside the graph than eagerly before each replay, at widths 1024
 and 2048, and the same at 4096 (``results/lab_speed_h100_masks_in_graph*.json``); but a step of a millisecond
-or less cannot hide the host work of an eager refresh: the graphed FFN step at 4096 tokens x d_model 1024 took
-0.896 ms refreshed eagerly against 0.458 ms refreshed inside, ``results/ffn_small_shapes_h100*.json``, so pass
+or less cannot hide the host work of an eager refresh: the graphed FFN step at 4096 tokens x d_model 1024 ran
+much faster refreshed inside (``results/ffn_small_shapes_h100*.json``; both in docs/measuring.md), so pass
 ``masks_in_graph=True`` for small steps; ``mask_refresh`` says which mode a
 capture uses, ``eager_refresh_reasons`` why a layer is left out). A layer whose mask is due every step
 (``mask_refresh_interval`` 1, a phase that tracks masks) on a backend whose mask and flip-count kernels
@@ -67,6 +67,7 @@ from .graph_layer import (after_graph_refresh, fill_device_seed, mask_rule_captu
 from .layers import SparseLinear
 from .methods.handlers import method_handler
 from .training_hooks import sparse_layers
+from .backends.report import measures_products  # the interface only: no backend is named here
 
 
 def mvue_layers(model: nn.Module) -> list[SparseLinear]:
@@ -156,7 +157,7 @@ class graph_timing:
 
     def __init__(self, model: nn.Module) -> None:
         self.backends = {id(layer.backend): layer.backend for _, layer in sparse_layers(model)
-                         if layer.backend.measures_products}
+                         if measures_products(layer.backend)}
         self._saved: dict[int, str] = {}
 
     def __enter__(self):

@@ -154,17 +154,18 @@ class LayerBackendRow:
 def backend_report(model) -> list[LayerBackendRow]:
     """Which backend runs each SparseLinear, and per product whether it runs sparse (and why)."""
     from .backends.base import PRODUCTS
+    from .backends.report import report_of
 
     rows = []
     for name, layer in sparse_layers(model):
-        backend = layer.backend
+        report = report_of(layer.backend)
         if layer.dense_now:
             products = {p: "dense W (dense phase of the method)" for p in PRODUCTS}
         else:
-            products = backend.product_plan(layer.out_features, layer.in_features,
-                                            method_handler(layer.method).mvue(layer))
+            products = report.product_plan(layer.out_features, layer.in_features,
+                                           method_handler(layer.method).mvue(layer))
         rows.append(LayerBackendRow(name or "<model>", layer.out_features, layer.in_features, layer.method.backend,
-                                    backend.name, backend.fallback_reason, products))
+                                    report.name, report.fallback_reason, products))
     return rows
 
 

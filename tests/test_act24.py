@@ -8,8 +8,9 @@ import torch.nn.functional as F
 from _lab_testing import CLI_TINY, tiny_config, without_speed
 
 import sparsity_lab as sl
-from sparsity_lab.activation24 import (Act24FallbackWarning, Act24MLP, ReferenceProducts, act24_modules, fc_only,
-                                       make_products, weight_selector)
+from sparsity_lab.activation24 import (Act24FallbackWarning, Act24MLP, act24_modules, activation_backend, fc_only,
+                                       weight_selector)
+from sparsity_lab.backends.torch_reference import TorchBackend
 from sparsity_lab.lab.activation_stats import ActivationSparsityTracker, relu2_sparsity
 from sparsity_lab.flops import gpt_config_flops_per_token
 from sparsity_lab.lab import GPTConfig, Trainer, load_corpus
@@ -150,9 +151,9 @@ def test_both_linears_2_4_and_activations_2_4_match_autograd(bias):
 
 def test_cusparselt_products_fall_back_visibly_on_cpu():
     with pytest.warns(Act24FallbackWarning, match="need a CUDA GPU"):
-        products = make_products("cusparselt", 64, torch.device("cpu"))
-    assert isinstance(products, ReferenceProducts)
-    assert isinstance(make_products("torch", 60, torch.device("cpu")), ReferenceProducts)
+        backend = activation_backend("cusparselt", 64, torch.device("cpu"))
+    assert isinstance(backend, TorchBackend)
+    assert isinstance(activation_backend("torch", 60, torch.device("cpu")), TorchBackend)
 
 
 # --- model, flops, trainer, CLI ----------------------------------------------------------------------
@@ -214,7 +215,7 @@ def test_all_products_on_cusparselt_match_the_reference_backend_on_gpu(mvue):
     """Act24MLP with 2:4 weights on both linears, products on cuSPARSELt, against the same model on the
     reference backend and products (same weights, same masks, same MVUE draws where the backends share
     them): y, dx and the weight gradients within bf16 error."""
-    from sparsity_lab.activation24 import CusparseltProducts
+    from sparsity_lab.backends import get_backend
 
     runs = []
     for backend in ("cusparselt", "triton"):
@@ -224,7 +225,7 @@ def test_all_products_on_cusparselt_match_the_reference_backend_on_gpu(mvue):
         model = model.cuda().to(torch.bfloat16)
         sl.sparsify(model, sl.STE(transposable=True, mvue=mvue, backend=backend), select=weight_selector)
         sl.attach_optimizer(model, torch.optim.SGD(model.parameters(), lr=0.0))
-        model.mlp.products = CusparseltProducts() if backend == "cusparselt" else ReferenceProducts()
+        model.mlp.backend = get_backend("cusparselt" if backend == "cusparselt" else "torch")
         gen = torch.Generator(device="cuda").manual_seed(1)
         x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
         dy = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16, generator=gen)

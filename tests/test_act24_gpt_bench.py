@@ -47,9 +47,9 @@ def test_smoke_keeps_the_ffn_section_and_adds_the_gpt_section(smoke):
         assert record["method"].startswith("sste 2:4, transposable") and "MVUE" in record["method"]
     as_trainer = gpt["variants"]["act24_as_trainer"]  # fc and proj SparseLinear with the Dense method
     assert as_trainer["sparse_layers"] == 2 * n_layer and as_trainer["method"].startswith("dense")
-    for name in ("act24", "act24_as_trainer", "act24_w24_mvue"):  # reference products on the CPU: exactly equal
+    for name in ("act24", "act24_as_trainer", "act24_w24_mvue"):  # the reference backend's products on the CPU: exactly equal
         record = gpt["variants"][name]
-        assert record["act24_modules"] == n_layer and record["activation_products"] == "reference"
+        assert record["act24_modules"] == n_layer and record["activation_products"] == "torch"
         assert record["loss_check"]["ffn_out_rel_err"] == 0.0
         assert record["loss_check"]["loss"] == record["loss_check"]["loss_reference"]
     assert "sparse_layers" not in gpt["variants"]["act24"]  # activations alone: plain linears
@@ -123,22 +123,23 @@ def test_judge_follows_the_threshold():
 
 def test_loss_check_catches_wrong_activation_products():
     """Products that skip the 2:4 pruning give other FFN outputs than the reference: the check shows it."""
-    from sparsity_lab.activation24 import ReferenceProducts, act24_modules
+    from sparsity_lab.activation24 import act24_modules
+    from sparsity_lab.backends.torch_reference import TorchBackend
     from sparsity_lab.references.act24 import relu2
 
-    class Unpruned(ReferenceProducts):
+    class Unpruned(TorchBackend):
         name = "unpruned"
 
-        def down(self, h, w2):
+        def act24_linear(self, h, weight):
             a = relu2(h)
-            return a @ w2.t(), a
+            return a @ weight.t(), a
     s = smoke_settings()
     built = build_variant("act24", s)
     assert built.record["loss_check"]["ffn_out_rel_err"] == 0.0
     for _, mod in act24_modules(built.model):
-        mod.products = Unpruned()
+        mod.backend = Unpruned()
     assert loss_against_reference(built.model, s)["ffn_out_rel_err"] > 1e-2
-    assert all(type(mod.products) is Unpruned for _, mod in act24_modules(built.model))  # restored after the check
+    assert all(type(mod.backend) is Unpruned for _, mod in act24_modules(built.model))  # restored after the check
 
 
 def test_no_gpt_and_bad_flags(tmp_path):
@@ -177,7 +178,7 @@ def test_variants_are_built_as_the_trainer_builds_them(variant, method, options)
         out = []
         for block in model.blocks:
             mlp = block.mlp
-            out.append((type(mlp).__name__, mlp.products.name,
+            out.append((type(mlp).__name__, mlp.backend.name,
                         *[(type(lin).__name__, getattr(getattr(lin, "method", None), "name", None),
                            getattr(getattr(lin, "method", None), "mvue", None),
                            getattr(getattr(lin, "method", None), "transposable", None)) for lin in (mlp.fc, mlp.proj)]))

@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 
 import sparsity_lab as sl
 from sparsity_lab import activation24
-from sparsity_lab.activation24 import (Act24MLP, ReferenceProducts, configure_activation_sparsity, permutation_seed,
-                                       weight_selector)
+from sparsity_lab.activation24 import Act24MLP, configure_activation_sparsity, fc_only, permutation_seed, weight_selector
+from sparsity_lab.backends.torch_reference import TorchBackend
 from _lab_testing import without_speed
 from sparsity_lab.references.act24 import act24, act24_grad
 from sparsity_lab.references.act24_tokens import (dense_feature_count, dense_features, tokens24_dropped,
@@ -268,10 +268,10 @@ def test_bad_options_are_refused_and_capture_is_refused(monkeypatch):
 
 
 def test_reference_products_can_round_the_sparse_features_as_cusparselt_does():
-    """ReferenceProducts(feature_multiple=64) picks |D| as the cuSPARSELt products do (|S| in whole tiles)."""
+    """TorchBackend(token_feature_multiple=64) picks |D| as the cuSPARSELt products do (|S| in whole tiles)."""
     torch.manual_seed(4)
     mlp = Act24MLP(8, 128, weight_grads="tokens24", dense_fraction=0.05, token_seed=2)
-    mlp.products = ReferenceProducts(feature_multiple=64)
+    mlp.backend = TorchBackend(token_feature_multiple=64)
     x, dy = torch.randn(6, 8), torch.randn(6, 8)
     mlp(x).backward(dy)
     a24, _ = act24(x @ mlp.fc.weight.detach().t())
@@ -332,17 +332,20 @@ def test_cli_train_takes_the_token_gradient_options(tmp_path, capsys):
     assert code == 2 and "needs activation_sparsity='2:4'" in capsys.readouterr().err
 
 
-def test_the_up_projection_stays_a_module_call_so_its_hooks_run():
+@pytest.mark.parametrize("select", [weight_selector, fc_only])
+def test_the_up_projection_stays_a_module_call_so_its_hooks_run(select):
     """With 2:4 weights on fc, the tokens24 path still calls fc as a module (the trainer's activation-sparsity
-    tracker is a forward hook on mlp.fc), and leaves fc's own forward in place afterwards."""
+    tracker is a forward hook on mlp.fc), with fc's own forward: nothing replaces it, not even for the call."""
     model = torch.nn.Sequential()
     model.add_module("mlp", Act24MLP(8, 16, weight_grads="tokens24"))
-    sl.sparsify(model, sl.STE(transposable=True), select=weight_selector)
+    sl.sparsify(model, sl.STE(transposable=True), select=select)
     sl.attach_optimizer(model, torch.optim.SGD(model.parameters(), lr=0.0))
     seen = []
+    model.mlp.fc.register_forward_pre_hook(lambda mod, args: seen.append("forward" in vars(mod)))
     model.mlp.fc.register_forward_hook(lambda mod, args, out: seen.append(out.shape))
     model(torch.randn(5, 8)).sum().backward()
-    assert seen == [torch.Size([5, 16])] and "forward" not in vars(model.mlp.fc)
+    assert seen == [False, torch.Size([5, 16])] and "forward" not in vars(model.mlp.fc)
+    assert model.mlp.fc.weight.grad is not None and model.mlp.proj.weight.grad is not None
 
 
 def test_mvue_weight_gradients_and_tokens24_are_refused_together():

@@ -4,7 +4,9 @@
   reference backend does: the defaults of the optional methods are enough.
 * ``register_backend`` / ``get_backend`` refuse what is not a Backend, with the name in the message.
 * graph_step's seed handling follows the ``reads_seed_from_device`` capability, not backend names,
-  and ``graph_timing`` the ``measures_products`` capability.
+  and ``graph_timing`` the ``MeasuresProducts`` interface.
+* The product interface and the report/measurement interfaces are separate: ``Backend`` declares no
+  reporting or timing, and a backend without them is described by default.
 * Static: SparseLinear, graph_step, the sharded layer and the backend report never probe a backend
   with getattr/hasattr, and graph_step reaches into no private attribute of a layer or backend.
 """
@@ -19,6 +21,7 @@ from torch import nn
 
 import sparsity_lab as sl
 from sparsity_lab.backends import Backend, base, get_backend, register_backend
+from sparsity_lab.backends.report import BackendReport, MeasuresProducts, measures_products, report_of
 from sparsity_lab.sparsify import backend_report
 from sparsity_lab.backends.torch_reference import TorchBackend
 from sparsity_lab.graph_layer import fill_device_seed, use_device_seed
@@ -102,7 +105,7 @@ def _train(backend: str, make_method, steps: int = 4):
 def test_a_backend_with_the_required_methods_only_trains_like_the_reference(registry, method):
     register_backend("minimal", MinimalBackend)
     backend = get_backend("minimal")
-    assert isinstance(backend, Backend) and not backend.reads_seed_from_device and not backend.measures_products
+    assert isinstance(backend, Backend) and not backend.reads_seed_from_device and not measures_products(backend)
     new, new_losses = _train("minimal", METHODS[method])
     ref, ref_losses = _train("torch", METHODS[method])
     assert new_losses == ref_losses
@@ -117,11 +120,57 @@ def test_a_backend_with_the_required_methods_only_trains_like_the_reference(regi
     rows = backend_report(new)
     assert rows[0].running == "minimal" and rows[0].fallback_reason is None
     assert rows[0].products["forward"] == "dense masked W (backend 'minimal')"
-    assert backend.summary() == {"name": "minimal", "stats": {}, "algorithms": [], "decisions": []}
-    assert backend.timing == "eager"
-    backend.timing = "eager"
-    with pytest.raises(ValueError, match="measures no products"):
-        backend.timing = "graph"
+    assert report_of(backend).summary() == {"name": "minimal", "stats": {}, "algorithms": [], "decisions": []}
+    assert not isinstance(backend, (BackendReport, MeasuresProducts))
+
+
+def test_the_product_interface_carries_no_reporting_or_timing():
+    """Backend declares products (and the capabilities they need); reporting and timing live in
+    report.py, so a backend without them neither inherits nor needs them."""
+    reporting = {"product_plan", "summary", "stats", "fallback_reason", "timing", "measures_products"}
+    assert not reporting & set(dir(Backend))
+    assert {"product_plan", "summary", "stats", "fallback_reason"} <= set(dir(BackendReport))
+    assert MeasuresProducts.__abstractmethods__ == frozenset({"timing"})
+    for name in ("torch", "cusparselt", "cusparselt_auto", "torch_fp8sim"):
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # cusparselt without a GPU: the reference stands in
+            assert report_of(get_backend(name)) is get_backend(name)
+
+
+def test_activation_products_have_reference_defaults():
+    """A backend with the seven required methods runs 2:4 activations through Backend's defaults, the
+    reference of references.act24, exactly as the reference backend does."""
+    from sparsity_lab.activation24 import Act24MLP
+
+    class Counting(MinimalBackend):
+        def __init__(self):
+            self.calls = []
+
+        def act24_linear(self, h, weight):
+            self.calls.append("act24_linear")
+            return super().act24_linear(h, weight)
+
+        def act24_grad(self, h, grad_a24):
+            self.calls.append("act24_grad")
+            return super().act24_grad(h, grad_a24)
+
+        def act24_grad_input(self, operand, weight):
+            self.calls.append("act24_grad_input")
+            return super().act24_grad_input(operand, weight)
+
+    runs, counting = [], Counting()
+    for backend in (counting, TorchBackend()):
+        torch.manual_seed(0)
+        mlp = Act24MLP(8, 32, bias=True)
+        mlp.backend = backend
+        x = torch.randn(3, 5, 8, requires_grad=True)
+        y = mlp(x)
+        y.square().mean().backward()
+        runs.append([y.detach(), x.grad] + [p.grad for p in mlp.parameters()])
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    assert counting.calls == ["act24_linear", "act24_grad", "act24_grad_input"]
 
 
 def test_the_defaults_compose_from_the_required_methods():
@@ -134,7 +183,7 @@ def test_the_defaults_compose_from_the_required_methods():
     other = backend.mask(torch.randn(8, 16), 2, 4, False)
     flips = backend.mask_flips(mask, other)
     assert flips.dtype == torch.int64 and flips.dim() == 0 and int(flips) == int((mask != other).sum())
-    plan = backend.product_plan(8, 16, mvue=False)
+    plan = report_of(backend).product_plan(8, 16, mvue=False)
     assert list(plan) == ["forward", "grad_input", "grad_weight"] and plan["grad_weight"] == "dense dZ^T X"
 
 
@@ -260,11 +309,10 @@ def test_device_seed_functions_check_their_use(registry):
         use_device_seed(plain, "cpu")
 
 
-class MeasuringBackend(MinimalBackend):
+class MeasuringBackend(MinimalBackend, MeasuresProducts):
     """Declares an auto policy that times products: graph_timing must switch it."""
 
     name = "measuring"
-    measures_products = True
 
     def __init__(self):
         self.mode = "eager"
@@ -285,9 +333,9 @@ def test_graph_timing_switches_the_backends_that_measure(registry):
     model = nn.Sequential(sl.SparseLinear(16, 16, method=sl.STE(backend="measuring")),
                           sl.SparseLinear(16, 16, method=sl.STE(backend="minimal")))
     measuring, minimal = model[0].backend, model[1].backend
-    with graph_timing(model):
-        assert measuring.timing == "graph" and minimal.timing == "eager"
-    assert measuring.timing == "eager"
+    with graph_timing(model) as switched:
+        assert measuring.timing == "graph" and list(switched.backends.values()) == [measuring]
+    assert measuring.timing == "eager" and not measures_products(minimal)
 
 
 def test_a_device_seed_given_to_a_host_draw_is_refused():
@@ -318,8 +366,9 @@ def test_graph_step_touches_no_private_attribute_and_names_no_backend():
                if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
                and not (isinstance(node.value, ast.Name) and node.value.id == "self")]
     assert not private, f"graph_step reaches into private attributes of other objects: {private}"
+    interfaces = {"backends.base", "backends.report"}  # the declared interfaces, no backend
     imports = [ast.unparse(node) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-               and (node.module or "").startswith("backends")]
+               and (node.module or "").startswith("backends") and node.module not in interfaces]
     assert not imports, f"graph_step imports backends (a new backend would need an edit there): {imports}"
     body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
     names = {"torch", "triton", "cusparselt", "cusparselt_auto", "torch_fp8sim", "triton_fp8sim"}

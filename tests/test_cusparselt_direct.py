@@ -147,21 +147,25 @@ def test_loading_a_missing_library_names_the_path():
 
 
 # --- choosing the ops ---------------------------------------------------------------------------------
-def test_make_ops_refuses_an_unknown_kind(monkeypatch):
+def test_make_ops_refuses_an_unknown_kind():
+    with pytest.raises(ValueError, match="kind must be None, 'direct' or 'torch', got 'fast'"):
+        direct.make_ops("fast")
+
+
+def test_make_ops_reads_no_environment_switch(monkeypatch):
+    """The ops are chosen by the argument alone: an environment variable changes nothing."""
     monkeypatch.setenv("SPARSITY_LAB_CUSPARSELT_OPS", "fast")
-    with pytest.raises(ValueError, match="'direct' or 'torch', got 'fast'"):
-        direct.make_ops()
+    monkeypatch.setattr(TorchCusparseltOps, "__init__", lambda self: None)  # a usable GPU, pretended
+    assert isinstance(direct.make_ops("torch"), TorchCusparseltOps)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
-def test_make_ops_without_a_gpu_says_why(monkeypatch):
-    monkeypatch.delenv("SPARSITY_LAB_CUSPARSELT_OPS", raising=False)
+def test_make_ops_without_a_gpu_says_why():
     with pytest.raises(CusparseltUnavailable, match="no CUDA GPU"):
         direct.make_ops()
 
 
 def test_default_falls_back_to_pytorchs_call_with_a_warning(monkeypatch):
-    monkeypatch.delenv("SPARSITY_LAB_CUSPARSELT_OPS", raising=False)
     monkeypatch.setattr(TorchCusparseltOps, "__init__", lambda self: None)  # a usable GPU, pretended
 
     def broken(self, library=None):
@@ -246,9 +250,8 @@ def test_misaligned_operand_is_copied_aligned_and_counted():
 
 
 @pytest.mark.gpu
-def test_backend_uses_the_direct_binding_by_default(monkeypatch):
+def test_backend_uses_the_direct_binding_by_default():
     from sparsity_lab.backends.cusparselt.backend import CusparseltBackend
-    monkeypatch.delenv("SPARSITY_LAB_CUSPARSELT_OPS", raising=False)
     backend = CusparseltBackend()
     assert backend.summary()["ops"] == "direct"
     assert backend.summary()["ops_stats"] == {}

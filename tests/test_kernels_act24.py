@@ -138,15 +138,16 @@ def test_bytes_equal_cslt_compress_and_products_on_gpu(dtype):
 
 @pytest.mark.gpu
 def test_cusparselt_products_match_the_reference_on_gpu():
-    from sparsity_lab.activation24 import Act24MLP, CusparseltProducts, ReferenceProducts
+    from sparsity_lab.activation24 import Act24MLP
+    from sparsity_lab.backends import get_backend
 
     torch.manual_seed(0)
     mlp = Act24MLP(256, 1024).cuda().to(torch.bfloat16)
     x = torch.randn(4, 100, 256, device="cuda", dtype=torch.bfloat16)  # 400 tokens: padded to 448
     dy = torch.randn(4, 100, 256, device="cuda", dtype=torch.bfloat16)
     outs = []
-    for products in (CusparseltProducts(), ReferenceProducts()):
-        mlp.products = products
+    for name in ("cusparselt", "torch"):
+        mlp.backend = get_backend(name)
         xx = x.clone().requires_grad_(True)
         y = mlp(xx)
         y.backward(dy)

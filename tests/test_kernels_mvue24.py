@@ -1,11 +1,17 @@
-"""Kernel 4 (MVUE 2:4, Philox RNG) against methods.mvue: probabilities, support, unbiasedness."""
+"""Kernel 4 (MVUE 2:4, Philox RNG) against methods.mvue: probabilities, support, unbiasedness.
+
+Every check runs on each measured variant (``benchmarks/baselines/mvue24.py``, whose "level_philox4"
+is the shipped kernel); the shipped function's own interface is tested at the end."""
+import inspect
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from _kernel_testing import DEVICE, DTYPES
 
-from sparsity_lab.kernels.mvue24 import VARIANTS, mvue24
+from benchmarks.baselines.mvue24 import VARIANTS, mvue24
+from sparsity_lab.kernels.mvue24 import mvue24 as shipped_mvue24
 from sparsity_lab.methods.mvue import mvue_probabilities
 
 # the v2 baselines are run on purpose here; test_baseline_variants_warn checks the warning
@@ -191,19 +197,45 @@ def test_mvue_unbiased_on_gpu_with_many_draws(dim, variant):
 
 @pytest.mark.filterwarnings("default")
 def test_baseline_variants_warn_and_the_default_does_not():
-    import importlib
     import warnings
 
-    mod = importlib.import_module("sparsity_lab.kernels.mvue24")  # the module (the package exports the function)
+    from benchmarks.baselines import mvue24 as baselines
 
     x = torch.randn(8, 16, device=DEVICE)
-    for variant in mod.BASELINE_VARIANTS:
+    for variant in baselines.BASELINE_VARIANTS:
         with pytest.warns(UserWarning, match="measurement baseline"):
-            mod.mvue24(x, variant=variant)
+            baselines.mvue24(x, variant=variant)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        mod.mvue24(x)
-    assert mod.DEFAULT_VARIANT == "level_philox4"
+        baselines.mvue24(x)
+        shipped_mvue24(x)
+    assert baselines.SHIPPED_VARIANT == "level_philox4"
+
+
+def test_the_shipped_kernel_is_one_kernel_with_no_variants():
+    """The package ships the chosen kernel only: no variant argument, no baseline module."""
+    import importlib.util
+
+    assert "variant" not in inspect.signature(shipped_mvue24).parameters
+    for name in ("mvue24_v2", "mvue24_variants"):
+        assert importlib.util.find_spec(f"sparsity_lab.kernels.{name}") is None
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+@pytest.mark.parametrize("block,warps", [(None, None), (16, None), (1024, 2)])
+def test_the_shipped_kernel_draws_what_the_measured_level_philox4_draws(dim, block, warps):
+    """The baselines' "level_philox4" runs the shipped kernel; the shipped function's defaults come from
+    its LAUNCH table and give the same draws as any other block (counter-based)."""
+    x = torch.randn(32, 64).to(torch.bfloat16).to(DEVICE)
+    got = shipped_mvue24(x, dim=dim, seed=5, block=block, num_warps=warps)
+    assert torch.equal(got, mvue24(x, dim=dim, seed=5, variant="level_philox4"))
+
+
+def test_the_shipped_kernel_names_a_bad_block():
+    x = torch.randn(8, 16, device=DEVICE)
+    for block in (2, 24):
+        with pytest.raises(ValueError, match="block must be a power of two >= 4"):
+            shipped_mvue24(x, block=block)
 
 
 @pytest.mark.parametrize("dim,variant", [(0, "level_philox4"), (-1, "level_philox4"), (0, "level"), (-1, "level"),

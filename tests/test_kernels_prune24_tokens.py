@@ -99,26 +99,27 @@ class _DecompressingOps:
 def _products_with_stand_in_ops():
     import types
 
-    from sparsity_lab.activation24 import CusparseltProducts
+    from sparsity_lab.backends.cusparselt.backend import CusparseltBackend
 
-    products = CusparseltProducts(ops=_DecompressingOps(), sweep=False)
-    products.algorithms = types.SimpleNamespace(get=lambda key, device: None)  # no algorithm search
-    return products
+    backend = CusparseltBackend(ops=_DecompressingOps(), sweep=False)
+    backend.algorithms = types.SimpleNamespace(get=lambda key, device: None)  # no algorithm search
+    return backend
 
 
 def test_cusparselt_products_with_stand_in_ops_match_the_reference():
     """The cuSPARSELt path's own work (token padding, the dense features, kernels 12, 13 and 17, G[P], where
     the results land) with the sparse product stood in for: Act24MLP with tokens24 against
-    ReferenceProducts(feature_multiple=64) on 70 tokens (padded to 128), bf16."""
-    from sparsity_lab.activation24 import Act24MLP, ReferenceProducts
+    TorchBackend(token_feature_multiple=64) on 70 tokens (padded to 128), bf16."""
+    from sparsity_lab.activation24 import Act24MLP
+    from sparsity_lab.backends.torch_reference import TorchBackend
 
     if DEVICE.type == "cuda":
         pytest.skip("the stand-in product runs on the CPU (the GPU tests below use cuSPARSELt itself)")
     runs = []
-    for products in (_products_with_stand_in_ops(), ReferenceProducts(feature_multiple=64)):
+    for backend in (_products_with_stand_in_ops(), TorchBackend(token_feature_multiple=64)):
         torch.manual_seed(0)
         mlp = Act24MLP(32, 128, weight_grads="tokens24", token_seed=4).to(torch.bfloat16)
-        mlp.products = products
+        mlp.backend = backend
         x = torch.randn(70, 32, dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(70, 32, dtype=torch.bfloat16)
         y = mlp(x)
@@ -130,7 +131,7 @@ def test_cusparselt_products_with_stand_in_ops_match_the_reference():
     a = _fresh(70, 192, torch.bfloat16, gen, "zeros")
     g = _fresh(70, 24, torch.bfloat16, gen, "plain")
     perm = torch.randperm(70, generator=gen)
-    got = _products_with_stand_in_ops().token_weight_grad(a, g, perm, 64)
+    got = _products_with_stand_in_ops().tokens24_weight_grad(a, g, perm, 64)
     assert _rel(got, tokens24_weight_grad(a.float(), g.float(), perm, 64)) < 1e-2
 
 
@@ -143,17 +144,17 @@ def test_cusparselt_products_with_stand_in_ops_match_the_reference():
 def test_cusparselt_token_weight_grad_matches_the_reference_on_gpu(tokens, kind):
     """C ~ A^T G through kernel 17 and cuSPARSELt against the reference on the same bf16 operands (the
     reference's products in float32), odd token counts, squared-ReLU zeros, wide magnitudes, ties."""
-    from sparsity_lab.activation24 import CusparseltProducts
+    from sparsity_lab.backends import get_backend
 
     gen = torch.Generator().manual_seed(tokens)
     hidden, k = 1024, 256
     a = _fresh(tokens, hidden, torch.bfloat16, gen, kind).cuda()
     g = _fresh(tokens, k, torch.bfloat16, gen, "plain").cuda()
     perm = torch.randperm(tokens, generator=gen).cuda()
-    products = CusparseltProducts()
+    backend = get_backend("cusparselt")
     for frac in (0.05, 0.0, 1.0):
-        count = dense_feature_count(hidden, frac, products.feature_multiple)
-        got = products.token_weight_grad(a, g, perm, count)
+        count = dense_feature_count(hidden, frac, backend.token_feature_multiple)
+        got = backend.tokens24_weight_grad(a, g, perm, count)
         want = tokens24_weight_grad(a.float(), g.float(), perm, count)
         assert got.shape == (hidden, k) and got.dtype == torch.bfloat16
         assert _rel(got, want) < 1e-2, (frac, _rel(got, want))
@@ -164,14 +165,16 @@ def test_cusparselt_token_weight_grad_matches_the_reference_on_gpu(tokens, kind)
 @pytest.mark.gpu
 @pytest.mark.parametrize("combined", [False, True])
 def test_act24_mlp_tokens24_on_cusparselt_matches_the_reference_on_gpu(combined):
-    """Act24MLP with weight_grads='tokens24' on cuSPARSELt against ReferenceProducts(feature_multiple=64)
+    """Act24MLP with weight_grads='tokens24' on cuSPARSELt against TorchBackend(token_feature_multiple=64)
     (the same dense features and permutations): y, dx and both weight gradients, 1000 tokens (padded
     to 1024), alone and with 2:4 weights on both linears."""
     import sparsity_lab as sl
-    from sparsity_lab.activation24 import Act24MLP, CusparseltProducts, ReferenceProducts, weight_selector
+    from sparsity_lab.activation24 import Act24MLP, weight_selector
+    from sparsity_lab.backends import get_backend
+    from sparsity_lab.backends.torch_reference import TorchBackend
 
     runs = []
-    for products in (CusparseltProducts(), ReferenceProducts(feature_multiple=64)):
+    for products in (get_backend("cusparselt"), TorchBackend(token_feature_multiple=64)):
         torch.manual_seed(0)
         model = torch.nn.Sequential()
         model.add_module("mlp", Act24MLP(256, 1024, weight_grads="tokens24", token_seed=9))
@@ -179,7 +182,7 @@ def test_act24_mlp_tokens24_on_cusparselt_matches_the_reference_on_gpu(combined)
         if combined:
             sl.sparsify(model, sl.STE(transposable=True, backend="cusparselt"), select=weight_selector)
             sl.attach_optimizer(model, torch.optim.SGD(model.parameters(), lr=0.0))
-        model.mlp.products = products
+        model.mlp.backend = products
         gen = torch.Generator(device="cuda").manual_seed(1)
         x = torch.randn(1000, 256, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
         dy = torch.randn(1000, 256, device="cuda", dtype=torch.bfloat16, generator=gen)

@@ -17,6 +17,7 @@ import torch
 from benchmarks.kernel_profile import kernel_lines, kernel_profile
 from benchmarks.ffn.settings import Settings
 from benchmarks.ffn.variants import build_ffn, sparse_backend, train_step
+from sparsity_lab.backends.report import measures_products
 
 VARIANTS = ("dense", "ours_mvue_dense_products", "auto", "ours_mvue")
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {variant}: wall {statistics.median(walls):.3f} ms per step, kernels {total:.3f} ms per step")
         print("\n".join(kernel_lines(kernels, top=8, width=90)))
         backend = sparse_backend(model)
-        if backend is not None and backend.measures_products:
+        if backend is not None and measures_products(backend):
             for d in backend.summary().get("decisions", []):
                 print(f"   auto: {d}"[:200])
         del model, step

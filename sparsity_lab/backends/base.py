@@ -7,25 +7,30 @@ tensor cores) implement the same operations, subclass :class:`Backend` and regis
 Per optimizer step a layer calls ``mask`` (when its refresh interval is due) and ``prepare_masked``
 (once: the pruned — and, for hardware backends, compressed — weight, reused by every micro-step);
 per micro-step ``linear``, ``grad_input`` and ``grad_weight``; masked decay calls ``masked_decay_``.
+A 2:4 activation (``sparsity_lab.activation24``) asks for the products whose 2:4 operand is the
+activation, not the weight: ``act24_linear``, ``act24_grad``, ``act24_grad_input`` and
+``tokens24_weight_grad``.
 
-:class:`Backend` declares the whole interface. Seven methods are required (abstract); every other
-one has a default here that is correct for any backend, which a backend overrides only to be faster
-or to report more. What a backend *can* do is declared in class attributes (capabilities), so that
-callers (``SparseLinear``, ``graph_step``) never probe with ``getattr``/``hasattr`` and adding a
-backend needs no edit anywhere else.
+:class:`Backend` declares the products only. Seven methods are required (abstract); every other
+one has a default here that is correct for any backend (the activation products' default is the
+reference of ``references.act24``), which a backend overrides only to be faster. What a backend
+*can* do is declared in class attributes (capabilities), so that callers (``SparseLinear``,
+``graph_step``) never probe with ``getattr``/``hasattr`` and adding a backend needs no edit anywhere
+else. What a backend tells about its work (the per-product plan of ``backend_report``, counters) and
+how an auto policy times the products it chooses between are separate interfaces (``report.py``).
 """
 from __future__ import annotations
 
 import abc
-from types import MappingProxyType
-from typing import Any, Callable, ClassVar, Mapping, Union
+from typing import Any, Callable, ClassVar, Union
 
 import torch
 
 from ..methods.flip_rate import mask_flips_tensor
+from ..references.act24 import act24, act24_grad
+from ..references.act24_tokens import tokens24_weight_grad
 
 PRODUCTS = ("forward", "grad_input", "grad_weight")  # the three products of a linear layer's step
-TIMING_MODES = ("eager", "graph")
 
 MvueSeed = Union[torch.Generator, torch.Tensor]
 """Where one MVUE draw takes its randomness from (the ``seed`` argument of ``Backend.grad_weight``):
@@ -62,8 +67,8 @@ class Backend(abc.ABC):
 
     Required: ``name`` (str, the registry name or a description of what runs) and the seven abstract
     methods. Optional methods have defaults in terms of the required ones. Capabilities (class
-    attributes a subclass sets): ``reads_seed_from_device``, ``mask_refresh_capturable``, ``measures_products``,
-    ``products_in_dense_phase``.
+    attributes a subclass sets): ``reads_seed_from_device``, ``mask_refresh_capturable``,
+    ``products_in_dense_phase``, ``token_feature_multiple``.
     """
 
     name: str
@@ -83,15 +88,9 @@ class Backend(abc.ABC):
     CPU solver, no shape that depends on the values), so that a CUDA graph can capture a mask refresh
     (``CudaGraphStep`` refreshes due-every-step masks inside its graph on such backends)."""
 
-    measures_products: bool = False
-    """True when this backend chooses how to run each product by timing the candidates (an auto policy);
-    then ``timing`` says how it times them ("eager" or "graph") and ``graph_timing`` switches it."""
-
-    fallback_reason: str | None = None
-    """Why this object stands in for the backend that was asked for (e.g. no CUDA GPU), else None."""
-
-    stats: Mapping[str, int] = MappingProxyType({})
-    """Counters of what the backend did (products, compressions, copies, ...); empty when it counts nothing."""
+    token_feature_multiple: int = 1
+    """``tokens24_weight_grad``'s features pruned along the tokens come in whole groups of this many
+    (64 on cuSPARSELt: whole tiles of the compressed operand); the dense features are chosen to match."""
 
     # --- required -------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -167,34 +166,29 @@ class Backend(abc.ABC):
         draw of the project's MVUE kernels (:func:`kernel_seed`)."""
         return int(kernel_seed(generator))
 
-    @property
-    def timing(self) -> str:
-        """How the products this backend chooses by measurement are timed: "eager" (back-to-back calls,
-        the host's launch cost counts) or "graph" (replayed from a CUDA graph). Always "eager" for a
-        backend that measures nothing."""
-        return "eager"
+    # --- 2:4 activation products: a dense weight times a 2:4 activation (sparsity_lab.activation24) ---------
+    def act24_linear(self, h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A24 W^T (tokens, out), A24 (tokens, hidden)) for the pre-activation h (tokens, hidden) and a
+        dense weight (out, hidden): A24 = top2of4(relu(h)^2), 2:4 along hidden, the summed dimension."""
+        a24, _ = act24(h)
+        return a24 @ weight.t(), a24
 
-    @timing.setter
-    def timing(self, mode: str) -> None:
-        if mode not in TIMING_MODES:
-            raise ValueError(f"timing must be one of {TIMING_MODES}, got {mode!r}")
-        if mode != "eager":
-            raise ValueError(f"backend {self.name!r} measures no products (measures_products is False): "
-                             f"its timing stays 'eager', got {mode!r}")
+    def act24_grad(self, h: torch.Tensor, grad_a24: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """(dH (tokens, hidden), the operand ``act24_grad_input`` reads): dH = dA24 * 2 relu(h) on A24's
+        pattern, so dH is 2:4 along hidden like A24."""
+        dh = act24_grad(h, grad_a24, h.dtype)
+        return dh, dh
 
-    def product_plan(self, out_features: int, in_features: int, mvue: bool) -> dict[str, str]:
-        """Per product (``PRODUCTS``), how a layer (out, in) runs here, in words (for ``backend_report``).
-        Default: dense products of the masked weight."""
-        label = "dense masked W (reference)" if self.fallback_reason else f"dense masked W (backend {self.name!r})"
-        plan = {p: label for p in PRODUCTS}
-        if not mvue:
-            plan["grad_weight"] = "dense dZ^T X"
-        return plan
+    def act24_grad_input(self, operand: Any, weight: torch.Tensor) -> torch.Tensor:
+        """dX = dH W for the operand of ``act24_grad`` and the up projection's weight (hidden, d)."""
+        return operand @ weight
 
-    def summary(self) -> dict:
-        """What a benchmark records about the backend: its name, counters, the algorithms it searched
-        and the decisions its policy took (empty lists for a backend that searches and decides nothing)."""
-        return {"name": self.name, "stats": dict(self.stats), "algorithms": [], "decisions": []}
+    def tokens24_weight_grad(self, a: torch.Tensor, g: torch.Tensor, perm: torch.Tensor,
+                             dense_count: int) -> torch.Tensor:
+        """C (hidden, k) ~ A^T G for A (tokens, hidden), G (tokens, k): the ``dense_count`` features with
+        the most non-zeros exact, the others 2:4 along the tokens permuted by ``perm``
+        (``references.act24_tokens.tokens24_weight_grad``)."""
+        return tokens24_weight_grad(a, g, perm, dense_count)
 
 
 _REGISTRY: dict[str, Callable[[], Backend]] = {}

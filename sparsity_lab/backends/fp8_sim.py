@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from ..references.fp8 import dequantize_fp8, quantize_fp8
 from .base import Backend, available_backends, get_backend, register_backend
+from .report import BackendReport
 
 SUFFIX = "_fp8sim"
 
@@ -50,7 +51,7 @@ class _DenseOperand:
     weight: torch.Tensor
 
 
-class FP8SimBackend(Backend):
+class FP8SimBackend(Backend, BackendReport):
     """Backend ``inner`` with every product operand rounded to FP8 first (see the module docstring).
     In a dense phase (a Dense method, the dense fine-tune) the dense products are simulated too."""
 

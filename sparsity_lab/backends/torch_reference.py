@@ -8,6 +8,7 @@ from ..masks.transposable import transposable_mask
 from ..methods.mvue import mvue24
 from ..methods.soft_threshold import soft_threshold
 from .base import Backend, MvueSeed, is_device_seed
+from .report import BackendReport
 
 
 def generator_on(device: torch.device, generator: MvueSeed | None) -> torch.Generator | None:
@@ -23,8 +24,19 @@ def generator_on(device: torch.device, generator: MvueSeed | None) -> torch.Gene
     return torch.Generator(device=device).manual_seed(seed)
 
 
-class TorchBackend(Backend):
+class TorchBackend(Backend, BackendReport):
+    """The reference: plain PyTorch products of the masked weight, and the reference activation
+    products of ``Backend``'s defaults (``references.act24``). token_feature_multiple: as
+    ``Backend.token_feature_multiple`` (64 reproduces the cuSPARSELt backend's choice of dense features,
+    to compare the two)."""
+
     name = "torch"
+
+    def __init__(self, token_feature_multiple: int = 1) -> None:
+        if isinstance(token_feature_multiple, bool) or not isinstance(token_feature_multiple, int) \
+                or token_feature_multiple < 1:
+            raise ValueError(f"token_feature_multiple must be an int >= 1, got {token_feature_multiple!r}")
+        self.token_feature_multiple = token_feature_multiple
 
     def mask(self, weight, n, m, transposable):
         if transposable:

@@ -21,6 +21,7 @@ import os
 import torch
 
 from .base import Backend, kernel_seed
+from .report import BackendReport
 from .torch_reference import TorchBackend
 
 TRITON_MISSING = ("backend 'triton' needs the triton package, which is not installed: `pip install triton` "
@@ -41,7 +42,7 @@ def _check_24(n: int, m: int) -> None:
         raise ValueError(f"backend 'triton' implements 2:4 masks only, got n={n}, m={m}; use backend='torch' for other N:M")
 
 
-class TritonBackend(Backend):
+class TritonBackend(Backend, BackendReport):
     name = "triton"
     reads_seed_from_device = True  # the MVUE kernel reads a 0-d int64 device seed (CUDA-graph step)
     mask_refresh_capturable = True  # the transposable-mask and flip-count kernels (Triton) on CUDA tensors

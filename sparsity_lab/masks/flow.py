@@ -34,7 +34,7 @@ from .tiles import finite_magnitudes, from_tiles, to_tiles
 COST_LEVELS = 10**8
 _TILES_PER_GRAPH = 1 << 14
 # HiGHS slows down super-linearly with LP size: small LPs of about this many variables each
-# were fastest on a 2-core CPU (512x512 2:4: 1.7 s at 4096 variables vs 12 s at 262144).
+# were fastest on a 2-core CPU (512x512 2:4, docs/measuring.md).
 _LP_VARS_PER_CHUNK = 4096
 # A simplex vertex of this LP is 0/1; anything further than this from 0 or 1 is a solver failure.
 _LP_INTEGRALITY_TOL = 1e-6

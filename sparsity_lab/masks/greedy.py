@@ -35,7 +35,7 @@ def _greedy(weight: torch.Tensor, n: int, m: int, keep_mode: bool) -> torch.Tens
     mags = to_tiles(mags if mags.dtype == torch.float64 else mags.float(), m).reshape(-1, m * m)
     t = mags.shape[0]
     order = torch.sort(mags, dim=1, descending=keep_mode, stable=True).indices  # (T, M*M)
-    # flat indices (one 1-D gather/scatter per step is about 2x faster than 2-D indexing):
+    # flat indices (one 1-D gather/scatter per step: faster than 2-D indexing on a CPU):
     # visit k of tile b touches row counter b*M + r, column counter b*M + c, mask entry b*M*M + p
     base = torch.arange(t, device=weight.device).unsqueeze(1) * m
     row_at = (order // m + base).T.contiguous()  # (M*M, T)

@@ -2,9 +2,10 @@
 
     backend     CusparseltBackend (the backend interface of ``backends/base.py``) and its CPU fallback
     operand     the step's weight operand and its compression (the backend's part before the products)
+    activation  the 2:4 activation products (the activation the sparse operand: Act24MLP)
     measure     the auto policy's timing of one product, dense against sparse
     ops         the contract of PyTorch's ``torch._cslt_*`` ops, checked shapes and dtypes
-    direct      the direct ctypes binding with a cached plan (about 0.01 ms of host time per product)
+    direct      the direct ctypes binding with a cached plan (little host time per product)
     algorithms  the matmul algorithm chosen per product shape, cached
     auto        the "cusparselt_auto" policy: sparse per product shape only where it beats dense
     fp8_train   the FP8 training backends "cusparselt_fp8", "fp8_dense", "fp8_reference" (one recipe,

@@ -2,7 +2,7 @@
 
 Why: on the H100 the default ``alg_id=0`` is rarely the fastest: the search picked another id at 15
 of the 16 FFN products of ``results/cusparselt_calls_h100.json``, and at the large ones (often id 17
-for bf16) the picked id runs 1.3-1.6x faster than dense there. And some algorithms return wrong
+for bf16) the picked id is the one that beats dense there (docs/measuring.md). And some algorithms return wrong
 results, non-deterministically (https://github.com/pytorch/pytorch/issues/155333). So for every product key
 (m, k, n, dtype, B layout, transpose_result), once:
 

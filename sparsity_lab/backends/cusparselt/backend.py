@@ -40,7 +40,7 @@ Verified on the H100 (torch 2.11, cuSPARSELt 0.8.0): the contract above, every p
 float32 dense products of the same masked operands (``pytest -m gpu tests/test_cusparselt_backend.py``,
 ``python -m benchmarks.cusparselt_probe``), S-STE + MVUE gradients equal to the "triton"
 backend's (same draws), 200 STE training steps within the reference's seed spread. Compression goes
-through ``kernels/compress24.py`` (bit for bit ``_cslt_compress``'s bytes, 28x faster) for shapes
+through ``kernels/compress24.py`` (bit for bit ``_cslt_compress``'s bytes, much faster) for shapes
 whose rows and columns are multiples of 64; speeds in ``results/cusparselt_ffn_h100.json`` and
 ``results/cusparselt_NOTES.md``.
 
@@ -49,7 +49,6 @@ each) alive for the optimizer step.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from collections import Counter
 from typing import Any
@@ -57,9 +56,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .activation import TILE, ActivationProducts
 from .auto import PRODUCTS, AutoPolicy, ProductShape
 from .layer_plan import LayerShape, plan_name
 from ..base import Backend, MvueSeed, kernel_seed
+from ..report import BackendReport, MeasuresProducts
 from .algorithms import AlgorithmCache, ProductKey
 from ...methods.flip_rate import mask_flips_tensor
 from .measure import measure_layer, measure_product
@@ -94,7 +95,7 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     return x if x.shape[0] == rows else F.pad(x, (0, 0, 0, rows - x.shape[0]))
 
 
-class CusparseltBackend(OperandPreparation, Backend):
+class CusparseltBackend(OperandPreparation, Backend, BackendReport, MeasuresProducts):
     """2:4 products on sparse tensor cores through cuSPARSELt (see the module docstring).
 
     ops: the cuSPARSELt calls (default: PyTorch's, which checks the GPU; tests pass a stand-in).
@@ -102,6 +103,9 @@ class CusparseltBackend(OperandPreparation, Backend):
     sweep: try every algorithm id, not only cuSPARSELt's own pick.
     grad_weight_transpose_result: take the weight gradient's result as (in, out) and return its
     ``.t()`` view (the probe measures which layout is faster).
+    fast_compress, fused_mvue_compress, fused_prepare: the Triton kernels 8, 10 and 11 (compress24,
+    MVUE drawn straight into the compressed layout, S(W) and S(W)^T compressed straight from W); False
+    brings back the slower path each replaces (same bytes), for a benchmark's A/B run.
     """
 
     reads_seed_from_device = True  # MVUE runs in the Triton kernels, which read a device seed under graph capture
@@ -120,7 +124,7 @@ class CusparseltBackend(OperandPreparation, Backend):
         self.grad_weight_transpose_result = bool(grad_weight_transpose_result)
         self.fast_compress = bool(fast_compress)
         # kernel 10 (MVUE straight into the compressed layout): the same bytes as mvue24 + compress24
-        # (GPU-tested) and 1.72x faster than the two (0.109 vs 0.187 ms, results/kernels_h100.json)
+        # (GPU-tested) and faster than the two on the H100 (docs/measuring.md, results/kernels_h100.json)
         self.fused_mvue_compress = bool(fused_mvue_compress)
         # kernel 11 (S(W) and S(W)^T compressed straight from W): the same bytes as soft threshold +
         # compress24 twice (tested); prepare_masked uses it where shapes allow
@@ -130,6 +134,7 @@ class CusparseltBackend(OperandPreparation, Backend):
         self.slow_compress_reasons: Counter = Counter()
         self._reference = TorchBackend()
         self._kernels = None
+        self._activation_products: ActivationProducts | None = None
         # how the auto policy times a product: "eager" (back-to-back calls: the host's launch cost
         # counts) or "graph" (replayed from a CUDA graph: kernel time only), each mode with its own
         # decisions. sparsity_lab.graph_step.graph_timing switches it around CudaGraphStep's eager steps.
@@ -331,6 +336,27 @@ class CusparseltBackend(OperandPreparation, Backend):
         dw = self._ops.mm(a, x_p, None, tr, config)
         return dw.t() if tr else dw
 
+    # --- 2:4 activation products (activation.py): the activation is the sparse operand ---------------------
+    token_feature_multiple = TILE  # pruned features in whole 64-row tiles of the compressed operand
+
+    def _activation(self) -> ActivationProducts:
+        if self._activation_products is None:
+            self._activation_products = ActivationProducts(self._ops, self.algorithms)
+        return self._activation_products
+
+    def act24_linear(self, h, weight):
+        return self._activation().linear(h, weight)
+
+    def act24_grad(self, h, grad_a24):
+        return self._activation().grad(h, grad_a24)
+
+    def act24_grad_input(self, operand, weight):
+        return self._activation().grad_input(operand, weight)
+
+    def tokens24_weight_grad(self, a, g, perm, dense_count):
+        return self._activation().tokens24_weight_grad(a, g, perm, dense_count)
+
+    # --- what the auto policy measures (report.MeasuresProducts) -------------------------------------------
     def measure_product(self, shape: ProductShape) -> tuple[float, float]:
         """(dense_ms, sparse_ms) of one product of ``shape`` on the GPU, for the auto policy
         (``measure.measure_product``)."""
@@ -380,17 +406,16 @@ class CusparseltBackend(OperandPreparation, Backend):
         return found + [(mode, pair[0]) for mode, pair in self._by_timing.items() if mode != self._timing]
 
 
-def cusparselt_backend(auto: bool = False, min_speedup: float = 1.0):
-    """What ``get_backend("cusparselt")`` (or ``"cusparselt_auto"``) builds.
+def cusparselt_backend(auto: bool = False, min_speedup: float = 1.0, fused_mvue_compress: bool = True,
+                       fused_prepare: bool = True):
+    """What ``get_backend("cusparselt")`` (or ``"cusparselt_auto"``) builds; a benchmark that compares
+    variants builds its own with the arguments (``CusparseltBackend``'s, e.g. ``fused_prepare=False``).
 
     No CUDA GPU: :class:`ReferenceFallback`, with a :class:`BackendFallbackWarning`. A GPU that
     cannot run cuSPARSELt: raises :class:`CusparseltUnavailable`. Otherwise the real backend.
     """
     name = "cusparselt_auto" if auto else "cusparselt"
-    # kernel 10 is the default; SPARSITY_LAB_FUSED_MVUE_COMPRESS=0 brings back the two-kernel path (A/B runs)
-    fused = os.environ.get("SPARSITY_LAB_FUSED_MVUE_COMPRESS", "1") != "0"
-    # kernel 11 likewise; SPARSITY_LAB_FUSED_PREPARE=0 compresses the dense S(W) twice instead
-    prepare = os.environ.get("SPARSITY_LAB_FUSED_PREPARE", "1") != "0"
+    fused, prepare = fused_mvue_compress, fused_prepare
     if not torch.cuda.is_available():
         reason = unavailable_reason()
         warnings.warn(f"backend {name!r} was requested, but {reason}: SparseLinear layers run the reference "

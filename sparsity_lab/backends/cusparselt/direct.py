@@ -2,8 +2,9 @@
 
 Why: ``torch._cslt_sparse_mm`` builds three descriptors, a matmul descriptor, an algorithm selection
 and a *plan* on every call and destroys them after it. ``cusparseLtMatmulPlanInit`` is the costly
-part: on the H100 two forward products of a 4096-token FFN (d_model 1024) took 1.2 ms eager against
-0.13 ms dense (results/cusparselt_ffn_h100.json), all of it host time. There are two cures,
+part: on the H100 two forward products of a 4096-token FFN (d_model 1024) took several times the
+dense products' time eagerly, all of it host time (docs/measuring.md,
+results/cusparselt_ffn_h100.json). There are two cures,
 CUDA-graph capture (``sparsity_lab.CudaGraphStep``) and a cached plan through a direct binding; this
 module is the second. The library is the one PyTorch already loaded (same file, same version).
 
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 from collections import Counter
 from dataclasses import dataclass
 
@@ -289,17 +289,18 @@ class DirectOpsFallbackWarning(UserWarning):
 
 
 def make_ops(kind: str | None = None):
-    """The ops the backend uses, from ``kind`` or ``SPARSITY_LAB_CUSPARSELT_OPS``:
+    """The ops the backend uses, by ``kind`` (a benchmark's A/B run passes it, e.g.
+    ``CusparseltBackend(ops=make_ops("torch"))``):
 
-    * unset: the direct binding, or, if it cannot start, PyTorch's ops with a
+    * None: the direct binding, or, if it cannot start, PyTorch's ops with a
       :class:`DirectOpsFallbackWarning` (the same products, more host time per call);
     * "direct": the direct binding or an error (an A/B run must not quietly measure the other path);
     * "torch": PyTorch's ops."""
     import warnings
 
-    asked = kind or os.environ.get("SPARSITY_LAB_CUSPARSELT_OPS")
-    if asked is not None and asked.lower() not in ("direct", "torch"):
-        raise ValueError(f"SPARSITY_LAB_CUSPARSELT_OPS must be 'direct' or 'torch', got {asked!r}")
+    asked = kind
+    if asked is not None and (not isinstance(asked, str) or asked.lower() not in ("direct", "torch")):
+        raise ValueError(f"kind must be None, 'direct' or 'torch', got {asked!r}")
     if asked is not None and asked.lower() == "torch":
         return TorchCusparseltOps()
     if asked is not None:

@@ -2,8 +2,8 @@
 
     D = diag(alpha) (A @ B)      A: E4M3 compressed (m, k), 2:4 along k;  B: E4M3 (k, n);  D: bfloat16
 
-Why a binding of its own: ``torch._cslt_sparse_mm`` builds a plan per call (0.2-0.7 ms of host time,
-``results/cusparselt_NOTES.md``); ``direct`` caches plans but describes 16-bit operands only.
+Why a binding of its own: ``torch._cslt_sparse_mm`` builds a plan per call (host time that small
+products cannot hide, docs/measuring.md); ``direct`` caches plans but describes 16-bit operands only.
 Here the plan describes E4M3 A and B, bfloat16 C and D, float32 compute.
 
 The scales must stay on the device (no ``.item()``, capturable in a CUDA graph). Three ways are tried

@@ -47,7 +47,6 @@ of one backend name share (the cuSPARSELt plans and algorithm choices, counters)
 """
 from __future__ import annotations
 
-import os
 import weakref
 import warnings
 from collections import Counter
@@ -63,6 +62,7 @@ from ...references import fp8_products as reference
 from ...references.fp8 import amax as amax_of, quantize_with_inv_scale
 from .. import fp8_dense as dense
 from ..base import Backend, MvueSeed, kernel_seed
+from ..report import BackendReport
 from ..torch_reference import TorchBackend, generator_on
 
 NAMES = {"cusparselt_fp8": "cusparselt", "fp8_dense": "scaled_mm", "fp8_reference": "reference"}
@@ -119,14 +119,14 @@ class FP8Engine:
     """What the layers of one backend name share: how the products run (``engine``, one of
     ``ENGINES``), the cuSPARSELt products (plans, algorithm choices) and counters."""
 
-    def __init__(self, name: str, engine: str, fallback_reason: str | None = None, fused: bool | None = None) -> None:
+    def __init__(self, name: str, engine: str, fallback_reason: str | None = None, fused: bool = True) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.name, self.engine, self.fallback_reason = name, engine, fallback_reason
         # kernels 18 and 19 on the sparse engine (W's cast and both compressions in one pass; MVUE(dZ)'s
-        # cast and compression in one pass); SPARSITY_LAB_FUSED_FP8=0 (or fused=False) brings back the
-        # unfused kernels for A/B runs: the bytes are the same
-        self.fused = os.environ.get("SPARSITY_LAB_FUSED_FP8", "1") != "0" if fused is None else bool(fused)
+        # cast and compression in one pass); fused=False brings back the unfused kernels for a benchmark's
+        # A/B run: the bytes are the same
+        self.fused = bool(fused)
         self.reference = TorchBackend()
         self._triton = None
         self._sparse = None
@@ -193,7 +193,7 @@ class FP8Engine:
         return (dw.t() if transpose_result else dw).to(grad_out.dtype)
 
 
-class FP8Backend(Backend, nn.Module):
+class FP8Backend(Backend, BackendReport, nn.Module):
     """An FP8 backend with its own scaling state (``scaling``, an :class:`FP8ScalingState`).
 
     ``get_backend(name)`` gives one (its state shared by whoever calls it directly, e.g. a product

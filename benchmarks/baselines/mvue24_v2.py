@@ -1,4 +1,4 @@
-"""BASELINE, not shipped: the group arithmetic of MVUE variant "v2" (``variant="v2"`` / ``"v2_philox4"``).
+"""BASELINE, not shipped: the group arithmetic of the MVUE variants "v2" and "v2_philox4" (``mvue24.py`` here).
 
 Kept only as the baseline of the measurement that chose the shipped variant (``level_philox4``,
 ``kernels/mvue24.py``; results/mvue_variants_h100.json). Known wrong: it computes "the other three"
