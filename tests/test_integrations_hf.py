@@ -231,3 +231,20 @@ def test_trainer_callback_attaches_the_hooks_and_logs_flip_rate(tmp_path):
 def test_importing_the_package_does_not_import_transformers():
     code = "import sys, sparsity_lab, sparsity_lab.integrations; print('transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+def test_two_models_from_one_config_keep_their_own_recipes(tmp_path):
+    """sparsify writes its recipe into a copy of the config: the caller's object and a second model built
+    from it stay as they were, and that second model saves and loads with its own recipe."""
+    config_cls, model_cls, kwargs, _ = MODELS["llama"]
+    config = getattr(transformers, config_cls)(**kwargs)
+    first, second = (getattr(transformers, model_cls)(config) for _ in range(2))
+    sl.sparsify(first, sl.STE())
+    assert getattr(config, "sparsity_lab", None) is None and getattr(second.config, "sparsity_lab", None) is None
+    assert first.config is not config and first.model.config is first.config  # the model holds one config
+    sl.sparsify(second, sl.SSTE())
+    assert [g["method"] for g in first.config.sparsity_lab["groups"]] == ["ste"]
+    assert [g["method"] for g in second.config.sparsity_lab["groups"]] == ["sste"]
+    second.save_pretrained(tmp_path)
+    loaded = hf.from_pretrained(tmp_path, model_class=type(second), verbose=False)
+    assert {layer.method.name for _, layer in sl.sparse_layers(loaded)} == {"sste"}
