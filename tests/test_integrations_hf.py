@@ -228,6 +228,65 @@ def test_trainer_callback_attaches_the_hooks_and_logs_flip_rate(tmp_path):
     assert all(layer.step == 3 for _, layer in sl.sparse_layers(resumed))
 
 
+def trainer_for(model, tmp_path, max_steps=6, callbacks=None, **args):
+    data = [{"input_ids": tokens(i, batch=1, length=16)[0], "labels": tokens(i, batch=1, length=16)[0]}
+            for i in range(12)]
+    settings = dict(output_dir=str(tmp_path), max_steps=max_steps, per_device_train_batch_size=2, logging_steps=2,
+                    report_to=[], save_strategy="no", learning_rate=1e-2, use_cpu=True, disable_tqdm=True)
+    return transformers.Trainer(model=model, args=transformers.TrainingArguments(**{**settings, **args}),
+                                train_dataset=data, callbacks=callbacks)
+
+
+def test_flip_rate_reaches_tensorboard(tmp_path, monkeypatch):
+    """Reporters (report_to) run before callbacks passed to the Trainer: add_to puts the callback before
+    them, and TensorBoard's event file holds flip_rate and sparse_dense_phase at every logging step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from sparsity_lab.integrations.trainer_callback import SparsityCallback
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    model = build("llama")
+    sl.sparsify(model, sl.MaskedDecay(decay=1e-2, total_steps=6))
+    trainer = trainer_for(model, tmp_path, report_to=["tensorboard"])
+    SparsityCallback().add_to(trainer)
+    trainer.train()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    logged = {entry["step"]: entry for entry in trainer.state.log_history if "loss" in entry}
+    for tag in ("flip_rate", "sparse_dense_phase"):
+        scalars = {e.step: e.value for e in events.Scalars(f"train/{tag}")}
+        assert sorted(scalars) == [2, 4, 6]
+        assert all(scalars[step] == pytest.approx(logged[step][tag]) for step in scalars)
+
+
+def test_callback_behind_the_reporters_refuses_to_start(tmp_path):
+    from sparsity_lab.integrations.trainer_callback import SparsityCallback
+
+    model = build("llama")
+    sl.sparsify(model, sl.STE())
+    trainer = trainer_for(model, tmp_path, callbacks=[SparsityCallback()], report_to=["tensorboard"])
+    with pytest.raises(ValueError, match=r"would reach none of them.*SparsityCallback\(\)\.add_to\(trainer\)"):
+        trainer.train()
+
+
+def test_masked_decay_takes_the_trainers_step_count(tmp_path):
+    """A 6-step run of MaskedDecay(total_steps=10_000) would never reach its dense phase: the callback
+    gives the layers the Trainer's max_steps, says so, and records it in the recipe."""
+    from sparsity_lab.integrations.trainer_callback import SparsityCallback
+
+    model = build("llama")
+    sl.sparsify(model, sl.MaskedDecay(decay=1e-2, total_steps=10_000))
+    trainer = trainer_for(model, tmp_path)
+    SparsityCallback().add_to(trainer)
+    with pytest.warns(UserWarning, match=r"total_steps=10000, but the Trainer runs max_steps=6: .*dense fine-tune "
+                                         r"from step 5"):
+        trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert [entry["sparse_dense_phase"] for entry in logs] == [0.0, 0.0, 1.0]
+    assert {layer.method.total_steps for _, layer in sl.sparse_layers(model)} == {6}
+    assert [g["fields"]["total_steps"] for g in model.config.sparsity_lab["groups"]] == [6]
+
+
 def test_importing_the_package_does_not_import_transformers():
     code = "import sys, sparsity_lab, sparsity_lab.integrations; print('transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
