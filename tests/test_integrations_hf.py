@@ -287,6 +287,46 @@ def test_masked_decay_takes_the_trainers_step_count(tmp_path):
     assert [g["fields"]["total_steps"] for g in model.config.sparsity_lab["groups"]] == [6]
 
 
+def test_from_pretrained_takes_a_hub_id(tmp_path, monkeypatch):
+    """A repository id is fetched by huggingface_hub (a stand-in here: no network), config and
+    safetensors only, with the download options passed on; a name that is neither says so."""
+    import huggingface_hub
+
+    model = build("llama")
+    sl.sparsify(model, sl.SSTE())
+    model.save_pretrained(tmp_path / "snapshot")
+    asked = []
+
+    def snapshot_download(repo_id, **options):
+        asked.append((repo_id, options))
+        if repo_id != "org/tiny-sparse-llama":
+            raise huggingface_hub.errors.RepositoryNotFoundError(f"no repository {repo_id}")
+        return str(tmp_path / "snapshot")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    loaded = hf.from_pretrained("org/tiny-sparse-llama", revision="main", verbose=False)
+    assert asked[0][0] == "org/tiny-sparse-llama" and asked[0][1]["revision"] == "main"
+    assert "*.safetensors" in asked[0][1]["allow_patterns"] and "config.json" in asked[0][1]["allow_patterns"]
+    assert type(loaded) is type(model) and len(sl.sparse_layers(loaded)) == 6
+    torch.testing.assert_close(logits(loaded.eval(), tokens()), logits(model.eval(), tokens()), rtol=0, atol=0)
+    with pytest.raises(OSError, match="'org/absent' is neither a local checkpoint directory nor a Hub repository"):
+        hf.from_pretrained("org/absent")
+
+
+def test_from_pretrained_builds_the_checkpoints_architecture_quietly(tmp_path, capfd):
+    """BERT masked-LM comes back as BertForMaskedLM (config.architectures), not the causal-LM default;
+    verbose=False prints nothing, transformers' load report and progress bars included."""
+    model = build("bert")
+    sl.sparsify(model, sl.STE())
+    model.save_pretrained(tmp_path)
+    capfd.readouterr()
+    loaded = hf.from_pretrained(tmp_path, verbose=False)
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
+    assert type(loaded) is transformers.BertForMaskedLM
+    torch.testing.assert_close(logits(loaded.eval(), tokens()), logits(model.eval(), tokens()), rtol=0, atol=0)
+
+
 def test_importing_the_package_does_not_import_transformers():
     code = "import sys, sparsity_lab, sparsity_lab.integrations; print('transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
