@@ -10,8 +10,10 @@ decay adds it to the gradient before the optimizer step (``apply_masked_decay``)
 variant subtracts lr * decay * (1 - m) * W from W after the step (``apply_decay_on_weights``).
 
 State: the mask and beta are buffers; the integer counters (optimizer steps, when the mask was
-computed, flip counts, the MVUE draw counter) are the module's extra state. Both are in
-``state_dict()``, so a stopped run resumes exactly.
+computed, flip counts, the MVUE draw counter) are the module's extra state: host ints mirrored in
+place into one CPU tensor that ``state_dict()`` returns every time (``host_counters``), so a
+checkpointer that took the state dict once still saves the current counters. All of it is updated in
+place, so a stopped run resumes exactly.
 
 The products themselves (and the autograd Function that runs them) are in ``layer_products.py``.
 """
@@ -30,6 +32,7 @@ from .backends import get_backend
 from .backends.base import MvueSeed
 from .custom_ops import compiled_sparse_linear, register_layer
 from .graph_flips import GraphFlipCounts
+from .host_counters import COUNTER_TENSOR, HostCounter, new_counter_tensor
 from .layer_products import CallPlan, SparseLinearFn, compute_dtype
 from .methods.config import STE, SparsityMethod
 from .methods.soft_threshold import soft_threshold, sste_beta
@@ -58,6 +61,13 @@ class SparseLinear(nn.Linear):
     ``sparsity_lab.methods``) fixes the algorithm; ``method.backend`` fixes how products run.
     """
 
+    # the counters of the extra state, in _COUNTERS order (last_flips and flips_total: properties below)
+    step = HostCounter(0)
+    mask_step = HostCounter(1)
+    mask_updates = HostCounter(2)
+    mvue_seed = HostCounter(5)
+    mvue_calls = HostCounter(6)
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  method: SparsityMethod | None = None, device=None, dtype=None) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
@@ -75,14 +85,17 @@ class SparseLinear(nn.Linear):
         return layer
 
     # --- set-up ---------------------------------------------------------------------------
-    def _setup(self, method: SparsityMethod) -> None:
+    def _setup(self, method: SparsityMethod, from_values: bool = True) -> None:
+        """from_values=False: a layer built before its weights hold values (on the meta device, as
+        torchtitan builds models); its mask and beta are computed later (``integrations.torchtitan``)."""
         if not isinstance(method, SparsityMethod):
             raise TypeError(f"method must be a SparsityMethod (e.g. STE()), got {type(method).__name__}")
         if _is_dtensor(self.weight):
             raise TypeError("this linear's weight is already sharded (a DTensor, e.g. by fully_shard): call "
                             "sparsify(model, method) first, then sparsity_lab.distributed.fully_shard_sparse")
         # the mask and S-STE's frozen beta are computed from the values: none on meta, none from NaN
-        check_has_values(self.weight, "weight", "SparseLinear (its mask and S-STE's beta come from the weights)")
+        if from_values:
+            check_has_values(self.weight, "weight", "SparseLinear (its mask and S-STE's beta come from the weights)")
         check_float_tensor(self.weight, "weight")
         check_divisible(self.in_features, method.m, "in_features", 1)
         if method.transposable:
@@ -104,16 +117,19 @@ class SparseLinear(nn.Linear):
         # written by the host before each replay; None in eager mode (see use_device_seed)
         self._device_seed: torch.Tensor | None = None
         self._device_seed_uses = 0  # forward calls that took _device_seed since use_device_seed
+        setattr(self, COUNTER_TENSOR, new_counter_tensor(len(_COUNTERS)))
         self._last_flips = self._flips_total = 0
         # which process's MVUE stream to draw from; None: this process's torch.distributed rank (0 when
         # not distributed), so data-parallel ranks draw independently (not saved: it belongs to the process)
         self.mvue_rank: int | None = None
         for name in _COUNTERS:
             setattr(self, name, 0)
-        self.mvue_seed = int(torch.randint(0, 2**62, (1,)).item())
+        self.mvue_seed = int(torch.randint(0, 2**62, (1,), device="cpu").item())
         w = self.weight
         self.register_buffer("mask", torch.ones(w.shape, dtype=torch.bool, device=w.device))
         self.register_buffer("beta", torch.ones((), dtype=torch.float32, device=w.device))
+        if not from_values:
+            return
         self.refresh_mask()
         if method.soft_threshold:
             # beta is computed once, here, and never updated (updating it makes it grow).
@@ -122,7 +138,14 @@ class SparseLinear(nn.Linear):
 
     def __setstate__(self, state: dict) -> None:
         state.setdefault("_graph_flips", None)  # a layer pickled before CUDA-graph mask refreshes existed
+        if COUNTER_TENSOR not in state:  # pickled before the counters were mirrored into a tensor
+            state[COUNTER_TENSOR] = new_counter_tensor(len(_COUNTERS))
+            plain = {name: state.pop(name) for name in _COUNTERS if name in state}
+        else:
+            plain = {}
         super().__setstate__(state)
+        for name, value in plain.items():
+            setattr(self, name, value)
         self.op_key = register_layer(self)  # a copy (deepcopy, pickle) is a layer of its own
 
     def counters(self) -> dict[str, int]:
@@ -131,8 +154,10 @@ class SparseLinear(nn.Linear):
 
     def get_extra_state(self) -> torch.Tensor:
         """The counters as one int64 tensor in ``_COUNTERS`` order: a tensor, so that tensor-only
-        formats (safetensors, Hugging Face ``save_pretrained``) store it."""
-        return torch.tensor([int(getattr(self, name)) for name in _COUNTERS], dtype=torch.int64)
+        formats (safetensors, Hugging Face ``save_pretrained``) store it. Always the same tensor,
+        kept current in place (flip counts still on the device are read into it here)."""
+        self._settle_flips()
+        return getattr(self, COUNTER_TENSOR)
 
     def set_extra_state(self, state: torch.Tensor | dict) -> None:
         if isinstance(state, torch.Tensor):  # the current format; a dict is what older checkpoints hold
@@ -227,9 +252,13 @@ class SparseLinear(nn.Linear):
         self._take_graph_flips()
         if self._pending_sum is not None:
             total, last = torch.stack((self._pending_sum, self._pending_last)).tolist()  # one host sync
-            self._flips_total += int(total)
-            self._last_flips = int(last)
             self._pending_sum = self._pending_last = None
+            self._set_flip_counts(int(last), self._flips_total + int(total))
+
+    def _set_flip_counts(self, last: int, total: int) -> None:
+        self._last_flips, self._flips_total = last, total
+        counters = getattr(self, COUNTER_TENSOR)
+        counters[3], counters[4] = last, total
 
     def _take_graph_flips(self) -> None:
         """Fold the flips that CUDA-graph replays counted since the last look into the pending counts, as
@@ -249,7 +278,7 @@ class SparseLinear(nn.Linear):
     @last_flips.setter
     def last_flips(self, value: int) -> None:
         self._settle_flips()
-        self._last_flips = int(value)
+        self._set_flip_counts(int(value), self._flips_total)
 
     @property
     def flips_total(self) -> int:
@@ -260,7 +289,7 @@ class SparseLinear(nn.Linear):
     @flips_total.setter
     def flips_total(self, value: int) -> None:
         self._settle_flips()
-        self._flips_total = int(value)
+        self._set_flip_counts(self._last_flips, int(value))
 
     def advance_step(self) -> None:
         """Called after every optimizer step (``attach_optimizer`` does it)."""
