@@ -96,7 +96,7 @@ class SparseLinear(nn.Linear):
         # the mask and S-STE's frozen beta are computed from the values: none on meta, none from NaN
         if from_values:
             check_has_values(self.weight, "weight", "SparseLinear (its mask and S-STE's beta come from the weights)")
-        check_float_tensor(self.weight, "weight")
+        check_float_tensor(self.weight, "weight", allow_meta=not from_values)
         check_divisible(self.in_features, method.m, "in_features", 1)
         if method.transposable:
             check_divisible(self.out_features, method.m, "out_features (transposable mask)", 0)
