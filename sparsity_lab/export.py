@@ -147,6 +147,11 @@ def export(model: nn.Module, kernel: str = "auto", dtype: torch.dtype | None = N
         warnings.warn(f"export: {len(fallbacks)} 2:4 layers run dense products with S(W) stored dense (same outputs, "
                       f"no speed-up): {'; '.join(reasons)}", ExportFallbackWarning, stacklevel=2)
     exported.export_report = report
+    config = getattr(exported, "config", None)
+    if getattr(config, "sparsity_lab", None) is not None:
+        # an inference model holds S(W) as plain weights: its save_pretrained is a dense checkpoint that
+        # transformers, lm-eval and dense servers load as they are, with no training recipe to restore
+        config.sparsity_lab = None
     return exported.eval()
 
 
