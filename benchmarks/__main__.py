@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import runpy
 import sys
 
 # name -> (module, one-line help). Modules with add_arguments/run get a sub-parser; the others take
-# their own arguments (main(argv), or torchtitan's parser for "torchtitan").
+# their own arguments (main(argv)). The torchtitan recorder runs under torchtitan's own trainer:
+# torchrun ... -m torchtitan.train --module benchmarks.torchtitan_record (docs/integrations.md).
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "masks": ("benchmarks.mask_solvers", "the transposable-mask solvers timed and compared (CPU)"),
     "kernels": ("benchmarks.kernels", "the Triton kernels against the copy ceiling and their baselines (GPU)"),
@@ -36,7 +36,6 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "act24-profile": ("benchmarks.act24_profile", "torch.profiler table of one 2:4-activation FFN step (GPU)"),
     "cusparselt-probe": ("benchmarks.cusparselt_probe", "what cuSPARSELt accepts and how fast: algorithms, scales, FP8 (GPU)"),
     "cusparselt-layout": ("benchmarks.cusparselt_layout_dump", "dump cuSPARSELt's compressed layout for known patterns (GPU)"),
-    "torchtitan": ("benchmarks.torchtitan_record", "torchtitan's own trainer with the 2:4 converter, recorded (torchrun; torchtitan's options)"),
 }
 
 
@@ -57,10 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv[:1])
     module_name, help_text = BENCHMARKS[args.name]
     rest = argv[1:]
-    if args.name == "torchtitan":  # torchtitan parses sys.argv itself
-        sys.argv = [module_name, *rest]
-        runpy.run_module(module_name, run_name="__main__")
-        return 0
     module = importlib.import_module(module_name)
     if _has_subparser(module):
         sub = argparse.ArgumentParser(prog=f"python -m benchmarks {args.name}", description=help_text)

@@ -1,20 +1,22 @@
-"""Run torchtitan 0.2's own trainer and record what the 2:4 converter did: losses, step times, 2:4 checks.
+"""Run torchtitan 0.3's trainer with the 2:4 layers and record what it logged: losses, tokens/s, memory,
+flip rate, step times, 2:4 checks, with the run's provenance, as JSON. Run from the clone's root (the
+benchmarks are not installed):
 
-    SPARSITY_LAB_RECORD=run.json torchrun --standalone --nproc-per-node 1 \\
-        -m benchmarks.torchtitan_record --job.config_file debug_model.toml \\
-        --job.custom_config_module sparsity_lab.integrations.torchtitan --model.converters sparsity24 ...
+    SPARSITY_LAB_RECORD=results/run.json torchrun --standalone --nproc-per-node 4 -m torchtitan.train \\
+        --module benchmarks.torchtitan_record --config llama3_debugmodel \\
+        --sparsity24.method sste --sparsity24.mvue --training.steps 300 --metrics.log_freq 1
 
-The arguments are torchtitan's (``torchtitan.train``); this module only swaps its ``Trainer`` for a subclass
-that, around each ``train_step``,
+The arguments are torchtitan's; ``--config`` names any ``llama3_*`` config (as in
+``sparsity_lab.integrations.torchtitan``, whose trainer this one extends); ``--sparsity24.method dense``
+is the dense baseline through the same trainer. Around each ``train_step`` it
 
 - times the step (the device synchronised before and after; the first steps include warm-up),
-- keeps the loss torchtitan logs (its ``global_avg_loss``; run with ``metrics.log_freq = 1``),
+- keeps every metric torchtitan's metrics processor logs (``metrics.log_freq = 1`` for every step):
+  loss, ``throughput(tps)`` (tokens/s per device), ``memory/max_reserved(GiB)``, ``sparsity/flip_rate``, ...
 - checks every 2:4 layer after the optimizer step: its mask keeps exactly 2 of every 4 weights along the
-  input dimension and the weight its products use next (``SparseLinear.sparse_weight()``) has at most 2
-  non-zeros in every group of 4,
+  input dimension (the mask of this rank's rows under FSDP2),
 
-and writes them with the backend each layer ran and the run's provenance to ``$SPARSITY_LAB_RECORD``.
-One process only (the converter refuses split models).
+and rank 0 writes them to ``$SPARSITY_LAB_RECORD``.
 """
 import dataclasses
 import json
@@ -22,14 +24,14 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
+from torch.distributed.tensor import DTensor
 from torchtitan.tools.utils import device_module
-from torchtitan.train import Trainer, main
 
-from sparsity_lab.integrations import torchtitan as _register_converter  # noqa: F401  (registers "sparsity24")
+from sparsity_lab.integrations import torchtitan as tt
 from sparsity_lab.provenance import provenance
-from sparsity_lab.sparsify import backend_report
 from sparsity_lab.training_hooks import sparse_layers
 
 RECORD_ENV = "SPARSITY_LAB_RECORD"
@@ -41,31 +43,32 @@ def nonzeros_per_group(weight: torch.Tensor, m: int = 4) -> torch.Tensor:
 
 
 def check_24(model_parts) -> dict:
-    """The 2:4 state of every SparseLinear in the model parts now."""
+    """The 2:4 state of every 2:4 layer of the model parts now (this rank's part of a sharded mask)."""
     layers = [(name, layer) for part in model_parts for name, layer in sparse_layers(part)]
     if not layers:
-        return {"layers": 0, "masks_exactly_2_of_4": None, "max_nonzeros_per_4_in_used_weight": None, "dense_now": []}
-    masks_exact = all(bool((nonzeros_per_group(layer.mask) == 2).all()) for _, layer in layers)
-    used_max = max(int(nonzeros_per_group(layer.sparse_weight()).max()) for _, layer in layers)
-    dense_now = [name for name, layer in layers if layer.dense_now]
-    return {"layers": len(layers), "masks_exactly_2_of_4": masks_exact,
-            "max_nonzeros_per_4_in_used_weight": used_max, "dense_now": dense_now}
+        return {"layers": 0, "masks_exactly_2_of_4": None, "dense_now": []}
+    local = [layer.mask.to_local() if isinstance(layer.mask, DTensor) else layer.mask for _, layer in layers]
+    return {"layers": len(layers), "masks_exactly_2_of_4": all(bool((nonzeros_per_group(m) == 2).all()) for m in local),
+            "dense_now": [name for name, layer in layers if layer.dense_now]}
 
 
-class RecordingTrainer(Trainer):
-    """torchtitan's Trainer, recording each step's loss, time and the layers' 2:4 state."""
+class RecordingTrainer(tt.Sparsity24Trainer):
+    """``Sparsity24Trainer`` recording each step's metrics, time and the layers' 2:4 state."""
 
-    def __init__(self, job_config) -> None:
-        super().__init__(job_config)
-        self.record = {"losses": {}, "step_s": {}, "checks": {}}
-        log = self.metrics_processor.log
+    @dataclass(kw_only=True, slots=True)
+    class Config(tt.Sparsity24Trainer.Config):
+        pass
 
-        def keep_loss(step, global_avg_loss, *args, **kwargs):
-            self.record["losses"][step] = float(global_avg_loss)
-            return log(step, global_avg_loss, *args, **kwargs)
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.record = {"metrics": {}, "step_s": {}, "checks": {}, "before_training": check_24(self.model_parts)}
+        log = self.metrics_processor.logger.log
 
-        self.metrics_processor.log = keep_loss
-        self.record["before_training"] = check_24(self.model_parts)
+        def keep(metrics, step):
+            self.record["metrics"][step] = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+            return log(metrics, step)
+
+        self.metrics_processor.logger.log = keep
 
     def train_step(self, data_iterator):
         device_module.synchronize()
@@ -85,33 +88,46 @@ class RecordingTrainer(Trainer):
             return
         import torchtitan
 
-        rec = self.record
-        times = [rec["step_s"][s] for s in sorted(rec["step_s"])][2:]  # steps 1-2: warm-up
-        checks = list(rec["checks"].values())
-        layers = [(name, layer) for part in self.model_parts for name, layer in sparse_layers(part)]
+        rec, config = self.record, self.config
+        steps = sorted(rec["step_s"])
+        times = [rec["step_s"][s] for s in steps][2:]  # steps 1-2: warm-up
+        metrics = [rec["metrics"][s] for s in sorted(rec["metrics"])]
+        tps = [m["throughput(tps)"] for m in metrics[2:] if "throughput(tps)" in m]
         out = {
             "provenance": provenance(" ".join(sys.argv)),
             "torchtitan": torchtitan.__version__,
-            "converters": list(self.job_config.model.converters),
-            "sparsity24": (dataclasses.asdict(self.job_config.sparsity24)
-                           if "sparsity24" in self.job_config.model.converters else None),
-            "steps": self.job_config.training.steps,
-            "tokens_per_step": self.job_config.training.local_batch_size * self.job_config.training.seq_len,
-            "losses": [rec["losses"][s] for s in sorted(rec["losses"])],
-            "step_s": [rec["step_s"][s] for s in sorted(rec["step_s"])],
+            "world_size": torch.distributed.get_world_size(),
+            "sparsity24": dataclasses.asdict(config.sparsity24),
+            "steps": config.training.steps,
+            "tokens_per_step_per_device": config.training.local_batch_size * config.training.seq_len,
+            "losses": [m.get("loss_metrics/global_avg_loss") for m in metrics],
+            "median_tokens_per_s_per_device_after_2": statistics.median(tps) if tps else None,
+            "max_reserved_gib": max((m.get("memory/max_reserved(GiB)", 0.0) for m in metrics), default=None),
             "median_step_s_after_2": statistics.median(times) if times else None,
-            "sparse_layers": [name for name, _ in layers],
-            "backends": sorted({(r.running, r.fallback_reason or "") for part in self.model_parts
-                                for r in backend_report(part)}),
+            "metrics": metrics,
+            "step_s": [rec["step_s"][s] for s in steps],
+            "sparse_layers": [name for part in self.model_parts for name, _ in sparse_layers(part)],
             "check_before_training": rec["before_training"],
-            "checks": [rec["checks"][s] for s in sorted(rec["checks"])],
-            "two_four_every_step": None if not layers else all(
-                c["layers"] == len(layers) and c["masks_exactly_2_of_4"]
-                and c["max_nonzeros_per_4_in_used_weight"] <= 2 and not c["dense_now"] for c in checks),
+            "two_four_every_step": all(c["masks_exactly_2_of_4"] is not False for c in rec["checks"].values()),
         }
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             json.dump(out, f, indent=1, default=str)
 
 
-if __name__ == "__main__":
-    main(RecordingTrainer)
+def _offer_llama3_configs() -> list[str]:
+    """Each ``llama3_*`` config of ``integrations.torchtitan``, built by ``RecordingTrainer``."""
+    names = []
+    for name in tt.LLAMA3_CONFIGS:
+        def offered(_make=getattr(tt, name)):
+            config = _make()
+            values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init}
+            return RecordingTrainer.Config(**values)
+
+        offered.__name__ = offered.__qualname__ = name
+        globals()[name] = offered
+        names.append(name)
+    return names
+
+
+LLAMA3_CONFIGS = _offer_llama3_configs()

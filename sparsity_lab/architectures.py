@@ -8,6 +8,7 @@ pattern; ``select=`` picks anything else. Pure Python: no ``transformers`` impor
 """
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import asdict
 from typing import Callable
@@ -78,10 +79,18 @@ def to_sparse_layer(module: nn.Module, method: SparsityMethod) -> SparseLinear:
 def record_recipe(model: nn.Module, method: SparsityMethod, names: list[str]) -> None:
     """On a Hugging Face model, add the method and the layers it converted to ``model.config`` (as
     ``config.sparsity_lab``), so ``save_pretrained`` puts them in config.json and
-    ``sparsity_lab.integrations.hf.from_pretrained`` rebuilds the same sparse model."""
+    ``sparsity_lab.integrations.hf.from_pretrained`` rebuilds the same sparse model.
+
+    The recipe goes into a copy of the config that the model then holds (every submodule that held
+    the old object gets the copy): a config object may be shared, by the caller or by a second model
+    built from it, and writing into it would give that model this one's recipe."""
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         return
-    recipe = getattr(config, "sparsity_lab", None) or {"format": 1, "groups": []}
-    recipe["groups"].append({"method": method.name, "fields": asdict(method), "layers": list(names)})
-    config.sparsity_lab = recipe
+    own = copy.deepcopy(config)
+    for module in model.modules():
+        if getattr(module, "config", None) is config:
+            module.config = own
+    recipe = getattr(own, "sparsity_lab", None) or {"format": 1, "groups": []}
+    own.sparsity_lab = {**recipe, "groups": [*recipe["groups"],
+                                             {"method": method.name, "fields": asdict(method), "layers": list(names)}]}

@@ -147,6 +147,11 @@ def export(model: nn.Module, kernel: str = "auto", dtype: torch.dtype | None = N
         warnings.warn(f"export: {len(fallbacks)} 2:4 layers run dense products with S(W) stored dense (same outputs, "
                       f"no speed-up): {'; '.join(reasons)}", ExportFallbackWarning, stacklevel=2)
     exported.export_report = report
+    config = getattr(exported, "config", None)
+    if getattr(config, "sparsity_lab", None) is not None:
+        # an inference model holds S(W) as plain weights: its save_pretrained is a dense checkpoint that
+        # transformers, lm-eval and dense servers load as they are, with no training recipe to restore
+        config.sparsity_lab = None
     return exported.eval()
 
 
@@ -176,12 +181,42 @@ def compressed_tensors_state(model: nn.Module) -> dict[str, torch.Tensor]:
         if owner in layers and leaf in ("weight", "mask", "compressed"):
             continue
         state[key] = value.detach().contiguous().cpu()
+    state = _without_aliases(state, _tie_targets(model))
     for name, layer in layers.items():
         weight, mask = layer.dense_weight().detach().cpu(), layer.mask.cpu()
         state[f"{name}.compressed"] = weight[mask].reshape(weight.shape[0], weight.shape[1] // 2).contiguous()
         state[f"{name}.bitmask"] = _pack_bits(mask)
         state[f"{name}.shape"] = torch.tensor(list(weight.shape)).reshape(-1, 1)
     return state
+
+
+def _tie_targets(model: nn.Module) -> set[str]:
+    """State-dict keys that a Hugging Face model ties to another weight when it loads (its
+    ``_tied_weights_keys``: a list of names in transformers 4, a {target: source} dict in 5)."""
+    targets = set()
+    for prefix, module in model.named_modules():
+        keys = getattr(module, "_tied_weights_keys", None) or ()
+        targets.update(f"{prefix}.{key}" if prefix else key for key in keys)
+    return targets
+
+
+def _without_aliases(state: dict[str, torch.Tensor], tie_targets: set[str]) -> dict[str, torch.Tensor]:
+    """``state`` with one name per shared tensor (safetensors refuses two names for one storage: tied
+    embeddings). Of the names of one tensor the kept one is not a tie target (the loader ties those
+    back); a tensor that only overlaps another's storage is copied."""
+    groups: dict[tuple, list[str]] = {}
+    for key, value in state.items():
+        where = (value.device, value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape),
+                 value.stride(), value.dtype)
+        groups.setdefault(where, []).append(key)
+    out, storages = {}, set()
+    for names in groups.values():
+        keep = next((n for n in names if n not in tie_targets), names[0])
+        value = state[keep]
+        storage = (value.device, value.untyped_storage().data_ptr())
+        out[keep] = value.clone() if storage in storages else value
+        storages.add(storage)
+    return {key: out[key] for key in state if key in out}
 
 
 def save_compressed_tensors(model: nn.Module, path: str | os.PathLike) -> Path:

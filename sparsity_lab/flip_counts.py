@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import torch
 
+MIRROR_AT = (3, 4)  # where last and total sit in a layer's counter tensor (layers._COUNTERS order)
 
 class FlipCounts:
     """``last``: flips of the latest mask computation (0 before the second one); ``total``: flips summed
     over every mask computation. Both host ints once settled; pending counts are device tensors."""
 
-    def __init__(self) -> None:
+    def __init__(self, mirror: torch.Tensor | None = None) -> None:
+        # mirror: the layer's counter tensor (host_counters); last and total are written at MIRROR_AT
+        self.mirror = mirror
         self._last = self._total = 0
         self._pending_sum: torch.Tensor | None = None
         self._pending_last: torch.Tensor | None = None
@@ -41,9 +44,8 @@ class FlipCounts:
         self.take_source()
         if self._pending_sum is not None:
             total, last = torch.stack((self._pending_sum, self._pending_last)).tolist()
-            self._total += int(total)
-            self._last = int(last)
             self._pending_sum = self._pending_last = None
+            self._set(int(last), self._total + int(total))
 
     @property
     def last(self) -> int:
@@ -60,4 +62,9 @@ class FlipCounts:
         self._pending_sum = self._pending_last = None
         if self.source is not None:
             self.source.discard()
-        self._last, self._total = int(last), int(total)
+        self._set(int(last), int(total))
+
+    def _set(self, last: int, total: int) -> None:
+        self._last, self._total = last, total
+        if self.mirror is not None:  # in place: a state dict taken earlier sees the current counts
+            self.mirror[MIRROR_AT[0]], self.mirror[MIRROR_AT[1]] = last, total

@@ -19,8 +19,10 @@ adds in ``graph_layer.py``; the sharded mode in ``distributed/sharded_layer.py``
 ops in ``custom_ops.py``.
 
 State: the mask and beta are buffers; the integer counters (optimizer steps, when the mask was
-computed, flip counts, the MVUE draw counter) are the module's extra state. Both are in
-``state_dict()``, so a stopped run resumes exactly.
+computed, flip counts, the MVUE draw counter) are the module's extra state: host ints mirrored in
+place into one CPU tensor that ``state_dict()`` returns every time (``host_counters``), so a
+checkpointer that took the state dict once still saves the current counters. All of it is updated in
+place, so a stopped run resumes exactly.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from torch import nn
 from .backends import get_backend
 from .custom_ops import compiled_sparse_linear, register_layer
 from .flip_counts import FlipCounts
+from .host_counters import COUNTER_TENSOR, HostCounter, new_counter_tensor
 from .graph_flips import DeviceSeed
 from .layer_products import CallPlan, SparseLinearFn, compute_dtype
 from .methods.config import STE, SparsityMethod
@@ -100,6 +103,13 @@ class SparseLinear(nn.Linear):
     ``sparsity_lab.methods``) fixes the algorithm; ``method.backend`` fixes how products run.
     """
 
+    # the counters of the extra state, in _COUNTERS order (last_flips and flips_total: the FlipCounts)
+    step = HostCounter(0)
+    mask_step = HostCounter(1)
+    mask_updates = HostCounter(2)
+    mvue_seed = HostCounter(5)
+    mvue_calls = HostCounter(6)
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  method: SparsityMethod | None = None, device=None, dtype=None) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
@@ -117,7 +127,9 @@ class SparseLinear(nn.Linear):
         return layer
 
     # --- set-up ---------------------------------------------------------------------------
-    def _setup(self, method: SparsityMethod) -> None:
+    def _setup(self, method: SparsityMethod, from_values: bool = True) -> None:
+        """from_values=False: a layer built before its weights hold values (on the meta device, as
+        torchtitan builds models); its mask and beta are computed later (``integrations.torchtitan``)."""
         if not isinstance(method, SparsityMethod):
             raise TypeError(f"method must be a SparsityMethod (e.g. STE()), got {type(method).__name__}")
         handler = method_handler(method)  # a config type without a registered handler is refused here
@@ -125,8 +137,9 @@ class SparseLinear(nn.Linear):
             raise TypeError("this linear's weight is already sharded (a DTensor, e.g. by fully_shard): call "
                             "sparsify(model, method) first, then sparsity_lab.distributed.fully_shard_sparse")
         # the mask and S-STE's frozen beta are computed from the values: none on meta, none from NaN
-        check_has_values(self.weight, "weight", "SparseLinear (its mask and S-STE's beta come from the weights)")
-        check_float_tensor(self.weight, "weight")
+        if from_values:
+            check_has_values(self.weight, "weight", "SparseLinear (its mask and S-STE's beta come from the weights)")
+        check_float_tensor(self.weight, "weight", allow_meta=not from_values)
         check_divisible(self.in_features, method.m, "in_features", 1)
         if method.transposable:
             check_divisible(self.out_features, method.m, "out_features (transposable mask)", 0)
@@ -137,7 +150,8 @@ class SparseLinear(nn.Linear):
         self.op_key = register_layer(self)  # how the torch.compile custom ops find this layer
         self.attached_optimizer = False
         self.operand_cache = OperandCache()
-        self.flip_counts = FlipCounts()
+        setattr(self, COUNTER_TENSOR, new_counter_tensor(len(_COUNTERS)))
+        self.flip_counts = FlipCounts(mirror=getattr(self, COUNTER_TENSOR))
         # where the backward's MVUE seed comes from: None, the host generator (next_mvue_generator); under a
         # CUDA-graph step a graph_layer.DeviceSeed
         self.seed_source = None
@@ -148,17 +162,27 @@ class SparseLinear(nn.Linear):
         for name in _COUNTERS:
             if name not in _FLIP_COUNTERS:
                 setattr(self, name, 0)
-        self.mvue_seed = int(torch.randint(0, 2**62, (1,)).item())
+        self.mvue_seed = int(torch.randint(0, 2**62, (1,), device="cpu").item())
         w = self.weight
         self.register_buffer("mask", torch.ones(w.shape, dtype=torch.bool, device=w.device))
         self.register_buffer("beta", torch.ones((), dtype=torch.float32, device=w.device))
+        if not from_values:
+            return
         self.refresh_mask()
         handler.init_state(self)  # S-STE's beta: computed once, here, and never updated
 
     def __setstate__(self, state: dict) -> None:
         if "flip_counts" not in state:
             _migrate_pickled(state)
+        plain = {}
+        if COUNTER_TENSOR not in state:  # pickled before the counters were mirrored into a tensor
+            state[COUNTER_TENSOR] = new_counter_tensor(len(_COUNTERS))
+            plain = {name: state.pop(name) for name in _COUNTERS if name in state and name not in _FLIP_COUNTERS}
+        state["flip_counts"].mirror = state[COUNTER_TENSOR]
         super().__setstate__(state)
+        for name, value in plain.items():
+            setattr(self, name, value)
+        self.flip_counts.load(self.flip_counts.last, self.flip_counts.total)  # into the tensor too
         self.op_key = register_layer(self)  # a copy (deepcopy, pickle) is a layer of its own
 
     def counters(self) -> dict[str, int]:
@@ -167,8 +191,10 @@ class SparseLinear(nn.Linear):
 
     def get_extra_state(self) -> torch.Tensor:
         """The counters as one int64 tensor in ``_COUNTERS`` order: a tensor, so that tensor-only
-        formats (safetensors, Hugging Face ``save_pretrained``) store it."""
-        return torch.tensor([int(getattr(self, name)) for name in _COUNTERS], dtype=torch.int64)
+        formats (safetensors, Hugging Face ``save_pretrained``) store it. Always the same tensor,
+        kept current in place (flip counts still on the device are read into it here)."""
+        self.flip_counts.settle()
+        return getattr(self, COUNTER_TENSOR)
 
     def set_extra_state(self, state: torch.Tensor | dict) -> None:
         if isinstance(state, torch.Tensor):  # the current format; a dict is what older checkpoints hold

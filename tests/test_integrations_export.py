@@ -1,5 +1,6 @@
 """export(model): the inference model equals the trained model's eval forward, holds S(W) once, and
 writes the compressed-tensors sparse-24-bitmask format, read back here by that package."""
+import importlib
 import warnings
 
 import pytest
@@ -73,8 +74,20 @@ def test_bit_packing_is_numpys_little_endian():
     assert torch.equal(_pack_bits(mask), torch.from_numpy(expected))
 
 
-def test_compressed_tensors_reads_the_checkpoint_back(tmp_path):
+def bitmask_reader():
+    """compressed-tensors where it still reads sparse-24-bitmask (0.10 to 0.14, which need transformers < 5);
+    else the test is skipped, saying which version is installed."""
     ct = pytest.importorskip("compressed_tensors")
+    compressors = importlib.import_module("compressed_tensors.compressors")
+    if not hasattr(compressors, "Sparse24BitMaskCompressor"):
+        pytest.skip(f"compressed-tensors {ct.__version__} no longer reads sparse-24-bitmask (0.10 to 0.14 do, and "
+                    "need transformers < 5); this environment has the format checked by "
+                    "test_tied_embeddings_save_once_and_load_back's own decoder only")
+    return ct
+
+
+def test_compressed_tensors_reads_the_checkpoint_back(tmp_path):
+    bitmask_reader()
     from compressed_tensors.compressors import Sparse24BitMaskCompressor
     from compressed_tensors.config import Sparse24BitMaskConfig
 
@@ -85,12 +98,11 @@ def test_compressed_tensors_reads_the_checkpoint_back(tmp_path):
     dense = dict(compressor.decompress(str(tmp_path)))
     for name in ("mlp.0", "mlp.2"):
         torch.testing.assert_close(dense[f"{name}.weight"], served.get_submodule(name).weight, rtol=0, atol=0)
-    assert ct.__version__ < "0.15"  # the last releases that read sparse-24-bitmask
 
 
 def test_hugging_face_export_loads_through_compressed_tensors(tmp_path):
     transformers = pytest.importorskip("transformers")
-    pytest.importorskip("compressed_tensors")
+    bitmask_reader()
     from compressed_tensors.compressors import ModelCompressor
 
     torch.manual_seed(0)
@@ -105,6 +117,54 @@ def test_hugging_face_export_loads_through_compressed_tensors(tmp_path):
     x = torch.randint(0, 64, (2, 8))
     with torch.no_grad():
         torch.testing.assert_close(fresh.eval()(input_ids=x).logits, model(input_ids=x).logits)
+
+
+def decompress_24_bitmask(path):
+    """The dense state dict of a sparse-24-bitmask checkpoint, decoded here from the format's definition
+    (each row's kept values in order, the mask as little-endian packed bits, the shape)."""
+    from safetensors.torch import load_file
+
+    state = load_file(path / "model.safetensors")
+    dense = {}
+    for key in [k for k in state if k.endswith(".bitmask")]:
+        name = key[: -len(".bitmask")]
+        rows, cols = state.pop(f"{name}.shape").reshape(-1).tolist()
+        bits = state.pop(key)
+        mask = ((bits.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1).bool().reshape(rows, -1)[:, :cols]
+        weight = torch.zeros(rows, cols, dtype=state[f"{name}.compressed"].dtype)
+        weight[mask] = state.pop(f"{name}.compressed").reshape(-1)
+        dense[f"{name}.weight"] = weight
+    return {**state, **dense}
+
+
+@pytest.mark.parametrize("kind", ["bert", "llama-tied"])
+def test_tied_embeddings_save_once_and_load_back(kind, tmp_path):
+    """Tied input and output embeddings are one tensor under two names: the checkpoint holds it once
+    (under the embedding's name) and a model built from the saved config ties it back."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if kind == "bert":
+        config = transformers.BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, max_position_embeddings=32)
+        model_cls, tied = transformers.BertForMaskedLM, {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
+    else:
+        config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                                          bos_token_id=0, eos_token_id=0)
+        model_cls, tied = transformers.LlamaForCausalLM, {"lm_head.weight"}
+    model = sl.sparsify(model_cls(config), sl.STE()).eval()
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    served = sl.export(model, kernel="dense")
+    sl.save_compressed_tensors(served, tmp_path)
+    state = decompress_24_bitmask(tmp_path)
+    assert not tied & set(state)
+    fresh = model_cls(transformers.AutoConfig.from_pretrained(tmp_path)).eval()
+    result = fresh.load_state_dict(state, strict=False)
+    assert result.unexpected_keys == [] and set(result.missing_keys) <= tied
+    assert fresh.get_output_embeddings().weight is fresh.get_input_embeddings().weight
+    x = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(input_ids=x).logits, model(input_ids=x).logits, rtol=0, atol=0)
 
 
 @pytest.mark.gpu

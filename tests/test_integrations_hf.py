@@ -228,6 +228,122 @@ def test_trainer_callback_attaches_the_hooks_and_logs_flip_rate(tmp_path):
     assert all(layer.step == 3 for _, layer in sl.sparse_layers(resumed))
 
 
+def trainer_for(model, tmp_path, max_steps=6, callbacks=None, **args):
+    data = [{"input_ids": tokens(i, batch=1, length=16)[0], "labels": tokens(i, batch=1, length=16)[0]}
+            for i in range(12)]
+    settings = dict(output_dir=str(tmp_path), max_steps=max_steps, per_device_train_batch_size=2, logging_steps=2,
+                    report_to=[], save_strategy="no", learning_rate=1e-2, use_cpu=True, disable_tqdm=True)
+    return transformers.Trainer(model=model, args=transformers.TrainingArguments(**{**settings, **args}),
+                                train_dataset=data, callbacks=callbacks)
+
+
+def test_flip_rate_reaches_tensorboard(tmp_path, monkeypatch):
+    """Reporters (report_to) run before callbacks passed to the Trainer: add_to puts the callback before
+    them, and TensorBoard's event file holds flip_rate and sparse_dense_phase at every logging step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from sparsity_lab.integrations.trainer_callback import SparsityCallback
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    model = build("llama")
+    sl.sparsify(model, sl.MaskedDecay(decay=1e-2, total_steps=6))
+    trainer = trainer_for(model, tmp_path, report_to=["tensorboard"])
+    SparsityCallback().add_to(trainer)
+    trainer.train()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    logged = {entry["step"]: entry for entry in trainer.state.log_history if "loss" in entry}
+    for tag in ("flip_rate", "sparse_dense_phase"):
+        scalars = {e.step: e.value for e in events.Scalars(f"train/{tag}")}
+        assert sorted(scalars) == [2, 4, 6]
+        assert all(scalars[step] == pytest.approx(logged[step][tag]) for step in scalars)
+
+
+def test_callback_behind_the_reporters_refuses_to_start(tmp_path):
+    from sparsity_lab.integrations.trainer_callback import SparsityCallback
+
+    model = build("llama")
+    sl.sparsify(model, sl.STE())
+    trainer = trainer_for(model, tmp_path, callbacks=[SparsityCallback()], report_to=["tensorboard"])
+    with pytest.raises(ValueError, match=r"would reach none of them.*SparsityCallback\(\)\.add_to\(trainer\)"):
+        trainer.train()
+
+
+def test_masked_decay_takes_the_trainers_step_count(tmp_path):
+    """A 6-step run of MaskedDecay(total_steps=10_000) would never reach its dense phase: the callback
+    gives the layers the Trainer's max_steps, says so, and records it in the recipe."""
+    from sparsity_lab.integrations.trainer_callback import SparsityCallback
+
+    model = build("llama")
+    sl.sparsify(model, sl.MaskedDecay(decay=1e-2, total_steps=10_000))
+    trainer = trainer_for(model, tmp_path)
+    SparsityCallback().add_to(trainer)
+    with pytest.warns(UserWarning, match=r"total_steps=10000, but the Trainer runs max_steps=6: .*dense fine-tune "
+                                         r"from step 5"):
+        trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert [entry["sparse_dense_phase"] for entry in logs] == [0.0, 0.0, 1.0]
+    assert {layer.method.total_steps for _, layer in sl.sparse_layers(model)} == {6}
+    assert [g["fields"]["total_steps"] for g in model.config.sparsity_lab["groups"]] == [6]
+
+
+def test_from_pretrained_takes_a_hub_id(tmp_path, monkeypatch):
+    """A repository id is fetched by huggingface_hub (a stand-in here: no network), config and
+    safetensors only, with the download options passed on; a name that is neither says so."""
+    import huggingface_hub
+
+    model = build("llama")
+    sl.sparsify(model, sl.SSTE())
+    model.save_pretrained(tmp_path / "snapshot")
+    asked = []
+
+    def snapshot_download(repo_id, **options):
+        asked.append((repo_id, options))
+        if repo_id != "org/tiny-sparse-llama":
+            raise huggingface_hub.errors.RepositoryNotFoundError(f"no repository {repo_id}")
+        return str(tmp_path / "snapshot")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    loaded = hf.from_pretrained("org/tiny-sparse-llama", revision="main", verbose=False)
+    assert asked[0][0] == "org/tiny-sparse-llama" and asked[0][1]["revision"] == "main"
+    assert "*.safetensors" in asked[0][1]["allow_patterns"] and "config.json" in asked[0][1]["allow_patterns"]
+    assert type(loaded) is type(model) and len(sl.sparse_layers(loaded)) == 6
+    torch.testing.assert_close(logits(loaded.eval(), tokens()), logits(model.eval(), tokens()), rtol=0, atol=0)
+    with pytest.raises(OSError, match="'org/absent' is neither a local checkpoint directory nor a Hub repository"):
+        hf.from_pretrained("org/absent")
+
+
+def test_from_pretrained_builds_the_checkpoints_architecture_quietly(tmp_path, capfd):
+    """BERT masked-LM comes back as BertForMaskedLM (config.architectures), not the causal-LM default;
+    verbose=False prints nothing, transformers' load report and progress bars included."""
+    model = build("bert")
+    sl.sparsify(model, sl.STE())
+    model.save_pretrained(tmp_path)
+    capfd.readouterr()
+    loaded = hf.from_pretrained(tmp_path, verbose=False)
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
+    assert type(loaded) is transformers.BertForMaskedLM
+    torch.testing.assert_close(logits(loaded.eval(), tokens()), logits(model.eval(), tokens()), rtol=0, atol=0)
+
+
 def test_importing_the_package_does_not_import_transformers():
     code = "import sys, sparsity_lab, sparsity_lab.integrations; print('transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+def test_two_models_from_one_config_keep_their_own_recipes(tmp_path):
+    """sparsify writes its recipe into a copy of the config: the caller's object and a second model built
+    from it stay as they were, and that second model saves and loads with its own recipe."""
+    config_cls, model_cls, kwargs, _ = MODELS["llama"]
+    config = getattr(transformers, config_cls)(**kwargs)
+    first, second = (getattr(transformers, model_cls)(config) for _ in range(2))
+    sl.sparsify(first, sl.STE())
+    assert getattr(config, "sparsity_lab", None) is None and getattr(second.config, "sparsity_lab", None) is None
+    assert first.config is not config and first.model.config is first.config  # the model holds one config
+    sl.sparsify(second, sl.SSTE())
+    assert [g["method"] for g in first.config.sparsity_lab["groups"]] == ["ste"]
+    assert [g["method"] for g in second.config.sparsity_lab["groups"]] == ["sste"]
+    second.save_pretrained(tmp_path)
+    loaded = hf.from_pretrained(tmp_path, model_class=type(second), verbose=False)
+    assert {layer.method.name for _, layer in sl.sparse_layers(loaded)} == {"sste"}

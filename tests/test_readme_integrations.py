@@ -1,5 +1,6 @@
 """The README's "Use it with your model" blocks run as they are (in a temporary directory)."""
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ def blocks():
 
 
 def test_readme_integration_blocks_run(tmp_path, monkeypatch):
-    pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers")
     code = blocks()
     assert len(code) == 2
     monkeypatch.chdir(tmp_path)
@@ -24,27 +25,28 @@ def test_readme_integration_blocks_run(tmp_path, monkeypatch):
     exec(compile(code[0], "README block 1", "exec"), namespace)
     history = [entry for entry in namespace["trainer"].state.log_history if "loss" in entry]
     assert history and all("flip_rate" in entry for entry in history)
-    with pytest.warns(UserWarning, match="run dense products"):
-        exec(compile(code[1], "README block 2", "exec"), namespace)
+    exec(compile(code[1], "README block 2", "exec"), namespace)  # kernel="dense": no fallback to warn of
     x = torch.randint(0, 64, (1, 8))
     with torch.no_grad():
         assert torch.equal(namespace["served"](input_ids=x).logits, namespace["model"].eval()(input_ids=x).logits)
     assert (tmp_path / "runs/hf/compressed/model.safetensors").is_file()
+    # the exported model's save_pretrained: plain transformers loads the 2:4 model's outputs
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "runs/hf/served").eval()
+    with torch.no_grad():
+        assert torch.equal(plain(input_ids=x).logits, namespace["model"](input_ids=x).logits)
 
 
-def test_readme_torchtitan_config_builds_the_converter(tmp_path):
-    pytest.importorskip("torchtitan.protocols.model_converter", reason="the converter needs torchtitan 0.2")
+def test_readme_torchtitan_command_parses():
+    pytest.importorskip("torchtitan.protocols.model", reason="the integration needs torchtitan 0.3")
     from torchtitan.config import ConfigManager
-    from torchtitan.distributed import ParallelDims
-    from torchtitan.protocols.model_converter import build_model_converters
+
+    from sparsity_lab.integrations import torchtitan as tt
 
     text = (ROOT / "README.md").read_text()
     section = text.split("## Use it with your model", 1)[1].split("\n## ", 1)[0]
-    (toml,) = re.findall(r"```toml\n(.+?)\n```", section, re.S)
-    path = tmp_path / "job.toml"
-    path.write_text(toml)
-    job = ConfigManager().parse_args(["--job.config_file", str(path)])
-    assert job.model.converters == ["sparsity24"]
-    one = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
-    (converter,) = build_model_converters(job, one).converters
-    assert converter.method.describe() == "sste 2:4, transposable, MVUE dW"
+    (command,) = [c for c in re.findall(r"```bash\n(.+?)\n```", section, re.S) if "torchtitan.train" in c]
+    args = shlex.split(command.replace("\\\n", " "))
+    config = ConfigManager().parse_args(args[args.index("torchtitan.train") + 1:])
+    assert isinstance(config, tt.Sparsity24Trainer.Config) and config.training.steps == 300
+    method = tt.method_from_config(config.sparsity24, config.training.steps)
+    assert method.describe() == "sste 2:4, row-wise, MVUE dW"

@@ -2,7 +2,8 @@
 
     hf              from_pretrained / load_dense_checkpoint for Hugging Face models (needs transformers)
     trainer_callback SparsityCallback for transformers.Trainer (needs transformers)
-    torchtitan      a model converter for torchtitan 0.2's ModelConverter protocol (needs torchtitan 0.2)
+    torchtitan      2:4 layers, converter and trainer for torchtitan 0.3 (needs torchtitan 0.3)
+    torchtitan_record  the same trainer, recording losses, tokens/s, memory and 2:4 checks as JSON
 
 The table of known architectures (which linears are the MLP) and GPT-2's Conv1D as a 2:4 layer
 are what ``sparsify`` itself converts with: they live beside it, in ``sparsity_lab.architectures``

@@ -10,12 +10,13 @@
 ``save_pretrained`` writes to config.json; the sparse state (``mask``, ``beta``, the counters as
 ``_extra_state``) is ordinary tensors of the state dict. Plain ``AutoModel*.from_pretrained`` of such a
 checkpoint gives the *dense* model (transformers lists the sparse tensors as unexpected keys);
-``from_pretrained`` here rebuilds the sparse one. Local directories only in this module's tests.
+``from_pretrained`` here rebuilds the sparse one, from a local directory or a Hub repository id.
 """
 from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -134,20 +135,84 @@ def load_dense_checkpoint(model: nn.Module, source: str | os.PathLike | Mapping[
     return report
 
 
+HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download")
+CHECKPOINT_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "generation_config.json"]
+
+
+def checkpoint_dir(path: str | os.PathLike, **hub_kwargs) -> Path:
+    """The local directory of a checkpoint: ``path`` itself when it is a directory, else ``path`` read
+    as a Hugging Face Hub repository id (``"org/name"``), whose config and safetensors files are
+    fetched into (or found in) the Hub cache. hub_kwargs: ``revision``, ``token``, ``cache_dir``,
+    ``local_files_only``, ``force_download``, as ``huggingface_hub.snapshot_download`` takes them."""
+    local = Path(path)
+    if local.is_dir():
+        return local
+    if local.exists():
+        raise ValueError(f"path must be a checkpoint directory or a Hub repository id, got the file {str(path)!r}")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id=str(path), allow_patterns=CHECKPOINT_FILES, **hub_kwargs))
+    except Exception as err:  # HFValidationError, RepositoryNotFoundError, offline: say both readings
+        raise OSError(f"{str(path)!r} is neither a local checkpoint directory nor a Hub repository that could be "
+                      f"fetched ({type(err).__name__}: {err})") from err
+
+
+def model_class_of(config, model_class=None):
+    """``model_class``, else the class the checkpoint names first in ``config.architectures`` (a BERT
+    masked-LM checkpoint gives ``BertForMaskedLM``), else ``AutoModelForCausalLM``."""
+    import transformers
+
+    if model_class is not None:
+        return model_class
+    names = getattr(config, "architectures", None) or []
+    if not names:
+        return transformers.AutoModelForCausalLM
+    found = getattr(transformers, names[0], None)
+    if found is None or not hasattr(found, "from_pretrained"):
+        raise ValueError(f"the checkpoint's config.architectures names {names[0]!r}, which this transformers "
+                         f"({transformers.__version__}) does not have: pass model_class=")
+    return found
+
+
+@contextmanager
+def quiet_transformers(quiet: bool):
+    """transformers' loading output (progress bars, the load report, warnings) off while ``quiet``."""
+    if not quiet:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def from_pretrained(path: str | os.PathLike, model_class=None, method=None, select=None, verbose: bool = True,
                     **kwargs) -> nn.Module:
-    """A sparse model from a local Hugging Face checkpoint directory.
+    """A sparse model from a Hugging Face checkpoint: a local directory or a Hub repository id.
 
     A checkpoint saved from a sparsified model (config.json has ``sparsity_lab``) comes back with the
     same methods, layers, masks, beta and counters. A dense checkpoint needs ``method`` (and
     optionally ``select``): it is loaded by transformers, then sparsified, masks computed from the
-    loaded weights. model_class: a transformers class with ``from_pretrained``
-    (default ``AutoModelForCausalLM``); kwargs go to its ``from_pretrained``. Prints what it did.
+    loaded weights. model_class: a transformers class with ``from_pretrained`` (default: the first of
+    the checkpoint's ``config.architectures``, else ``AutoModelForCausalLM``); kwargs go to its
+    ``from_pretrained`` (``revision``, ``token``, ``cache_dir``, ``local_files_only``,
+    ``force_download`` also to the Hub download). verbose: print what it did; False also silences
+    transformers' own loading output.
     """
     import transformers
 
-    model_class = model_class or transformers.AutoModelForCausalLM
-    config = transformers.AutoConfig.from_pretrained(path)
+    path = checkpoint_dir(path, **{key: kwargs[key] for key in HUB_KWARGS if key in kwargs})
+    with quiet_transformers(not verbose):
+        config = transformers.AutoConfig.from_pretrained(path)
+    model_class = model_class_of(config, model_class)
     recipe = getattr(config, "sparsity_lab", None)
     if recipe is None and method is None:
         raise ValueError(f"{str(path)!r} is a dense checkpoint (its config.json has no 'sparsity_lab'): pass "
@@ -155,7 +220,8 @@ def from_pretrained(path: str | os.PathLike, model_class=None, method=None, sele
     if recipe is not None and (method is not None or select is not None):
         raise ValueError("the checkpoint records its own methods and layers (config.sparsity_lab); "
                          "do not pass method= or select=")
-    model = model_class.from_pretrained(path, **kwargs)  # dense weights; sparse tensors are not its own
+    with quiet_transformers(not verbose):
+        model = model_class.from_pretrained(path, **kwargs)  # dense weights; sparse tensors are not its own
     model.config.sparsity_lab = None  # sparsify below records the groups again
     if recipe is None:
         sparsify(model, method, select)

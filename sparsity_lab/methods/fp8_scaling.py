@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from ..references.fp8 import AMAX_FLOOR, amax as amax_of, fp8_format, quantize_with_inv_scale
+from ..host_counters import COUNTER_TENSOR, HostCounter, new_counter_tensor
 
 TENSORS = ("x", "w", "dz", "dz_mvue")
 SCALINGS = ("delayed", "current")
@@ -95,8 +96,11 @@ class FP8ScalingState(nn.Module):
     adds an observed amax to the step's row; ``advance()`` ends the optimizer step (see the module docstring).
     """
 
+    updates = HostCounter(0)  # how many optimizer steps advanced the history (host int: no sync to read)
+
     def __init__(self, recipe: FP8Recipe | None = None, device=None) -> None:
         super().__init__()
+        setattr(self, COUNTER_TENSOR, new_counter_tensor(1))  # the extra state, updated in place
         self.recipe = recipe if recipe is not None else FP8Recipe()
         if not isinstance(self.recipe, FP8Recipe):
             raise TypeError(f"recipe must be an FP8Recipe, got {type(self.recipe).__name__}")
@@ -107,7 +111,7 @@ class FP8ScalingState(nn.Module):
         # each column's largest FP8 value (a buffer, so that it sits on the state's device: no copy per update)
         self.register_buffer("fp8_max", torch.tensor([fp8_format(self.recipe.format_of(t))[1] for t in TENSORS],
                                                      device=device), persistent=False)
-        self.updates = 0  # how many optimizer steps advanced the history (host int: no sync to read)
+        self.updates = 0
 
     def _apply(self, fn, recurse=True):
         # follow .to(device) but stay float32 under model.to(torch.bfloat16): scales and amaxes rounded
@@ -162,7 +166,7 @@ class FP8ScalingState(nn.Module):
 
     # --- checkpoints ---------------------------------------------------------------------------------
     def get_extra_state(self) -> torch.Tensor:
-        return torch.tensor([self.updates], dtype=torch.int64)
+        return getattr(self, COUNTER_TENSOR)  # the same tensor every time, current (host_counters)
 
     def set_extra_state(self, state) -> None:
         if not isinstance(state, torch.Tensor) or state.shape != (1,):
