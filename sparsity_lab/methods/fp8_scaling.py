@@ -24,7 +24,16 @@ a step quantizes with the same scales and row 0 takes the max over the micro-ste
 of B/k rows each leave exactly the history (and scales) that one step over all B rows leaves; and
 the weight, which changes only at the optimizer step, enters the history once per step, not k times.
 TE's documentation describes the rotation after each pass instead. A forward under
-``torch.no_grad()`` (evaluation) uses the scales but records nothing (the backends decide, ``record``).
+``torch.no_grad()`` (evaluation) uses the scales but records nothing: the FP8 backends record the amaxes
+of X and S(W) when the forward's backward runs (``fp8_train``).
+
+Values that are not finite, one policy for both recipes and every step: an entry that is +-inf or NaN
+quantizes to NaN (``references.fp8.quantize_with_inv_scale`` and the cast kernels), never to the
+saturated +-fp8_max that the clamp gives finite values beyond the scale's range. An overflow upstream
+thus stays visible downstream (NaN outputs, then a non-finite loss or gradient norm that stops the
+step). With current scaling, and on the first step, the tensor's amax is itself not finite, its scale
+too, and every product with the tensor is NaN; with delayed scaling the NaN stays in the entries the
+bad values reach. Such an amax in the history keeps the previous scale (below).
 
 All updates are in-place tensor operations on the device (no host sync), so a CUDA-graph step
 replays them: the captured kernels read the scale buffers and write row 0 at fixed addresses, and
