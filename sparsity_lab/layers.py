@@ -262,8 +262,18 @@ class SparseLinear(nn.Linear):
         self._settle_flips()
         self._flips_total = int(value)
 
+    def refuse_plain_fully_shard(self) -> None:
+        """Raise TypeError when FSDP2's plain ``fully_shard`` sharded this layer: it shards the weight (a
+        DTensor between steps) but leaves the mask full-size and knows nothing of the sparse state, so
+        masked decay would mix the two (``sparsity_lab.distributed.fully_shard_sparse`` shards both)."""
+        if _is_dtensor(self.weight) and not _is_dtensor(self.mask):
+            raise TypeError("this sparse layer was sharded by torch.distributed.fsdp.fully_shard, which shards its "
+                            "weight but not its mask: shard a sparsified model with "
+                            "sparsity_lab.distributed.fully_shard_sparse(model, blocks) instead of fully_shard")
+
     def advance_step(self) -> None:
         """Called after every optimizer step (``attach_optimizer`` does it)."""
+        self.refuse_plain_fully_shard()
         self.step += 1
         self._operand_cache = None
         self.backend.advance_step()  # per-layer backend state (the FP8 amax history); nothing for most
@@ -275,6 +285,7 @@ class SparseLinear(nn.Linear):
         grad_scale: the factor the gradients still carry (a fused optimizer under a GradScaler
         unscales inside its step), so that the decay is right once they are unscaled.
         """
+        self.refuse_plain_fully_shard()
         decay = self.method.decay_before_step
         if decay and not self.dense_now and self.weight.grad is not None:
             self.backend.masked_decay_(self.weight.grad, self.weight, self.mask, decay * grad_scale)
@@ -283,6 +294,7 @@ class SparseLinear(nn.Linear):
     def apply_decay_on_weights(self, lr: float) -> None:
         """W -= lr * decay * (1 - m) * W, for methods that decay the weights after the optimizer step
         (decoupled: the optimizer never sees the term). lr: the weight's param-group learning rate."""
+        self.refuse_plain_fully_shard()
         decay = self.method.decay_after_step
         if decay and not self.dense_now:
             w = self.weight.detach()
