@@ -233,3 +233,20 @@ def test_hf_refuses_a_checkpoint_whose_sparse_state_it_cannot_restore(tmp_path, 
     save_file(tensors, file, metadata={"format": "pt"})
     with pytest.raises(ValueError, match=match):
         hf.from_pretrained(tmp_path, model_class=type(model), verbose=False)
+
+
+def test_dense_weights_into_an_fp8_model_restart_its_scaling_state_too(capsys):
+    model = sparse_llama(sl.STE(backend="fp8_reference"), 0)
+    train_llama(model)
+    dense = tiny_llama(5).state_dict()
+    report = hf.load_dense_checkpoint(model, dense)
+    assert report.missing == []  # the FP8 state is restarted, not "missing"
+    fresh = sparse_llama(sl.STE(backend="fp8_reference"), 5)  # what converting the dense model gives
+    a, b = fresh.state_dict(), model.state_dict()
+    for key in a:
+        if not key.endswith("_proj._extra_state"):  # the layers keep their MVUE seeds
+            assert torch.equal(a[key], b[key]), key
+    assert all(m.updates == 0 for m in model.modules() if isinstance(m, FP8ScalingState))
+    with pytest.raises(ValueError, match="holds sparse state"):
+        hf.load_dense_checkpoint(model, {k: v for k, v in fresh.state_dict().items() if "backend" in k or
+                                         not k.endswith(("mask", "beta", "_extra_state"))})

@@ -34,7 +34,8 @@ SPARSE_STATE = ("mask", "beta", "_extra_state")  # per sparse layer, besides its
 
 
 def _sparse_state_key(key: str) -> bool:
-    return key.rpartition(".")[2] in SPARSE_STATE
+    # a backend's per-layer state (FP8 scales, amax history) sits under the layer's "backend."
+    return key.rpartition(".")[2] in SPARSE_STATE or ".backend." in f".{key}"
 
 
 def read_safetensors(source: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -122,7 +123,12 @@ def adopt_saved_fp8_recipes(model: nn.Module, saved: Mapping[str, torch.Tensor])
 @torch.no_grad()
 def restart_sparse_state(layer: SparseLinear) -> None:
     """Make ``layer``'s sparse state that of a fresh conversion of its current weight: counters 0
-    (the MVUE seed kept), mask recomputed from W (no flip counted), S-STE beta recomputed."""
+    (the MVUE seed kept), mask recomputed from W (no flip counted), S-STE beta recomputed, an FP8
+    backend's scales and amax history fresh (same recipe)."""
+    from ..backends.cusparselt.fp8_train import FP8Backend
+
+    if isinstance(layer.backend, FP8Backend):
+        layer.backend.set_recipe(layer.backend.scaling.recipe)
     layer.set_extra_state({"step": 0, "mask_step": 0, "mask_updates": 0, "last_flips": 0, "flips_total": 0,
                            "mvue_seed": layer.mvue_seed, "mvue_calls": 0})
     layer.refresh_mask()
