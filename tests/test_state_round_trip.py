@@ -16,6 +16,7 @@ from torch import nn
 import sparsity_lab as sl
 from sparsity_lab.backends import available_backends
 from sparsity_lab.backends.cusparselt.backend import BackendFallbackWarning
+from sparsity_lab.activation24 import Act24MLP
 from sparsity_lab.methods.config import METHODS, method_from_name
 from sparsity_lab.methods.fp8_scaling import FP8Recipe, FP8ScalingState
 
@@ -54,6 +55,9 @@ def host_state(module: nn.Module) -> dict:
         return {"method": module.method, "backend": module.backend.name, **module.counters()}
     if isinstance(module, FP8ScalingState):
         return {"recipe": module.recipe, "updates": module.updates}
+    if isinstance(module, Act24MLP):  # host copies of its buffers (no device sync per forward)
+        return {"step": module._step, "dense_from": module._dense_from, "token_seed": module._token_seed,
+                "token_draws": module._token_draws, "weight_grads": module.weight_grads}
     return {}
 
 
@@ -144,13 +148,15 @@ def dcp_path(method, tmp_path, recipe=None):
     return model, loaded, llama_logits
 
 
-def lab_path(method, tmp_path, recipe=None):
+def lab_path(method, tmp_path, recipe=None, **model_options):
+    """The lab's run (its GPT, built from its config): saved by the trainer, back through Trainer.resume.
+    recipe: unused (the lab runs the default FP8 recipe)."""
     from sparsity_lab.lab import GPTConfig, TrainConfig, Trainer, load_corpus
 
     corpus = load_corpus(max_bytes=20_000)
-    options = {k: v for k, v in METHOD_OPTIONS[method.name].items()}
-    config = TrainConfig(method=method.name, method_options={**options, "backend": method.backend},
-                         model=GPTConfig(n_layer=1, n_head=2, d_model=16, context=16), batch_size=2, steps=TOTAL,
+    options = {**METHOD_OPTIONS[method.name], "backend": method.backend}
+    model = GPTConfig(n_layer=1, n_head=2, d_model=16, context=16, **model_options)
+    config = TrainConfig(method=method.name, method_options=options, model=model, batch_size=2, steps=TOTAL,
                          warmup_steps=1, eval_interval=100, eval_batches=1, device="cpu", progress=False,
                          checkpoint_path=str(tmp_path / "lab.pt"))
     trainer = Trainer(config, corpus=corpus)
@@ -200,7 +206,8 @@ def test_fp8_state_into_a_layer_of_another_recipe_is_refused():
     model = sparse_llama(sl.STE(backend="fp8_reference"), 0, recipe=OTHER_RECIPE)
     train_llama(model)
     other = sparse_llama(sl.STE(backend="fp8_reference"), 1)
-    with pytest.raises(RuntimeError, match=r"belong to FP8Recipe\(.*most_recent.*this layer runs FP8Recipe\(.*set_fp8_recipe"):
+    refused = r"belong to FP8Recipe\(.*most_recent.*this layer runs FP8Recipe\(.*set_fp8_recipe"
+    with pytest.raises(RuntimeError, match=refused):
         other.load_state_dict(model.state_dict())
 
 
@@ -250,3 +257,13 @@ def test_dense_weights_into_an_fp8_model_restart_its_scaling_state_too(capsys):
     with pytest.raises(ValueError, match="holds sparse state"):
         hf.load_dense_checkpoint(model, {k: v for k, v in fresh.state_dict().items() if "backend" in k or
                                          not k.endswith(("mask", "beta", "_extra_state"))})
+
+
+def test_lab_checkpoint_keeps_the_2_4_activation_state(tmp_path):
+    """The lab GPT's 2:4 activations (Act24MLP: step, dense switch, token-permutation seed and draws)."""
+    saved, loaded, logits = lab_path(sl.STE(), tmp_path, ffn_kind="relu2", activation_sparsity="2:4",
+                                     act24_weight_grads="tokens24")
+    mlp = saved.blocks[0].mlp
+    assert isinstance(mlp, Act24MLP) and mlp._step == STEPS and mlp._token_draws > 0
+    assert_same_state(saved, loaded)
+    torch.testing.assert_close(logits(loaded), logits(saved), rtol=0, atol=0)

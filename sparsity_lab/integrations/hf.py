@@ -9,9 +9,10 @@
 ``sparsify`` records the method and the converted layers in ``model.config.sparsity_lab``, which
 ``save_pretrained`` writes to config.json; the sparse state (``mask``, ``beta``, the counters as
 ``_extra_state``, an FP8 backend's scales, amax history and recipe under ``backend.scaling.``) is ordinary
-tensors of the state dict, and ``from_pretrained`` loads every one of them or refuses. Plain ``AutoModel*.from_pretrained`` of such a
-checkpoint gives the *dense* model (transformers lists the sparse tensors as unexpected keys);
-``from_pretrained`` here rebuilds the sparse one. Local directories only in this module's tests.
+tensors of the state dict, and ``from_pretrained`` loads every one of them or refuses. Plain
+``AutoModel*.from_pretrained`` of such a checkpoint gives the *dense* model (transformers lists the sparse
+tensors as unexpected keys); ``from_pretrained`` here rebuilds the sparse one. Local directories only in
+this module's tests.
 """
 from __future__ import annotations
 
@@ -102,8 +103,9 @@ def sparse_layer_state(model: nn.Module, saved: Mapping[str, torch.Tensor]) -> d
         raise ValueError(f"the checkpoint's config lists sparse layers but its tensors lack {len(absent)} of their "
                          f"state tensors, e.g. {absent[:4]}: it cannot restore them")
     if stray:
-        raise ValueError(f"the checkpoint holds {len(stray)} state tensors of sparse layers that the rebuilt layers do "
-                         f"not have, e.g. {stray[:4]} (saved with another backend or version?): loading would drop them")
+        raise ValueError(f"the checkpoint holds {len(stray)} state tensors of sparse layers that the rebuilt layers "
+                         f"do not have, e.g. {stray[:4]} (saved with another backend or version?): loading would "
+                         "drop them")
     return {key: saved[key] for key in sorted(expected)}
 
 
