@@ -2,7 +2,8 @@
 
 The idea
     ``sparsity_lab.references.fp8`` is the reference and fixes the convention: ``scale = amax / fp8_max``
-    (what ``torch._scaled_mm`` takes), ``q = fp8(clamp(x * (fp8_max / amax)))``, ``x ~= q * scale``.
+    (what ``torch._scaled_mm`` takes), ``q = fp8(clamp(x * (fp8_max / amax)))``, ``x ~= q * scale``, and
+    NaN for an x that is not finite (``_finite_product``, ``_to_fp8_or_nan``).
 
     Current scaling needs the amax of the whole tensor before the first element can be cast, so it
     is two passes over x: ``_amax_kernel`` writes one max per program (a few thousand floats,
@@ -53,6 +54,25 @@ def _round_to_fp8_grid(y, MBITS: tl.constexpr, EMIN: tl.constexpr):
     return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
+F32_MAX = 3.4028234663852886e38  # the largest finite float32
+
+
+@triton.jit
+def _finite_product(x, y):
+    """True where x is finite and y (= x * inv_scale) is a number: the entries that quantize to a value;
+    the others quantize to NaN (``references.fp8``: an overflow upstream is never saturated)."""
+    return (tl.abs(x) <= F32_MAX) & (y == y)
+
+
+@triton.jit
+def _to_fp8_or_nan(y, keep, FP8: tl.constexpr):
+    """y (on the FP8 grid) converted to the FP8 dtype where ``keep``, NaN (the byte 0x7F, what torch's
+    conversion gives a NaN in both formats) elsewhere. Chosen on the bytes: a float max/min may drop a
+    NaN, the hardware's conversion saturates inf, and the interpreter's turns a NaN into a number."""
+    byte = tl.where(keep, y.to(FP8).to(tl.uint8, bitcast=True), 0x7F).to(tl.uint8)
+    return byte.to(FP8, bitcast=True)
+
+
 @triton.jit
 def _amax_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -67,9 +87,9 @@ def _quantize_kernel(x_ptr, q_ptr, inv_scale_ptr, partial_ptr, n, FMAX: tl.const
     ok = offs < n
     x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     y = x * tl.load(inv_scale_ptr)
-    y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
-    y = _round_to_fp8_grid(y, MBITS, EMIN)
-    tl.store(q_ptr + offs, y.to(q_ptr.dtype.element_ty), mask=ok)
+    keep = _finite_product(x, y)
+    y = _round_to_fp8_grid(tl.minimum(tl.maximum(tl.where(keep, y, 0.0), -FMAX), FMAX), MBITS, EMIN)
+    tl.store(q_ptr + offs, _to_fp8_or_nan(y, keep, q_ptr.dtype.element_ty), mask=ok)
     if WRITE_AMAX:
         tl.store(partial_ptr + tl.program_id(0), tl.max(tl.abs(x), axis=0))
 

@@ -26,7 +26,7 @@ import triton.language as tl
 from sparsity_lab.references.fp8 import fp8_format
 
 from ._common import HALF_AND_FLOAT, check_device, check_tensor
-from .fp8_cast import _GRID, _round_to_fp8_grid
+from .fp8_cast import _GRID, _finite_product, _round_to_fp8_grid, _to_fp8_or_nan
 
 DEFAULT_BLOCK_R = 64
 DEFAULT_BLOCK_C = 64
@@ -43,11 +43,12 @@ def _cast_transpose_kernel(x_ptr, q_ptr, qt_ptr, inv_scale_ptr, partial_ptr, R, 
     ok = (rows[:, None] < R) & (cols[None, :] < C)
     x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=ok, other=0.0).to(tl.float32)
     y = x * tl.load(inv_scale_ptr)
-    y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
+    keep = _finite_product(x, y)  # False where x is not finite: NaN there
+    y = tl.minimum(tl.maximum(tl.where(keep, y, 0.0), -FMAX), FMAX)
     y = _round_to_fp8_grid(y, MBITS, EMIN)  # exact on the FP8 grid: the casts below convert, never round
-    tl.store(q_ptr + rows[:, None] * C + cols[None, :], y.to(q_ptr.dtype.element_ty), mask=ok)
-    yt = tl.trans(y)
-    tl.store(qt_ptr + cols[:, None] * R + rows[None, :], yt.to(qt_ptr.dtype.element_ty), mask=tl.trans(ok))
+    q = _to_fp8_or_nan(y, keep, q_ptr.dtype.element_ty)
+    tl.store(q_ptr + rows[:, None] * C + cols[None, :], q, mask=ok)
+    tl.store(qt_ptr + cols[:, None] * R + rows[None, :], tl.trans(q), mask=tl.trans(ok))
     tl.store(partial_ptr + pid_r * tl.num_programs(1) + pid_c, tl.max(tl.max(tl.abs(x), axis=1), axis=0))
 
 

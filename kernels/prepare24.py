@@ -33,7 +33,7 @@ import triton.language as tl
 
 from ._common import HALF_AND_FLOAT, check_device, check_same_shape, check_tensor
 from .compress24 import _pick, _store_compressed
-from .fp8_cast import _round_to_fp8_grid
+from .fp8_cast import _finite_product, _round_to_fp8_grid
 from .soft_threshold24 import _shrink
 
 TILE = 64
@@ -63,15 +63,19 @@ def _fp8_bits(s, inv_scale, FMAX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.co
     (sign, exponent rebiased to 1 - EMIN, the top MBITS of the mantissa; subnormals as multiples of
     2**(EMIN - MBITS)) rather than by triton's float32 -> FP8 conversion: on the H100 (triton 3.6)
     converting and then bitcasting to uint8 before the compressed store put bytes at wrong positions
-    (the interpreter did not), seen in the first GPU run of kernels 18 and 19. Finite inputs only."""
-    y = tl.minimum(tl.maximum(s.to(tl.float32) * inv_scale, -FMAX), FMAX)
+    (the interpreter did not), seen in the first GPU run of kernels 18 and 19. A value that is not finite
+    gives 0x7F, the byte torch's conversion gives a NaN in both formats (``references.fp8``'s policy)."""
+    x = s.to(tl.float32)
+    y = x * inv_scale
+    keep = _finite_product(x, y)
+    y = tl.minimum(tl.maximum(tl.where(keep, y, 0.0), -FMAX), FMAX)
     r = _round_to_fp8_grid(y, MBITS, EMIN)
     bits = r.to(tl.int32, bitcast=True)
     sign = ((bits >> 31) & 1) << 7
     e = ((bits >> 23) & 0xFF) - 127
     normal = (((e + 1 - EMIN) << MBITS) | ((bits >> (23 - MBITS)) & ((1 << MBITS) - 1)))
     subnormal = (tl.abs(r) * (1 << (MBITS - EMIN))).to(tl.int32)  # exact: r is on the subnormal grid
-    return (sign | tl.where(e >= EMIN, normal, subnormal)).to(tl.uint8)
+    return tl.where(keep, sign | tl.where(e >= EMIN, normal, subnormal), 0x7F).to(tl.uint8)
 
 
 @triton.jit

@@ -14,6 +14,12 @@ layer's eval forward uses, S(W) = m * W (beta * soft_threshold(W) for S-STE):
   outputs, no speed-up. ``export`` says so with an ``ExportFallbackWarning`` naming the reason.
 A layer in its dense phase (``Dense``, or masked decay's dense fine-tune) is not 2:4 any more: it
 becomes a plain ``nn.Linear``. ``exported.export_report`` lists what each layer became.
+
+``served(x)`` equals ``model.eval()(x)`` except for layers trained on a backend whose products carry a
+number format of their own (the FP8 backends: "fp8_reference", "cusparselt_fp8", "fp8_dense",
+"torch_fp8sim", ...): their exported products keep the weights' dtype and drop the FP8 rounding of X and
+S(W), so the outputs differ by that rounding; ``export`` says so in an ``ExportNumericsWarning`` and in
+the report's ``numerics`` entry of each such layer.
 """
 from __future__ import annotations
 
@@ -36,6 +42,12 @@ class ExportFallbackWarning(UserWarning):
     """Exported 2:4 layers run dense products (no cuSPARSELt here); the outputs are the same."""
 
 
+class ExportNumericsWarning(UserWarning):
+    """Exported layers compute differently from the trained model's eval forward: layers trained on an FP8
+    backend (whose products round their operands to FP8) export the same S(W) with products in the weights'
+    dtype, without that rounding."""
+
+
 def _cusparselt_problem(weight: torch.Tensor) -> str | None:
     """Why S(W) cannot be a cuSPARSELt operand here, or None."""
     if not weight.is_cuda:
@@ -45,12 +57,42 @@ def _cusparselt_problem(weight: torch.Tensor) -> str | None:
     return unavailable_reason(weight.device) or sparse_shape_problem(*weight.shape, weight.dtype)
 
 
+def check_sparse24(sparse_weight: torch.Tensor, mask: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Raise ValueError unless ``mask`` is a bool (out, in) 2:4 mask (exactly 2 kept in every group of 4
+    along ``in``) of ``sparse_weight``'s shape and ``sparse_weight`` is zero outside it: then the layer
+    computes with exactly the values its checkpoint keeps (``compressed_tensors_state``)."""
+    if not isinstance(sparse_weight, torch.Tensor) or sparse_weight.dim() != 2 or \
+            not sparse_weight.dtype.is_floating_point:
+        raise ValueError(f"sparse_weight must be a 2-D floating-point tensor (out, in), got "
+                         f"{_describe(sparse_weight)}")
+    out_features, in_features = sparse_weight.shape
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != sparse_weight.shape:
+        raise ValueError(f"mask must be a bool tensor of sparse_weight's shape {tuple(sparse_weight.shape)}, got "
+                         f"{_describe(mask)}")
+    if in_features % 4 or not is_nm(mask, 2, 4):
+        raise ValueError(f"mask must keep exactly 2 entries in every group of 4 along in_features={in_features} "
+                         "(a 2:4 mask, e.g. sparsity_lab.nm_mask(weight, 2, 4)); this one does not")
+    if bool(sparse_weight.detach()[~mask].ne(0).any()):
+        raise ValueError("sparse_weight has non-zero values outside mask: S(W) is not 2:4, and the layer would "
+                         "compute with values its checkpoint drops; pass sparse_weight * mask")
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (out_features,)):
+        raise ValueError(f"bias must be None or a tensor of shape ({out_features},), got {_describe(bias)}")
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
+    return type(x).__name__
+
+
 class Sparse24Linear(nn.Module):
     """Inference-only 2:4 linear: Z = X S(W)^T + b with S(W) (out, in) fixed at export.
 
     kernel "cusparselt": S(W) compressed once (buffer ``compressed``, about 9/16 of the dense bytes
     for 16-bit weights); kernel "dense": S(W) kept dense in buffer ``weight`` (CPU fallback).
-    ``mask`` (out, in) bool is kept for checkpoints (``save_compressed_tensors``).
+    ``mask`` (out, in) bool is kept for checkpoints (``save_compressed_tensors``). The constructor refuses
+    a mask that is not 2:4 or of another shape, and an S(W) with values outside the mask
+    (``check_sparse24``): the checkpoint stores only the kept values.
     """
 
     def __init__(self, sparse_weight: torch.Tensor, mask: torch.Tensor, bias: torch.Tensor | None,
@@ -58,6 +100,7 @@ class Sparse24Linear(nn.Module):
         super().__init__()
         if kernel not in ("cusparselt", "dense"):
             raise ValueError(f"kernel must be 'cusparselt' or 'dense', got {kernel!r}")
+        check_sparse24(sparse_weight, mask, bias)
         self.out_features, self.in_features = sparse_weight.shape
         self.kernel = kernel
         self.register_buffer("mask", mask.detach().clone())
@@ -114,7 +157,7 @@ def export(model: nn.Module, kernel: str = "auto", dtype: torch.dtype | None = N
     if not sparse_layers(model):
         raise ValueError("model has no SparseLinear layers: nothing to export (call sparsity_lab.sparsify first)")
     exported = model if inplace else copy.deepcopy(model)
-    report, fallbacks = [], {}
+    report, fallbacks, fp8_dropped = [], {}, {}
     for name, layer in sparse_layers(exported):
         if layer.dense_now:
             new: nn.Module = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
@@ -125,23 +168,34 @@ def export(model: nn.Module, kernel: str = "auto", dtype: torch.dtype | None = N
                     new.bias.copy_(layer.bias)
             report.append({"layer": name, "became": "nn.Linear", "why": "dense phase: the weight is not 2:4"})
         else:
+            if (layer.method.n, layer.method.m) != (2, 4):
+                raise ValueError(f"{name}: S(W) is not 2:4 (a {layer.method.n}:{layer.method.m} mask); only 2:4 "
+                                 "layers export")
             weight = _sparse_weight(layer, dtype)
-            if (layer.method.n, layer.method.m) != (2, 4) or not is_nm(layer.mask, 2, 4) or weight[~layer.mask].any():
-                raise ValueError(f"{name}: S(W) is not 2:4 ({layer.method.n}:{layer.method.m} mask, or values "
-                                 "outside it); only 2:4 layers export")
             problem = _cusparselt_problem(weight) if kernel != "dense" else "kernel='dense' was asked for"
             if problem is not None and kernel == "cusparselt":
                 raise RuntimeError(f"{name}: cuSPARSELt cannot run this layer: {problem}")
             chosen = "dense" if problem else "cusparselt"
+            try:
+                new = Sparse24Linear(weight, layer.mask,
+                                     layer.bias.to(weight.dtype) if layer.bias is not None else None, chosen)
+            except ValueError as err:
+                raise ValueError(f"{name}: {err}; only 2:4 layers export") from err
             if problem and kernel == "auto":
                 fallbacks[name] = problem
-            new = Sparse24Linear(weight, layer.mask, layer.bias.to(weight.dtype) if layer.bias is not None else None,
-                                 chosen)
             new.from_conv1d = type(layer).__name__ == "SparseConv1D"  # GPT-2: checkpoints keep W (in, out)
             report.append({"layer": name, "became": f"Sparse24Linear ({chosen})", "why": problem or "2:4 on cuSPARSELt"})
+        if layer.backend.products_in_dense_phase:  # products in a number format of their own (FP8)
+            fp8_dropped[name] = layer.backend.name
+            report[-1]["numerics"] = f"the FP8 rounding of backend {layer.backend.name!r} dropped"
         parent_name, _, child = name.rpartition(".")
         parent = exported.get_submodule(parent_name) if parent_name else exported
         setattr(parent, child, new)
+    if fp8_dropped:
+        backends = sorted(set(fp8_dropped.values()))
+        warnings.warn(f"export: {len(fp8_dropped)} layers trained on FP8 backend(s) {backends} run their exported "
+                      f"products without FP8 rounding (the FP8 numerics are dropped): outputs differ from the "
+                      f"trained model's eval forward by that rounding", ExportNumericsWarning, stacklevel=2)
     if fallbacks:
         reasons = sorted(set(fallbacks.values()))
         warnings.warn(f"export: {len(fallbacks)} 2:4 layers run dense products with S(W) stored dense (same outputs, "

@@ -280,9 +280,19 @@ class SparseLinear(nn.Linear):
         """The full mask the products of this forward use."""
         return self.mask
 
+    def refuse_plain_fully_shard(self) -> None:
+        """Raise TypeError when FSDP2's plain ``fully_shard`` sharded this layer: it shards the weight (a
+        DTensor between steps) but leaves the mask full-size and knows nothing of the sparse state, so
+        masked decay would mix the two (``sparsity_lab.distributed.fully_shard_sparse`` shards both)."""
+        if _is_dtensor(self.weight) and not _is_dtensor(self.mask):
+            raise TypeError("this sparse layer was sharded by torch.distributed.fsdp.fully_shard, which shards its "
+                            "weight but not its mask: shard a sparsified model with "
+                            "sparsity_lab.distributed.fully_shard_sparse(model, blocks) instead of fully_shard")
+
     # --- the optimizer step ---------------------------------------------------------------------
     def advance_step(self) -> None:
         """Called after every optimizer step (``attach_optimizer`` does it)."""
+        self.refuse_plain_fully_shard()
         self.step += 1
         self.operand_cache.clear()
         self.backend.advance_step()  # per-layer backend state (the FP8 amax history); nothing for most
@@ -295,6 +305,7 @@ class SparseLinear(nn.Linear):
         grad_scale: the factor the gradients still carry (a fused optimizer under a GradScaler
         unscales inside its step), so that the decay is right once they are unscaled.
         """
+        self.refuse_plain_fully_shard()
         if not self.dense_now and self.weight.grad is not None:
             method_handler(self.method).decay_gradient_(self, self.weight.grad, self.weight, self.mask, grad_scale)
 
@@ -303,6 +314,7 @@ class SparseLinear(nn.Linear):
         """The method's term on the weights after the optimizer step (the decoupled masked decay:
         W -= lr * decay * (1 - m) * W; the optimizer never sees it). lr: the weight's param-group
         learning rate. Nothing in a dense phase."""
+        self.refuse_plain_fully_shard()
         if not self.dense_now:
             w = self.weight.detach()
             version = w._version

@@ -56,6 +56,8 @@ def sparsify(model: nn.Module, method: SparsityMethod,
     of a Hugging Face architecture listed in ``architectures.py``, else the FFN name
     pattern), "all", a list of qualified module names, or ``fn(name, module) -> bool``. GPT-2's
     ``Conv1D`` is converted too (to ``SparseConv1D``, with a new weight Parameter).
+    A module used at several places of the model (the same ``nn.Linear`` object under several names) is
+    converted once, and the one 2:4 layer takes every place; selecting any of its names selects it.
     Returns the model. Raises ValueError when nothing matches or a shape cannot take N:M.
     Create the optimizer afterwards and call ``attach_optimizer(model, optimizer)``.
     """
@@ -67,8 +69,15 @@ def sparsify(model: nn.Module, method: SparsityMethod,
     if select is not None and not isinstance(select, str) and not callable(select):
         select = list(select)  # a generator of names is read once, here
     chosen = module_selector(select, model)
-    targets = [(name, mod) for name, mod in model.named_modules()  # nn.Linear, or GPT-2's Conv1D
-               if is_convertible(mod) and chosen(name, mod)]
+    # a module used at several places (one nn.Linear object under two names) is one target: it is converted
+    # once and the 2:4 layer replaces it at every place, so no use of its weight stays dense
+    places: dict[int, list[str]] = {}
+    for name, mod in model.named_modules(remove_duplicate=False):
+        if is_convertible(mod):  # nn.Linear, or GPT-2's Conv1D
+            places.setdefault(id(mod), []).append(name)
+    modules = {id(mod): mod for _, mod in model.named_modules(remove_duplicate=False)}
+    targets = [(names[0], modules[key]) for key, names in places.items()
+               if any(chosen(name, modules[key]) for name in names)]
     already = [name for name, mod in sparse_layers(model) if chosen(name, mod)]
     if already and (not targets or isinstance(select, list)):
         raise ValueError(f"model is already sparsified: the selected module(s) {_names(already)} are SparseLinear "
@@ -78,7 +87,7 @@ def sparsify(model: nn.Module, method: SparsityMethod,
         what = "the FFN/MLP name pattern (default select='ffn')" if select in (None, "ffn") else f"select={select!r}"
         raise ValueError(f"no nn.Linear matched {what}; pass select='all', a list of module names or a function")
     if isinstance(select, list):
-        unknown = set(select) - {name for name, _ in targets}
+        unknown = set(select) - {name for _, mod in targets for name in places[id(mod)]}
         if unknown:
             raise ValueError(f"select names modules that are not nn.Linear in the model: {sorted(unknown)}")
     # build every layer first: a shape error leaves the model untouched, not half converted
@@ -89,10 +98,11 @@ def sparsify(model: nn.Module, method: SparsityMethod,
         except ValueError as err:
             raise ValueError(f"cannot make {name!r} ({'x'.join(map(str, shape_of(linear)))}) "
                              f"{method.n}:{method.m}: {err}") from err
-    for name, layer in layers:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, layer)
+    for (_, linear), (_, layer) in zip(targets, layers):
+        for place in places[id(linear)]:
+            parent_name, _, child = place.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, layer)
     record_recipe(model, method, [name for name, _ in layers])
     return model
 

@@ -77,6 +77,8 @@ class AttachedOptimizer:
             raise ValueError(f"sparse layer weight(s) of {missing} are not in the optimizer's param_groups; "
                              "pass model.parameters() to the optimizer (after sparsify() or before: the "
                              "Parameters are shared)")
+        for _, layer in named:
+            layer.refuse_plain_fully_shard()  # before the first step, not inside it
         attached = [name for name, layer in named if layer.attached_optimizer]
         if attached:
             # a second attachment would add the decay twice and advance the counters twice per step

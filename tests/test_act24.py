@@ -1,6 +1,7 @@
 """2:4 squared-ReLU activations: the reference, the lab's Act24MLP, the trainer and CLI options."""
 import math
 import warnings
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 from _lab_testing import CLI_TINY, tiny_config, without_speed
 
 import sparsity_lab as sl
+import sparsity_lab.activation24
 from sparsity_lab.activation24 import (Act24FallbackWarning, Act24MLP, act24_modules, activation_backend, fc_only,
                                        weight_selector)
 from sparsity_lab.backends.torch_reference import TorchBackend
@@ -240,3 +242,23 @@ def test_parallel_training_refuses_activation_sparsity():
     from sparsity_lab.lab.distributed_trainer import DistributedTrainer
     with pytest.raises(ValueError, match="runs on one process"):
         DistributedTrainer(tiny_config(ACT24, method="ste"), "ddp")
+
+
+@pytest.mark.parametrize("weight_grads", ["dense", "tokens24"])
+@pytest.mark.parametrize("sparse_weights", [False, True], ids=["dense_weights", "sparse_weights"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("shape", [(0, 16), (2, 0, 16)], ids=["no_rows", "no_tokens"])
+def test_an_empty_batch_gives_an_empty_output_like_a_dense_ffn(backend, sparse_weights, weight_grads, shape):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(OrderedDict(mlp=Act24MLP(16, 64)))
+    if sparse_weights:
+        sl.sparsify(model, sl.STE(backend=backend), select=weight_selector)
+    sl.activation24.configure_activation_sparsity(model, backend, weight_grads=weight_grads)
+    x = torch.randn(*shape, requires_grad=True)
+    dense = model.mlp.proj(relu2(model.mlp.fc(x)))
+    y = model(x)
+    assert y.shape == dense.shape == (*shape[:-1], 16)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())  # no token, no gradient
+    assert model.mlp._token_draws == 0  # and no permutation drawn

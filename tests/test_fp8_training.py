@@ -154,12 +154,42 @@ def test_checkpoint_resumes_scales_and_history_exactly():
 
 
 def test_evaluation_uses_the_scales_and_records_nothing():
+    """Neither X's amax nor S(W)'s (an evaluation right after an optimizer step prepares the step's
+    operand), and training after it follows the trajectory it follows without the evaluation."""
+    torch.manual_seed(2)
     layer = SparseLinear(64, 32, method=STE(backend="fp8_reference"))
-    _train(layer, [torch.randn(16, 64)])
+    batches = [torch.randn(16, 64) for _ in range(3)]
+    _train(layer, batches[:1])
+    twin = copy.deepcopy(layer)
     before = layer.backend.scaling.amax_history.clone()
     with torch.no_grad():
         layer.eval()(torch.randn(16, 64) * 100)
-    assert torch.equal(layer.backend.scaling.amax_history[:, col("x")], before[:, col("x")])
+    assert torch.equal(layer.backend.scaling.amax_history, before)
+    layer.train()
+    _train(layer, batches[1:])
+    _train(twin, batches[1:])
+    assert torch.equal(layer.backend.scaling.amax_history, twin.backend.scaling.amax_history)
+    assert torch.equal(layer.weight, twin.weight)
+
+
+@pytest.mark.parametrize("scaling", ["delayed", "current"])
+@pytest.mark.parametrize("trained_steps", [0, 2], ids=["first_step", "after_two_steps"])
+@pytest.mark.parametrize("bad", [float("inf"), -float("inf"), float("nan")], ids=["inf", "-inf", "nan"])
+def test_a_non_finite_input_never_comes_out_finite(scaling, trained_steps, bad):
+    """One policy for both recipes, every step: a value that is not finite quantizes to NaN, so the
+    outputs it reaches are not finite (delayed scaling used to saturate +-inf to +-448)."""
+    torch.manual_seed(3)
+    layer = SparseLinear(64, 32, method=STE(backend="fp8_reference"))
+    set_fp8_recipe(layer, FP8Recipe(scaling=scaling))
+    _train(layer, [torch.randn(16, 64) for _ in range(trained_steps)])
+    assert layer.backend.scaling.uses_history == (scaling == "delayed" and trained_steps > 0)
+    x = torch.randn(4, 64)
+    x[1, 5] = bad
+    with torch.no_grad():
+        out = layer.eval()(x)
+    assert not torch.isfinite(out[1]).any()
+    if layer.backend.scaling.uses_history:  # a scale from the history: the other rows keep their values
+        assert torch.isfinite(out[[0, 2, 3]]).all()
 
 
 def test_set_fp8_recipe_gives_every_layer_a_fresh_state():
@@ -470,3 +500,18 @@ def test_every_fp8_training_backend_is_registered_without_importing_it():
     from sparsity_lab.backends import available_backends
     from sparsity_lab.backends.cusparselt.fp8_train import NAMES
     assert set(NAMES) <= set(available_backends())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["cusparselt_fp8", "fp8_dense"])
+def test_gpu_evaluation_records_nothing_and_a_non_finite_input_stays_non_finite(name):
+    """The two policies on the GPU engines (kernel 18 prepares S(W) there; kernels 7 and 14 cast X)."""
+    real, _, x = _pair(name, STE(transposable=True))
+    _train(real, [x.detach() * (i + 1) for i in range(2)])
+    before = real.backend.scaling.amax_history.clone()
+    bad = x.detach().clone()
+    bad[1, 5] = float("inf")
+    with torch.no_grad():
+        out = real.eval()(bad)
+    assert torch.equal(real.backend.scaling.amax_history, before)
+    assert not torch.isfinite(out[1]).any() and torch.isfinite(out[0]).all()

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 import sparsity_lab as sl
-from sparsity_lab.export import ExportFallbackWarning, _pack_bits
+from sparsity_lab.backends.cusparselt.backend import BackendFallbackWarning
+from sparsity_lab.export import ExportFallbackWarning, ExportNumericsWarning, _pack_bits
 
 
 class TinyMLP(nn.Module):
@@ -65,6 +66,87 @@ def test_export_dense_phase_gives_nn_linear_and_bad_input():
         sl.export(trained(sl.STE()), kernel="cusparselt")
     with pytest.raises(ValueError, match="no SparseLinear layers"):
         sl.export(TinyMLP())
+
+
+@pytest.mark.parametrize("backend", ["fp8_reference", "torch_fp8sim", "fp8_dense"])
+def test_export_of_an_fp8_model_says_the_fp8_numerics_are_dropped(backend):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BackendFallbackWarning)  # fp8_dense runs fp8_reference on the CPU
+        model = trained(sl.STE(backend=backend))
+    with pytest.warns(ExportNumericsWarning, match=r"2 layers trained on FP8 backend.* without FP8 rounding"):
+        served = sl.export(model, kernel="dense")
+    assert all("FP8 rounding" in row["numerics"] for row in served.export_report)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        fp8, plain = model.eval()(x), served(x)
+    assert not torch.equal(fp8, plain)  # what the warning says: the FP8 rounding is gone
+    # ... and what runs instead is the same S(W) without rounding
+    reference = trained(sl.STE())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "backend 'torch' keeps no FP8 state": that is the point
+        reference.load_state_dict(model.state_dict(), strict=False)  # the same weights and masks
+    with torch.no_grad():
+        torch.testing.assert_close(plain, reference.eval()(x), rtol=0, atol=0)
+
+
+def test_export_of_a_model_without_fp8_warns_nothing_about_numerics():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExportNumericsWarning)
+        served = sl.export(trained(sl.STE()), kernel="dense")
+    assert all("numerics" not in row for row in served.export_report)
+
+
+def _layer_args(out=4, inp=8):
+    w = torch.randn(out, inp)
+    mask = sl.nm_mask(w, 2, 4)
+    return w * mask, mask, torch.randn(out)
+
+
+@pytest.mark.parametrize("case,match", [
+    ("values_outside_mask", "non-zero values outside mask: S\\(W\\) is not 2:4"),
+    ("four_of_eight", "mask must keep exactly 2 entries in every group of 4"),
+    ("all_true", "mask must keep exactly 2 entries in every group of 4"),
+    ("wrong_shape", "mask must be a bool tensor of sparse_weight's shape \\(4, 8\\)"),
+    ("not_bool", "mask must be a bool tensor"),
+    ("in_not_multiple_of_4", "mask must keep exactly 2 entries in every group of 4 along in_features=6"),
+    ("bias_shape", "bias must be None or a tensor of shape \\(4,\\)"),
+    ("weight_1d", "sparse_weight must be a 2-D floating-point tensor"),
+])
+def test_sparse24linear_refuses_what_its_checkpoint_would_not_hold(case, match):
+    w, mask, bias = _layer_args()
+    if case == "values_outside_mask":
+        w = w + (~mask) * 0.5  # computes with these, but the checkpoint keeps only the masked values
+    elif case == "four_of_eight":
+        mask = torch.tensor([[True] * 4 + [False] * 4] * 4)  # 4 + 0 per 8: not 2:4
+        w = w * 0 + mask
+    elif case == "all_true":
+        mask = torch.ones_like(mask)
+        w = torch.randn(4, 8)
+    elif case == "wrong_shape":
+        mask = mask[:, :4]
+    elif case == "not_bool":
+        mask = mask.float()
+    elif case == "in_not_multiple_of_4":
+        w, mask = w[:, :6], torch.ones(4, 6, dtype=torch.bool)
+    elif case == "bias_shape":
+        bias = torch.randn(5)
+    elif case == "weight_1d":
+        w = w[0]
+    with pytest.raises(ValueError, match=match):
+        sl.Sparse24Linear(w, mask, bias, "dense")
+
+
+def test_sparse24linear_checkpoint_is_the_layer():
+    """What the layer computes is what its compressed-tensors state holds."""
+    from sparsity_lab.export import compressed_tensors_state
+
+    w, mask, bias = _layer_args()
+    model = nn.Sequential(sl.Sparse24Linear(w, mask, bias, "dense"))
+    state = compressed_tensors_state(model)
+    rebuilt = torch.zeros_like(w)
+    rebuilt[mask] = state["0.compressed"].reshape(-1)
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(model(x), torch.nn.functional.linear(x, rebuilt, bias), rtol=0, atol=0)
 
 
 def test_bit_packing_is_numpys_little_endian():

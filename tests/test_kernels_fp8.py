@@ -86,3 +86,27 @@ def test_fp8_on_gpu_at_size(fmt, dtype):
     q_ref, scale_ref = reference.quantize_fp8(x, fmt)
     assert torch.equal(scale, scale_ref) and torch.equal(_bits(q), _bits(q_ref))
     _check_dequantize(q, scale, dtype)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("inv", [3.0, 0.0, float("nan")], ids=["delayed_scale", "infinite_amax", "nan_amax"])
+def test_values_that_are_not_finite_quantize_to_nan_as_in_the_reference(fmt, inv):
+    """The policy of ``references.fp8``: +-inf and NaN give NaN (byte 0x7F) whatever the scale, never a
+    saturated +-fp8_max; kernel 7 (one pass with a given scale) and kernel 14 (cast-transpose) agree."""
+    from sparsity_lab.kernels import fp8_cast_transpose
+
+    x = torch.randn(8, 64)
+    x[0, 3], x[1, 5], x[2, 7], x[3, 0] = float("inf"), -float("inf"), float("nan"), 1e38  # 1e38: finite, saturates
+    x = x.to(DEVICE)
+    inv_scale = torch.tensor(inv, device=DEVICE)
+    q_ref = reference.quantize_with_inv_scale(x, inv_scale, fmt)
+    assert _bits(q_ref)[~torch.isfinite(x)].eq(0x7F).all()  # NaN, not +-fp8_max
+    if inv == 3.0:
+        assert torch.isfinite(q_ref.float()[torch.isfinite(x)]).all()  # 1e38 saturates
+    q, _ = fp8_cast.quantize_fp8_with_scale(x, inv_scale, fmt)
+    q2, q2_t, _ = fp8_cast_transpose.quantize_fp8_transposed(x, inv_scale, fmt)
+    assert torch.equal(_bits(q), _bits(q_ref))
+    assert torch.equal(_bits(q2), _bits(q_ref)) and torch.equal(_bits(q2_t), _bits(q_ref).t())
+    x_inf = torch.where(torch.isnan(x), 0.0, x)  # current scaling with an infinite amax (a NaN amax: the
+    q3, _ = fp8_cast.quantize_fp8(x_inf, fmt)     # reference propagates it, the amax kernel may not)
+    assert torch.equal(_bits(q3), _bits(reference.quantize_fp8(x_inf, fmt)[0]))

@@ -108,3 +108,17 @@ def test_fp8_same_bytes_as_the_three_kernels_at_size_on_gpu():
         ref, amax_ref = _unfused_fp8(dz, seed, inv_scale)
         assert torch.equal(_bytes(fused), _bytes(ref)) and torch.equal(amax, amax_ref)
         assert torch.equal(mvue24_amax(dz, seed), amax_ref)
+
+
+def test_fp8_values_that_are_not_finite_give_nan_bytes():
+    """Kernel 19's byte assembly follows ``references.fp8``'s policy: an MVUE value that is not finite
+    (an overflow in dZ) is NaN (0x7F) in q(MVUE(dZ)), as the unfused cast gives, not +-fp8_max."""
+    gen = torch.Generator().manual_seed(6)
+    dz = torch.randn(64, 64, generator=gen)
+    dz[0, 0], dz[4, 1], dz[8, 2] = float("inf"), -float("inf"), float("nan")
+    dz = dz.to(torch.bfloat16).to(DEVICE)
+    inv_scale = torch.tensor([10.0], device=DEVICE)
+    fused, _ = mvue_compress24_fp8(dz, 7, inv_scale)
+    ref, _ = _unfused_fp8(dz, 7, inv_scale)
+    assert _bytes(ref).eq(0x7F).any()
+    assert torch.equal(_bytes(fused), _bytes(ref))

@@ -123,3 +123,18 @@ def test_same_bytes_at_size_on_gpu(soft, w_dtype):
     assert torch.equal(_bytes(fwd), _bytes(fwd_ref)) and torch.equal(_bytes(bwd), _bytes(bwd_ref))
     assert torch.equal(amax, amax_ref)
     assert torch.equal(prepare24_amax(w, mask, beta), amax_ref)
+
+
+def test_values_that_are_not_finite_give_nan_bytes_as_the_unfused_cast():
+    """Kernel 18's byte assembly follows ``references.fp8``'s policy: NaN (0x7F), not +-fp8_max."""
+    gen = torch.Generator().manual_seed(5)
+    w = _weight(64, 64, torch.float32, gen, 1.0)
+    mask = transposable_mask24(w, pruned=False)[0]
+    kept = mask.nonzero()
+    for (r, c), bad in zip(kept[:3].tolist(), (float("inf"), -float("inf"), float("nan"))):
+        w[r, c] = bad
+    inv_scale = torch.tensor([10.0], device=DEVICE)
+    _, q, _, fwd_ref, bwd_ref = _unfused(w, mask, None, torch.bfloat16, inv_scale, "e4m3")
+    assert q.view(torch.uint8)[~torch.isfinite(w)].eq(0x7F).all()
+    fwd, bwd, _ = prepare24_fp8(w, mask, None, inv_scale)
+    assert torch.equal(_bytes(fwd), _bytes(fwd_ref)) and torch.equal(_bytes(bwd), _bytes(bwd_ref))

@@ -1,4 +1,5 @@
 """The trainer: exact resume, checkpoints, the log's columns, schedules, masked decay and fine-tune."""
+import copy
 import math
 
 import pytest
@@ -206,3 +207,24 @@ def test_warmup_cosine_schedule():
     assert [s(i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert s(4) == 1.0 and s(20) == pytest.approx(0.1) and s(100) == pytest.approx(0.1)
     assert s(12) == pytest.approx(0.55)  # half way through the cosine
+
+
+@pytest.mark.parametrize("saved,run", [
+    (("ste", {}), ("sste", {})),  # S-STE's frozen beta (about 1.5) would become the STE run's 1.0
+    (("sste", {}), ("sste", {"mvue": True})),
+    (("masked_decay", {"decay": 1e-2}), ("masked_decay", {"decay": 2e-2})),
+    (("ste", {"backend": "torch"}), ("ste", {"backend": "torch_fp8sim"})),
+])
+def test_a_checkpoint_of_another_method_or_options_is_refused(corpus, saved, run):
+    trained = Trainer(config(method=saved[0], method_options=saved[1], steps=4), corpus=corpus)
+    trained.run(stop_at=2)
+    state = trained.state_dict()
+    other = Trainer(config(method=run[0], method_options=run[1], steps=4), corpus=corpus)
+    before = copy.deepcopy(other.model.state_dict())
+    with pytest.raises(CheckpointError, match=f"trained with method '{saved[0]}'.*this run has method '{run[0]}'"):
+        other.load_state_dict(state)
+    after = other.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before) and other.step == 0  # nothing was loaded
+    same = Trainer(config(method=saved[0], method_options=saved[1], steps=4), corpus=corpus)
+    same.load_state_dict(state)
+    assert same.step == 2

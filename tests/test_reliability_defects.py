@@ -191,7 +191,9 @@ def test_sparsify_on_meta_refuses_clearly(method):
 @pytest.mark.parametrize("method", ["exact", "sequential"])
 def test_mvue_overflow_is_an_error_not_inf(dtype, big, method):
     x = torch.full((3, 8), big, dtype=dtype)
-    with pytest.raises(ValueError, match="overflow"):
+    advice = r"pass x.double\(\) \(the result is then float64\)" if dtype == torch.float32 else \
+        r"pass x.float\(\) \(the result is then float32\)"  # never x.float() for an x that is float32 already
+    with pytest.raises(ValueError, match=f"overflow {dtype}.*{advice}"):
         mvue24(x, method=method, generator=torch.Generator().manual_seed(0))
     out = mvue24(x.float() if dtype == torch.float16 else x.double(), method=method)
     assert torch.isfinite(out).all()
@@ -319,3 +321,8 @@ def test_trainer_stop_at_not_after_the_current_step(tmp_path, text):
         with pytest.raises(ValueError, match="stop_at"):
             trainer.run(stop_at=bad)
     assert trainer.step == 2
+
+
+def test_mvue_overflow_of_float64_advises_scaling_down():
+    with pytest.raises(ValueError, match=r"overflow torch.float64.*scale x down \(no wider dtype holds it\)"):
+        mvue24(torch.full((3, 8), 1.7e308, dtype=torch.float64), generator=torch.Generator().manual_seed(0))

@@ -159,3 +159,31 @@ def test_sparsity_summary_rows():
         assert row["density"] == 0.5 and row["step"] == 0 and not row["dense_now"]
         assert 1.0 < row["beta"] < 2.0
         assert "sste 2:4" in row["method"]
+
+
+class SharedLinear(nn.Module):
+    """One nn.Linear used at two places (an encoder and a decoder sharing their FFN, say)."""
+
+    def __init__(self):
+        super().__init__()
+        shared = nn.Linear(16, 16)
+        self.enc = nn.ModuleDict({"mlp": shared})
+        self.dec = nn.ModuleDict({"mlp": shared})
+
+    def forward(self, x):
+        return self.dec["mlp"](torch.relu(self.enc["mlp"](x)))
+
+
+@pytest.mark.parametrize("select", [None, ["enc.mlp"], ["dec.mlp"], lambda name, mod: name == "dec.mlp"])
+def test_a_linear_used_at_two_places_is_2_4_at_both(select):
+    model = SharedLinear()
+    sl.sparsify(model, sl.STE(), select=select)
+    layer = model.enc["mlp"]
+    assert isinstance(layer, sl.SparseLinear) and model.dec["mlp"] is layer  # one layer, both places
+    assert [name for name, _ in sl.sparse_layers(model)] == ["enc.mlp"]
+    x = torch.randn(3, 16)
+    sparse_w = layer.weight * layer.mask
+    expected = torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(x, sparse_w, layer.bias)),
+                                          sparse_w, layer.bias)
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(x), expected, rtol=0, atol=0)

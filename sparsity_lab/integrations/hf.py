@@ -8,9 +8,11 @@
 
 ``sparsify`` records the method and the converted layers in ``model.config.sparsity_lab``, which
 ``save_pretrained`` writes to config.json; the sparse state (``mask``, ``beta``, the counters as
-``_extra_state``) is ordinary tensors of the state dict. Plain ``AutoModel*.from_pretrained`` of such a
-checkpoint gives the *dense* model (transformers lists the sparse tensors as unexpected keys);
-``from_pretrained`` here rebuilds the sparse one, from a local directory or a Hub repository id.
+``_extra_state``, an FP8 backend's scales, amax history and recipe under ``backend.scaling.``) is ordinary
+tensors of the state dict, and ``from_pretrained`` loads every one of them or refuses. Plain
+``AutoModel*.from_pretrained`` of such a checkpoint gives the *dense* model (transformers lists the sparse
+tensors as unexpected keys); ``from_pretrained`` here rebuilds the sparse one, from a local directory or a
+Hub repository id.
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ SPARSE_STATE = ("mask", "beta", "_extra_state")  # per sparse layer, besides its
 
 
 def _sparse_state_key(key: str) -> bool:
-    return key.rpartition(".")[2] in SPARSE_STATE
+    # a backend's per-layer state (FP8 scales, amax history) sits under the layer's "backend."
+    return key.rpartition(".")[2] in SPARSE_STATE or ".backend." in f".{key}"
 
 
 def read_safetensors(source: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -66,15 +69,16 @@ class LoadReport:
     source: str
     loaded: int = 0
     sparse_layers: list[str] = field(default_factory=list)
-    restored: bool = False  # True: masks, beta and counters read from the checkpoint
+    restored: bool = False  # True: every state tensor of the sparse layers read from the checkpoint
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         k = len(self.sparse_layers)
         if self.restored:
-            what = (f"sparse state of {k} layers (masks, beta, counters) restored from the checkpoint (the "
-                    "tensors transformers listed as UNEXPECTED when it loaded the dense weights)")
+            what = (f"sparse state of {k} layers (masks, beta, counters, FP8 scales and amax histories where the "
+                    "backend keeps them) restored from the checkpoint (the tensors transformers listed as "
+                    "UNEXPECTED when it loaded the dense weights)")
         else:
             what = (f"dense checkpoint: masks of {k} sparse layers computed from the loaded weights, S-STE "
                     "beta recomputed from them, step counters reset to 0")
@@ -86,11 +90,49 @@ class LoadReport:
         return "\n".join(lines)
 
 
+def sparse_layer_state(model: nn.Module, saved: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors of ``saved`` that belong to ``model``'s sparse layers: every key of their state dicts
+    (weight, bias, mask, beta, the counters, and whatever state their backends keep, e.g. FP8 scales and
+    amax histories). Raises ValueError when ``saved`` lacks one of them, or holds one under a sparse layer
+    that the layer does not have (a load that would drop or invent state)."""
+    layers = sparse_layers(model)
+    expected = {f"{name}.{key}" for name, layer in layers for key in layer.state_dict(keep_vars=True)}
+    prefixes = tuple(f"{name}." for name, _ in layers)
+    found = {key for key in saved if key.startswith(prefixes)}
+    absent, stray = sorted(expected - found), sorted(found - expected)
+    if absent:
+        raise ValueError(f"the checkpoint's config lists sparse layers but its tensors lack {len(absent)} of their "
+                         f"state tensors, e.g. {absent[:4]}: it cannot restore them")
+    if stray:
+        raise ValueError(f"the checkpoint holds {len(stray)} state tensors of sparse layers that the rebuilt layers "
+                         f"do not have, e.g. {stray[:4]} (saved with another backend or version?): loading would "
+                         "drop them")
+    return {key: saved[key] for key in sorted(expected)}
+
+
+def adopt_saved_fp8_recipes(model: nn.Module, saved: Mapping[str, torch.Tensor]) -> None:
+    """Give each FP8 layer of ``model`` the FP8 recipe its scaling state was saved with (config.json does
+    not record it: ``set_fp8_recipe`` may have changed it after ``sparsify``)."""
+    from ..backends.cusparselt.fp8_train import FP8Backend
+    from ..methods.fp8_scaling import saved_recipe
+
+    for name, module in model.named_modules():
+        if isinstance(module, FP8Backend):
+            recipe = saved_recipe(saved, f"{name}.scaling.")
+            if recipe is not None and recipe != module.scaling.recipe:
+                module.set_recipe(recipe)
+
+
 @torch.no_grad()
 def restart_sparse_state(layer: SparseLinear) -> None:
     """Make ``layer``'s sparse state that of a fresh conversion of its current weight: counters 0
     (the MVUE seed kept), mask recomputed from W (no flip counted), the method's state recomputed from
-    both (S-STE's beta: ``MethodHandler.init_state``)."""
+    both (S-STE's beta: ``MethodHandler.init_state``), an FP8 backend's scales and amax history fresh (same
+    recipe)."""
+    from ..backends.cusparselt.fp8_train import FP8Backend
+
+    if isinstance(layer.backend, FP8Backend):
+        layer.backend.set_recipe(layer.backend.scaling.recipe)
     layer.set_extra_state({"step": 0, "mask_step": 0, "mask_updates": 0, "last_flips": 0, "flips_total": 0,
                            "mvue_seed": layer.mvue_seed, "mvue_calls": 0})
     layer.refresh_mask()
@@ -199,7 +241,8 @@ def from_pretrained(path: str | os.PathLike, model_class=None, method=None, sele
     """A sparse model from a Hugging Face checkpoint: a local directory or a Hub repository id.
 
     A checkpoint saved from a sparsified model (config.json has ``sparsity_lab``) comes back with the
-    same methods, layers, masks, beta and counters. A dense checkpoint needs ``method`` (and
+    same methods, layers and state (masks, beta, counters, FP8 scales); a checkpoint whose sparse state is
+    incomplete is refused. A dense checkpoint needs ``method`` (and
     optionally ``select``): it is loaded by transformers, then sparsified, masks computed from the
     loaded weights. model_class: a transformers class with ``from_pretrained`` (default: the first of
     the checkpoint's ``config.architectures``, else ``AutoModelForCausalLM``); kwargs go to its
@@ -232,11 +275,9 @@ def from_pretrained(path: str | os.PathLike, model_class=None, method=None, sele
             raise ValueError(f"config.sparsity_lab has format {recipe.get('format')!r}; this version reads format 1")
         for group in recipe["groups"]:
             sparsify(model, method_from_name(group["method"], **group["fields"]), group["layers"])
-        state = {key: value for key, value in read_safetensors(path).items() if _sparse_state_key(key)}
-        expected = {f"{name}.{part}" for name, _ in sparse_layers(model) for part in SPARSE_STATE}
-        absent = sorted(expected - set(state))
-        if absent:
-            raise ValueError(f"the checkpoint's config lists sparse layers but its tensors lack {absent[:4]}")
+        saved = read_safetensors(path)
+        adopt_saved_fp8_recipes(model, saved)
+        state = sparse_layer_state(model, saved)
         model.load_state_dict(state, strict=False)
         report = LoadReport(source=str(path), loaded=len(state), sparse_layers=[n for n, _ in sparse_layers(model)],
                             restored=True)

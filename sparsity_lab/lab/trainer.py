@@ -201,6 +201,18 @@ def build_method(name: str, options: dict, total_steps: int):
         raise ValueError(f"method {name!r} does not take option(s) {sorted(options)}: {err}") from err
 
 
+def run_method(cfg: TrainConfig):
+    """The method object of a run's configuration: its method, options and planned steps (dense: with
+    ``track_flips``). Two configurations train alike only if they give equal method objects."""
+    options = dict(cfg.method_options)
+    if cfg.method.lower() == "dense":
+        options.setdefault("track_flips", cfg.track_flips)
+    elif cfg.track_flips:
+        raise ValueError(f"track_flips is an option of the dense run (a 2:4 method always tracks its masks' "
+                         f"flips), got it with method {cfg.method!r}")
+    return build_method(cfg.method, options, cfg.steps)
+
+
 class WarmupCosine:
     """lr factor at step s: (s + 1) / warmup during warm-up, then cosine from 1 to min_ratio at total.
 
@@ -243,14 +255,8 @@ class Trainer:
         self.corpus = corpus if corpus is not None else load_corpus(
             cfg.data, cfg.data_max_bytes, min_split_bytes=cfg.model.context + 1)
 
-        options = dict(cfg.method_options)
         is_dense = cfg.method.lower() == "dense"
-        if is_dense:
-            options.setdefault("track_flips", cfg.track_flips)
-        elif cfg.track_flips:
-            raise ValueError(f"track_flips is an option of the dense run (a 2:4 method always tracks its masks' "
-                             f"flips), got it with method {cfg.method!r}")
-        self.method = build_method(cfg.method, options, cfg.steps)
+        self.method = run_method(cfg)
         self.is_24 = isinstance(self.method, SparsityMethod)
         act24 = cfg.model.activation_sparsity != "none"
         if act24 and not self.is_24:
@@ -347,6 +353,7 @@ class Trainer:
         return save_checkpoint(path, self.state_dict())
 
     def load_state_dict(self, state: dict) -> None:
+        self._check_same_method(state["config"])
         if state["corpus"]["sha256"] != self.corpus.fingerprint:
             raise CheckpointError(f"the data differ from the checkpoint's: {self.corpus.source!r} has sha256 "
                                   f"{self.corpus.fingerprint[:12]}..., the run was trained on {state['corpus']['source']!r} "
@@ -366,6 +373,21 @@ class Trainer:
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
         self.step = int(state["step"])
         self.log.truncate_after(self.step)
+
+    def _check_same_method(self, saved_config: dict) -> None:
+        """Refuse a checkpoint trained with another method, other method options or another schedule of
+        the method: its masks, beta and counters mean something else here (S-STE's frozen beta, say,
+        would silently become what an STE run saved)."""
+        try:
+            saved = run_method(TrainConfig.from_dict(saved_config))
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(f"checkpoint holds an unusable config: {err}") from err
+        if saved != self.method:
+            raise CheckpointError(
+                f"checkpoint does not fit this run: it was trained with method {saved_config['method']!r}, options "
+                f"{saved_config['method_options']} ({saved.describe()}), this run has method {self.config.method!r}, "
+                f"options {self.config.method_options} ({self.method.describe()}); resume it with Trainer.resume "
+                "(which takes the checkpoint's settings), or start a new run")
 
     @classmethod
     def resume(cls, path: str | Path, corpus: ByteCorpus | None = None, **run_options) -> "Trainer":

@@ -24,12 +24,23 @@ a step quantizes with the same scales and row 0 takes the max over the micro-ste
 of B/k rows each leave exactly the history (and scales) that one step over all B rows leaves; and
 the weight, which changes only at the optimizer step, enters the history once per step, not k times.
 TE's documentation describes the rotation after each pass instead. A forward under
-``torch.no_grad()`` (evaluation) uses the scales but records nothing (the backends decide, ``record``).
+``torch.no_grad()`` (evaluation) uses the scales but records nothing: the FP8 backends record the amaxes
+of X and S(W) when the forward's backward runs (``fp8_train``).
+
+Values that are not finite, one policy for both recipes and every step: an entry that is +-inf or NaN
+quantizes to NaN (``references.fp8.quantize_with_inv_scale`` and the cast kernels), never to the
+saturated +-fp8_max that the clamp gives finite values beyond the scale's range. An overflow upstream
+thus stays visible downstream (NaN outputs, then a non-finite loss or gradient norm that stops the
+step). With current scaling, and on the first step, the tensor's amax is itself not finite, its scale
+too, and every product with the tensor is NaN; with delayed scaling the NaN stays in the entries the
+bad values reach. Such an amax in the history keeps the previous scale (below).
 
 All updates are in-place tensor operations on the device (no host sync), so a CUDA-graph step
 replays them: the captured kernels read the scale buffers and write row 0 at fixed addresses, and
 ``advance`` runs eagerly between replays. The state (history, scales, update count) is a module's
-buffers and extra state: it is in the layer's ``state_dict()`` and a resumed run continues exactly.
+buffers and extra state: it is in the layer's ``state_dict()`` and a resumed run continues exactly. The
+extra state also records the recipe, so that a checkpoint is never loaded into a layer of another recipe
+(that load is refused, naming ``set_fp8_recipe``).
 """
 from __future__ import annotations
 
@@ -45,6 +56,7 @@ from ..host_counters import COUNTER_TENSOR, HostCounter, new_counter_tensor
 TENSORS = ("x", "w", "dz", "dz_mvue")
 SCALINGS = ("delayed", "current")
 AMAX_COMPUTE = ("max", "most_recent")
+FP8_GRAD_FORMATS = ("e4m3", "e5m2")
 
 
 @dataclass(frozen=True)
@@ -88,6 +100,31 @@ def _index(tensor: str) -> int:
     return TENSORS.index(tensor)
 
 
+_RECIPE_FIELDS = 5  # scaling, history_len, amax_compute, margin, grad_format
+
+
+def encode_recipe(recipe: FP8Recipe) -> list[int]:
+    """The recipe as ints (what the scaling state's extra state stores after the update count)."""
+    return [SCALINGS.index(recipe.scaling), recipe.history_len, AMAX_COMPUTE.index(recipe.amax_compute),
+            recipe.margin, FP8_GRAD_FORMATS.index(recipe.grad_format)]
+
+
+def decode_recipe(codes) -> FP8Recipe:
+    """The inverse of ``encode_recipe``."""
+    scaling, history_len, amax_compute, margin, grad_format = (int(c) for c in codes)
+    return FP8Recipe(scaling=SCALINGS[scaling], history_len=history_len, amax_compute=AMAX_COMPUTE[amax_compute],
+                     margin=margin, grad_format=FP8_GRAD_FORMATS[grad_format])
+
+
+def saved_recipe(state_dict, prefix: str) -> FP8Recipe | None:
+    """The recipe a checkpoint's scaling state under ``prefix`` was saved with (None: not there, or a
+    checkpoint from before recipes were saved)."""
+    extra = state_dict.get(prefix + "_extra_state")
+    if isinstance(extra, torch.Tensor) and extra.shape == (1 + _RECIPE_FIELDS,):
+        return decode_recipe(extra[1:].tolist())
+    return None
+
+
 class FP8ScalingState(nn.Module):
     """Per-layer scaling state: buffers ``amax_history`` (L, 4), ``scale`` (4,), ``inv_scale`` (4,)
     (float32, columns in ``TENSORS`` order) and the host counter ``updates`` (extra state).
@@ -100,7 +137,7 @@ class FP8ScalingState(nn.Module):
 
     def __init__(self, recipe: FP8Recipe | None = None, device=None) -> None:
         super().__init__()
-        setattr(self, COUNTER_TENSOR, new_counter_tensor(1))  # the extra state, updated in place
+        setattr(self, COUNTER_TENSOR, new_counter_tensor(1 + _RECIPE_FIELDS))  # the extra state, updated in place
         self.recipe = recipe if recipe is not None else FP8Recipe()
         if not isinstance(self.recipe, FP8Recipe):
             raise TypeError(f"recipe must be an FP8Recipe, got {type(self.recipe).__name__}")
@@ -166,12 +203,17 @@ class FP8ScalingState(nn.Module):
 
     # --- checkpoints ---------------------------------------------------------------------------------
     def get_extra_state(self) -> torch.Tensor:
-        return getattr(self, COUNTER_TENSOR)  # the same tensor every time, current (host_counters)
+        """int64 (6,): the update count, then the recipe (``encode_recipe``): a checkpoint says which recipe
+        its history and scales belong to, and a load into another recipe is refused instead of mixing them.
+        The same tensor every time, kept current in place (``host_counters``)."""
+        state = getattr(self, COUNTER_TENSOR)
+        state[1:] = torch.tensor(encode_recipe(self.recipe), dtype=torch.int64)
+        return state
 
     def set_extra_state(self, state) -> None:
-        if not isinstance(state, torch.Tensor) or state.shape != (1,):
-            raise ValueError(f"FP8ScalingState extra state must be a 1-element int64 tensor (the update count), "
-                             f"got {state!r}")
+        if not isinstance(state, torch.Tensor) or state.shape not in ((1,), (1 + _RECIPE_FIELDS,)):
+            raise ValueError(f"FP8ScalingState extra state must be an int64 tensor of {1 + _RECIPE_FIELDS} elements "
+                             f"(the update count and the recipe; 1 element in older checkpoints), got {state!r}")
         self.updates = int(state[0])
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
@@ -185,12 +227,18 @@ class FP8ScalingState(nn.Module):
                           f"this layer's scales and amax history start fresh ({self.extra_repr()})",
                           UserWarning, stacklevel=4)
             return
+        saved = saved_recipe(state_dict, prefix)
+        if saved is not None and saved != self.recipe:
+            error_msgs.append(f"{prefix}*: the checkpoint's FP8 scales and amax history belong to {saved}, this layer "
+                              f"runs {self.recipe}: give the model that recipe before loading "
+                              f"(sparsity_lab.backends.cusparselt.fp8_train.set_fp8_recipe(model, {saved}))")
+            return
         if prefix + "amax_history" in state_dict:
-            saved = state_dict[prefix + "amax_history"]
-            if saved.shape != self.amax_history.shape:
-                error_msgs.append(f"{prefix}amax_history: the checkpoint's history has shape {tuple(saved.shape)}, this "
-                                  f"layer's recipe {tuple(self.amax_history.shape)} (history_len, tensors): load it into "
-                                  f"a layer with FP8Recipe(history_len={saved.shape[0]}) (set_fp8_recipe)")
+            history = state_dict[prefix + "amax_history"]
+            if history.shape != self.amax_history.shape:
+                error_msgs.append(f"{prefix}amax_history: the checkpoint's history has shape {tuple(history.shape)}, "
+                                  f"this layer's recipe {tuple(self.amax_history.shape)} (history_len, tensors): load "
+                                  f"it into a layer with FP8Recipe(history_len={history.shape[0]}) (set_fp8_recipe)")
                 return
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)

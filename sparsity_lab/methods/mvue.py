@@ -164,9 +164,17 @@ def mvue24(x: torch.Tensor, dim: int = -1, generator: torch.Generator | None = N
         # a kept x_i / p_i can exceed the dtype's range (float16: 65504) although x is finite
         bad = int((~torch.isfinite(out)).any(-1).sum())
         raise ValueError(f"mvue24: the rescaled kept values x / p overflow {x.dtype} (largest finite "
-                         f"{torch.finfo(x.dtype).max:.6g}) in {bad} group(s) of 4; pass x.float() (the result "
-                         "is then float32) or scale x down")
+                         f"{torch.finfo(x.dtype).max:.6g}) in {bad} group(s) of 4; {_wider_advice(x.dtype)}")
     return out.reshape(moved.shape).movedim(-1, dim)
+
+
+def _wider_advice(dtype: torch.dtype) -> str:
+    """What to do about an overflow of ``dtype``: a wider dtype where there is one, else a smaller x."""
+    wider = {torch.float16: ("x.float()", "float32"), torch.bfloat16: ("x.float()", "float32"),
+             torch.float32: ("x.double()", "float64")}.get(dtype)
+    if wider is None:
+        return "scale x down (no wider dtype holds it)"
+    return f"pass {wider[0]} (the result is then {wider[1]}) or scale x down"
 
 
 def top2_24(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

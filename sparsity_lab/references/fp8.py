@@ -15,6 +15,13 @@ max 448 and 3 mantissa bits (more precision, forward); E5M2 (``float8_e5m2``) ma
 bits (more range, gradients). ``amax == 0`` (an all-zero tensor) is treated as ``amax = 1e-12``
 so that the scale stays finite and q = 0. ``inv_scale = fp8_max / amax`` is computed once in float32
 and multiplied (never divided per element), so kernels reproduce q bit for bit.
+
+Non-finite inputs: an entry of x that is +-inf or NaN quantizes to NaN, whatever the scale (both FP8
+formats, current and delayed scaling, here and in every FP8 cast kernel). The clamp saturates finite
+values only: an overflow upstream must stay visible downstream (NaN products, a non-finite loss or
+gradient norm that stops training), never become +-fp8_max. With current scaling such a tensor's amax is
+itself not finite, so its scale is too and every product with it is NaN; with delayed scaling (a scale
+from the history) the NaN stays in the entries the non-finite values reach.
 """
 from __future__ import annotations
 
@@ -47,9 +54,11 @@ def scales_from_amax(a: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Ten
 
 
 def quantize_with_inv_scale(x: torch.Tensor, inv_scale: torch.Tensor, fmt: str) -> torch.Tensor:
-    """q = fp8(clamp(x * inv_scale, -fp8_max, fp8_max)) (float32 product, round to nearest even)."""
+    """q = fp8(clamp(x * inv_scale, -fp8_max, fp8_max)) (float32 product, round to nearest even); NaN where
+    x is not finite (module docstring: an overflow upstream is never saturated to a finite value)."""
     dtype, fmax = fp8_format(fmt)
-    return (x.float() * inv_scale.float()).clamp(-fmax, fmax).to(dtype)
+    y = (x.float() * inv_scale.float()).clamp(-fmax, fmax)
+    return torch.where(torch.isfinite(x), y, torch.nan).to(dtype)
 
 
 def quantize_fp8(x: torch.Tensor, fmt: str = "e4m3") -> tuple[torch.Tensor, torch.Tensor]:

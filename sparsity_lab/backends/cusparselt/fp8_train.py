@@ -36,9 +36,9 @@ cuSPARSELt 0.8 applies none inside an FP8 2:4 product on the H100 (``fp8_direct`
 
 q(X) is made once, in the forward, by one cast kernel that also writes q(X)^T (the layout the weight
 gradient's product reads, ``kernels/fp8_cast_transpose.py``): the backward reuses both (no second
-cast, no transpose copy). X's amax enters the history when its backward runs, so an evaluation
-forward (no backward) records nothing; the price is that q(X) and q(X)^T of the latest forward stay
-alive until the next forward or backward of the layer.
+cast, no transpose copy). The amaxes of X and S(W) enter the history when the forward's backward runs,
+so an evaluation forward (no backward, e.g. under ``torch.no_grad()``) records nothing; the price is that
+q(X) and q(X)^T of the latest forward stay alive until the next forward or backward of the layer.
 
 Each layer gets its own :class:`FP8Backend` (``Backend.for_layer``): an ``nn.Module`` holding the
 layer's :class:`~sparsity_lab.methods.fp8_scaling.FP8ScalingState`, so the state is in the layer's
@@ -91,8 +91,10 @@ class FP8Operand:
 
     def __init__(self, weight: torch.Tensor | None, q: torch.Tensor | None, scale: torch.Tensor, dense: bool = False,
                  shape: tuple[int, int] | None = None, compressed: torch.Tensor | None = None,
-                 compressed_t: torch.Tensor | None = None, make_transposed=None) -> None:
+                 compressed_t: torch.Tensor | None = None, make_transposed=None,
+                 amax: torch.Tensor | None = None) -> None:
         self.weight, self.q, self.scale = weight, q, scale
+        self.amax = amax  # amax(S(W)), recorded in the history by the backward of a forward that used it
         self.dense = dense  # a dense phase's W (no 2:4 pattern): dense FP8 products whatever the engine
         self.shape: tuple[int, int] = tuple(q.shape) if shape is None else tuple(shape)
         self.compressed = compressed
@@ -103,8 +105,8 @@ class FP8Operand:
 
 @dataclass
 class _ForwardX:
-    """What the forward leaves for the backward: q(X) (padded rows), q(X)^T (GPU engines), s_x and
-    X's amax (recorded by the backward, once)."""
+    """What the forward leaves for the backward: q(X) (padded rows), q(X)^T (GPU engines), s_x, X's amax
+    and the amax of the S(W) it multiplied (both recorded by the backward, once)."""
 
     x: weakref.ref
     version: int
@@ -112,6 +114,7 @@ class _ForwardX:
     q_t: torch.Tensor | None
     scale: torch.Tensor
     amax: torch.Tensor
+    w_amax: torch.Tensor | None = None
     recorded: bool = False
 
 
@@ -317,8 +320,10 @@ class FP8Backend(Backend, BackendReport, nn.Module):
             raise ValueError(f"the sparse weight must be 2-D (out, in), got shape {tuple(sparse_weight.shape)}")
         self.engine.check(sparse_weight, "the layer's weight")
         w = sparse_weight.contiguous()
-        q, scale = self.quantize("w", w)  # zeros stay zeros: the 2:4 pattern survives the cast
-        return FP8Operand(w, q, scale)
+        # zeros stay zeros: the 2:4 pattern survives the cast. The amax is recorded by a backward that
+        # uses the operand (``_record_forward``): an evaluation forward records nothing
+        q, _, scale, a = self._cast("w", w, transpose=False)
+        return FP8Operand(w, q, scale, amax=a)
 
     def prepare_masked(self, weight, mask, beta, n, m, dtype, backward: bool = True) -> FP8Operand:
         """The step's operand from the master W and the mask. On the sparse engine (CUDA, 2:4, a
@@ -331,12 +336,11 @@ class FP8Backend(Backend, BackendReport, nn.Module):
         observed = None if state.uses_history else k.prepare24_amax(weight, mask, beta, dtype)
         scale, inv_scale, _ = state.scales_for("w", None, observed_amax=observed)
         fwd, bwd, a = k.prepare24_fp8(weight, mask, beta, inv_scale, dtype, transposed=backward)
-        self.scaling.record("w", a)
 
         def make_transposed():  # the same S(W) and scale (nothing advances before this step's backward)
             return k.prepare24_fp8(weight, mask, beta, inv_scale, dtype, forward=False)[1]
         return FP8Operand(None, None, scale, shape=tuple(weight.shape), compressed=fwd, compressed_t=bwd,
-                          make_transposed=None if backward else make_transposed)
+                          make_transposed=None if backward else make_transposed, amax=a)
 
     def prepare_dense(self, weight: torch.Tensor, dtype: torch.dtype) -> FP8Operand:
         """q(W) of the dense W (out, in) for a dense phase: the products run on dense FP8 tensor cores
@@ -351,7 +355,7 @@ class FP8Backend(Backend, BackendReport, nn.Module):
         rows = _padded_rows(tokens, x)
         # one pass: q(X) for this product and q(X)^T for the weight gradient's (GPU engines)
         q_x, q_x_t, s_x, a_x = self._cast("x", _pad_rows(x, rows), transpose=engine != "reference")
-        self._forward_x = _ForwardX(weakref.ref(x), x._version, q_x, q_x_t, s_x, a_x)
+        self._forward_x = _ForwardX(weakref.ref(x), x._version, q_x, q_x_t, s_x, a_x, w_amax=operand.amax)
         if engine == "reference":
             z = reference.reference_forward(q_x, s_x, operand.q, operand.scale, x.dtype)
         elif engine == "scaled_mm":
@@ -364,16 +368,19 @@ class FP8Backend(Backend, BackendReport, nn.Module):
         z = z[:tokens].to(x.dtype)
         return z if bias is None else z + bias.to(z.dtype)
 
-    def _record_x(self) -> None:
-        """X's amax into the history, once per forward, when its backward runs."""
+    def _record_forward(self) -> None:
+        """The amaxes of the forward's X and S(W) into the history, once per forward, when its backward
+        runs: a forward without a backward (evaluation, ``torch.no_grad()``) leaves the history alone."""
         fx = self._forward_x
         if fx is not None and not fx.recorded:
             self.scaling.record("x", fx.amax)
+            if fx.w_amax is not None:
+                self.scaling.record("w", fx.w_amax)
             fx.recorded = True
 
     def grad_input(self, grad_out, operand: FP8Operand):
         self.engine.check(grad_out, "grad_out")
-        self._record_x()
+        self._record_forward()
         tokens, engine = grad_out.shape[0], self.engine.engine_for(operand)
         rows = _padded_rows(tokens, grad_out)
         q_dz, s_dz = self.quantize("dz", _pad_rows(grad_out, rows))
@@ -395,7 +402,7 @@ class FP8Backend(Backend, BackendReport, nn.Module):
     def _x_for_backward(self, x: torch.Tensor, rows: int):
         """(q(X), q(X)^T or None, s_x) of the forward when this is its x (same tensor, unchanged), else
         X cast again with the same scale (nothing advanced in between), counted in ``stats``."""
-        self._record_x()
+        self._record_forward()
         fx, self._forward_x = self._forward_x, None
         if fx is not None and fx.x() is x and fx.version == x._version and fx.q.shape[0] == rows:
             return fx.q, fx.q_t, fx.scale
