@@ -54,7 +54,7 @@ def _round_to_fp8_grid(y, MBITS: tl.constexpr, EMIN: tl.constexpr):
     return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
-F32_MAX = 3.4028234663852886e38  # the largest finite float32
+F32_MAX = tl.constexpr(3.4028234663852886e38)  # the largest finite float32 (a constexpr: a jit function reads it)
 
 
 @triton.jit

@@ -161,5 +161,5 @@ def lower_linear_weights(model: nn.Module, optimizer_class: type = torch.optim.A
     opt = MasterWeights(param_groups if param_groups is not None else model.parameters(), linear_weights(model),
                         dtype=dtype, optimizer_class=optimizer_class, **defaults)
     for _, layer in sparse_layers(model):
-        layer.clear_operand_cache()  # prepared from the float32 weight, if any was
+        layer.operand_cache.clear()  # prepared from the float32 weight, if any was
     return opt
