@@ -514,4 +514,8 @@ def test_gpu_evaluation_records_nothing_and_a_non_finite_input_stays_non_finite(
     with torch.no_grad():
         out = real.eval()(bad)
     assert torch.equal(real.backend.scaling.amax_history, before)
-    assert not torch.isfinite(out[1]).any() and torch.isfinite(out[0]).all()
+    assert torch.isfinite(out[0]).all()
+    if name == "fp8_dense":  # a dense product multiplies the NaN by every weight, pruned zeros included
+        assert not torch.isfinite(out[1]).any()
+    else:  # the sparse tensor cores multiply only the kept weights: NaN exactly where W[:, 5] is kept
+        assert torch.equal(~torch.isfinite(out[1]), real.mask[:, 5].to(out.device))
