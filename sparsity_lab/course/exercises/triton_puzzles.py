@@ -17,7 +17,7 @@ import torch
 
 from ...masks import nm_mask
 from ...methods import soft_threshold
-from .checking import CheckResult, ExerciseReport, run_check
+from .checking import CheckResult, ExerciseReport, run_check, tie_broken_otherwise, tie_problem
 
 SOLUTION = "triton_puzzles"
 
@@ -91,7 +91,7 @@ def _compare(r: ExerciseReport, got: torch.Tensor, want: torch.Tensor, label: st
     r.expect_tensor(got.cpu().reshape(want.shape), want.cpu(), label, atol=atol, rtol=rtol)
 
 
-def check_scale_kernel(kernel, show: bool = True) -> CheckResult:
+def check_scale_kernel(kernel, show: bool = True, hint: bool = False) -> CheckResult:
     """Puzzle 1 (warm-up): ``kernel(x_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr)`` writes
     ``out[i] = alpha * x[i]`` for i < n; program ``pid`` handles elements ``pid * BLOCK ... + BLOCK - 1``.
     Launched with BLOCK = 8 on n = 19 (three programs, the last one partly past the end)."""
@@ -111,7 +111,7 @@ def check_scale_kernel(kernel, show: bool = True) -> CheckResult:
         _compare(r, out[:n], 2.5 * x[:n], "out[:19]", block, rtol=1e-6)
         r.expect(bool((out[n:] == -7.0).all()), "your kernel wrote past the end (elements 19..23 must stay untouched): "
                                                 "mask the store with offs < n")
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
 def _prune_cases(device: torch.device) -> list[tuple[torch.Tensor, str]]:
@@ -122,7 +122,7 @@ def _prune_cases(device: torch.device) -> list[tuple[torch.Tensor, str]]:
             (torch.randn(3, 12, generator=gen), "3 x 12: 9 groups, not a multiple of BLOCK = 4")]
 
 
-def check_prune24_kernel(kernel, show: bool = True) -> CheckResult:
+def check_prune24_kernel(kernel, show: bool = True, hint: bool = False) -> CheckResult:
     """Puzzle 2: ``kernel(w_ptr, out_ptr, n_groups, BLOCK: tl.constexpr)`` writes the 2:4-pruned w (groups of
     4 consecutive elements; keep the 2 largest |w|, ties to the lower index; 0 elsewhere). Program ``pid``
     handles groups ``pid * BLOCK ... + BLOCK - 1``. Reference: ``w * nm_mask(w, 2, 4)``."""
@@ -149,11 +149,15 @@ def check_prune24_kernel(kernel, show: bool = True) -> CheckResult:
                 r.expect(False, f"{label}: some groups keep more than 2 entries: on ties, keep the lower index only "
                                 "(count a_j == a_i as beating i only when j < i)")
                 continue
+            at = tie_broken_otherwise(out.cpu(), want.cpu(), 4)
+            if at is not None:
+                r.expect(False, tie_problem(label, at))
+                continue
             _compare(r, out, want, label, 4 * block)
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
-def check_soft_threshold24_kernel(kernel, show: bool = True) -> CheckResult:
+def check_soft_threshold24_kernel(kernel, show: bool = True, hint: bool = False) -> CheckResult:
     r"""Puzzle 3: ``kernel(w_ptr, out_ptr, beta, n_groups, BLOCK: tl.constexpr)`` writes $\beta S(w)$, S-STE's
     soft threshold of every group of 4 (keep the 2 largest |w|; subtract t, the largest pruned |w|, from
     their magnitudes). Reference: ``beta * soft_threshold(w)``, float32, to within one rounding."""
@@ -181,4 +185,4 @@ def check_soft_threshold24_kernel(kernel, show: bool = True) -> CheckResult:
                 r.expect(False, f"{label}: this is beta * (hard 2:4 pruning): subtract t from the kept magnitudes")
                 continue
             _compare(r, out, want, label, 4 * block, atol=1e-6, rtol=1e-6)
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
