@@ -204,6 +204,14 @@ def test_full_sizes_keep_the_notebook_defaults_and_reuse_checks_the_run(tmp_path
     assert "changed 50" in printed(nbformat.read(again, as_version=4))
 
 
+@pytest.mark.skipif(__import__("os").name != "posix", reason="local sockets (ipc) exist on POSIX systems only")
+def test_the_kernel_runs_without_the_tcp_warning(tmp_path, capfd):
+    source = tiny_notebook(tmp_path / "notebooks", body="print('points:', n)")
+    execute(source, tmp_path / "run" / source.name)
+    captured = capfd.readouterr()
+    assert "running over TCP" not in captured.err + captured.out
+
+
 def test_a_failed_run_is_never_reused(tmp_path):
     source = tiny_notebook(tmp_path / "notebooks", body="raise RuntimeError('no')")
     with pytest.raises(NotebookFailed) as failure:

@@ -11,6 +11,7 @@ executed copies, and whatever they write, go to the folder the caller names.
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -87,6 +88,17 @@ def _papermill():
     return papermill
 
 
+def _kernel_config():
+    """The kernel talks to papermill over local sockets where the OS has them (Linux, macOS): a kernel
+    on TCP without encryption prints a warning per notebook, and TCP is not needed on one machine."""
+    from traitlets.config import Config
+
+    config = Config()
+    if os.name == "posix":
+        config.KernelManager.transport = "ipc"
+    return config
+
+
 def execute(path: Path, out: Path, sizes: str = "ci", cwd: Path | None = None, progress_bar: bool = False,
             prepare_only: bool = False):
     """Run notebook ``path`` with papermill and write the executed copy to ``out``.
@@ -110,7 +122,8 @@ def execute(path: Path, out: Path, sizes: str = "ci", cwd: Path | None = None, p
     try:
         return papermill.execute_notebook(str(path), str(out), parameters=parameters, kernel_name="python3",
                                           cwd=str(cwd), progress_bar=progress_bar, prepare_only=prepare_only,
-                                          extra_arguments=[f"--IPKernelApp.exec_lines={KERNEL_LINE}"])
+                                          extra_arguments=[f"--IPKernelApp.exec_lines={KERNEL_LINE}"],
+                                          config=_kernel_config())
     except papermill.PapermillExecutionError as err:
         raise _cell_failure(Path(path), Path(out), err) from err
     except Exception as err:  # a dead kernel or a timeout: no cell index to report
