@@ -181,6 +181,21 @@ def test_only_names_what_matches_no_notebook(tmp_path, capsys):
     assert "--only 07: no such notebook (there are 01)" in capsys.readouterr().err
 
 
+def test_a_notebook_can_be_read_after_an_earlier_number(tmp_path):
+    from sparsity_lab.course import notebooks
+    for name in ("01_a.ipynb", "02_b.ipynb", "03_c.ipynb"):
+        tiny_notebook(tmp_path, name)
+    late = tiny_notebook(tmp_path, "04_late.ipynb")
+    nb = nbformat.read(late, as_version=4)
+    nb.metadata["sparsity_lab"]["read_after"] = "01"
+    nbformat.write(nb, late)
+    assert [p.name[:2] for p in notebooks(tmp_path)] == ["01", "04", "02", "03"]
+    nb.metadata["sparsity_lab"]["read_after"] = 1
+    nbformat.write(nb, late)
+    with pytest.raises(ValueError, match="read_after must be a notebook number"):
+        notebooks(tmp_path)
+
+
 def test_select_notebooks_by_number_or_name_in_reading_order():
     from sparsity_lab.course.running import select_notebooks
 

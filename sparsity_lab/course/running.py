@@ -32,9 +32,23 @@ class NotebookFailed(RuntimeError):
         self.notebook, self.cell, self.executed_copy = notebook, cell, executed_copy
 
 
+def _reading_key(path: Path) -> tuple[str, int, str]:
+    """A notebook's place: its number, or right after notebook ``read_after`` when its metadata names one
+    (``nb.metadata["sparsity_lab"]["read_after"] = "07"``: a later notebook read earlier, without
+    renumbering the ones in between)."""
+    import json
+
+    after = json.loads(Path(path).read_text()).get("metadata", {}).get("sparsity_lab", {}).get("read_after")
+    if after is not None and not (isinstance(after, str) and re.fullmatch(r"\d\d", after)):
+        raise ValueError(f"{Path(path).name}: read_after must be a notebook number like '07', got {after!r}")
+    number = Path(path).name[:2]
+    return (after, 1, number) if after else (number, 0, "")
+
+
 def notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
-    """The course notebooks in reading order (their file names start with the number)."""
-    return sorted(Path(directory).glob("[0-9][0-9]_*.ipynb"))
+    """The course notebooks in reading order: by the number their file names start with, a notebook
+    whose metadata says ``read_after`` right after that one."""
+    return sorted(Path(directory).glob("[0-9][0-9]_*.ipynb"), key=_reading_key)
 
 
 def select_notebooks(sources: Sequence[Path], wanted: Sequence[str]) -> list[Path]:
