@@ -1,4 +1,4 @@
-r"""Exercise of notebook 06, section 6: delayed FP8 scaling (the amax-history recipe).
+r"""Exercise of notebook 15, section 3: delayed FP8 scaling (the amax-history recipe).
 
 ``scales_fn(amaxes, history_len, margin, fp8_max)`` gets the amax recorded at each optimizer step
 $h_1, \dots, h_T$ and returns the scale after each step: $s_{t+1} = \frac{a_t}{\text{fp8\_max}} 2^{\text{margin}}$
