@@ -82,7 +82,7 @@ class CheckResult:
         if self.status == PASSED:
             return head + ": correct."
         if self.status == NOT_ATTEMPTED:
-            return head + ": not attempted yet (replace `raise NotImplementedError` with your code)."
+            return head + ": not attempted yet."
         lines = [head + ":"] + [f"  - {p}" for p in self.problems[:5]]
         if len(self.problems) > 5:
             lines.append(f"  ... and {len(self.problems) - 5} more")

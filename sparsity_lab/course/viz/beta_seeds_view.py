@@ -52,7 +52,7 @@ def beta_verdict_lines(summary: dict) -> list[str]:
     s, runs = summary["settings"], summary["runs"]
     head = f"{s['seeds']} seed(s), {s['steps']} steps, width {s['width']}, lr {s['lr']:g}"
     if s["steps"] < JUDGE_STEPS or s["seeds"] < JUDGE_SEEDS:
-        return [f"{head}: too small to judge (a verdict needs >= {JUDGE_STEPS} steps and >= {JUDGE_SEEDS} seeds)"]
+        return [f"{head}: too small to judge (needs >= {JUDGE_STEPS} steps, >= {JUDGE_SEEDS} seeds)"]
     growth = [r["beta_end"] / r["beta_start"] for r in runs]
     loss_ratio = [r["loss_recomputed"] / r["loss_frozen"] for r in runs]
     # the frozen beta is constant by construction (it is never updated): a check of the run, not a claim
