@@ -31,3 +31,11 @@ def test_a_tiny_live_run_and_bad_arguments():
     assert len(summary["runs"]) == 1 and len(summary["traces"]["frozen"]["beta"]) == 3
     with pytest.raises(ValueError, match="seeds must be a positive int"):
         beta_seed_runs(seeds=0)
+
+
+def test_the_frozen_beta_is_a_check_not_a_verdict():
+    """True by construction (nothing updates it): stated as a check of the run, never as [HOLDS]."""
+    lines = beta_verdict_lines(_summary(3, 300))
+    frozen = [line for line in lines if "frozen beta" in line]
+    assert len(frozen) == 1 and "[" not in frozen[0] and "a check, not a claim" in frozen[0] and len(frozen[0]) <= 100
+    assert "3 of 3 seeds" in frozen[0]

@@ -39,6 +39,8 @@ INTERNAL = re.compile(r"(?-i:ALGORITHMS\.md|FACTS\.md|STYLE\.md|NBVAL)|\bissue \
 # Jupyter Book 1 writes sphinx-thebe's configuration script twice into every page (its own bug; the
 # book has no live kernel, so thebe is unused): that one script error is expected.
 KNOWN_SCRIPT_ERRORS = ("Identifier 'THEBE_JS_URL' has already been declared",)
+# What a check prints only after a failed attempt (sparsity_lab/course/exercises/checking.py).
+HINT = re.compile(r"^\s*Hint: |A worked solution: ", re.MULTILINE)
 # Markdown syntax that was not rendered.
 RAW_MARKDOWN = {
     "a table rule": re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)+\|?\s*$", re.MULTILINE),
@@ -153,6 +155,10 @@ def text_problems(prose: list[dict], outputs: list[dict], seen: str) -> list[str
                                  f"{_line_around(block['text'], m.start())!r}")
     for m in INTERNAL.finditer(seen):
         found.append(f"internal word {m.group(0)!r}: {_line_around(seen, m.start())!r}")
+    for block in outputs:  # the book runs every exercise untouched: a hint there gives the answer away
+        m = HINT.search(block["text"])
+        if m:
+            found.append(f"an exercise hint in the output {block['where']}: {_line_around(block['text'], m.start())!r}")
     return found
 
 
@@ -336,3 +342,11 @@ def test_the_checks_catch_each_kind_of_trouble(tmp_path, browser_ready):
                      "a '#' heading line", "a [text](link)", "'issue 5'", "'papermill'", "scrolls sideways",
                      "'first label' is drawn over 'second label'", "maths not typeset"):
         assert expected in report, f"the checks missed {expected!r}:\n{report}"
+
+
+def test_a_hint_in_an_output_is_reported():
+    """The book runs every exercise untouched: a check that printed its hint there would give it away."""
+    failed = {"text": "[FAIL] nm_mask:\n  - wrong entry\n  Hint: rank |w| in each group", "where": "in section 'x'"}
+    untouched = {"text": "[TODO] nm_mask: keep the n largest |w| of every m: not attempted yet.", "where": "here"}
+    assert any("exercise hint" in p for p in text_problems([], [failed], ""))
+    assert not text_problems([], [untouched], "")

@@ -1,4 +1,4 @@
-"""Exercise of notebook 06 (delayed FP8 scaling): the solution passes, mistakes are named, the stub is not attempted."""
+"""Exercise of notebook 15 (delayed FP8 scaling): the solution passes, mistakes are named, the stub is not attempted."""
 import math
 
 from sparsity_lab.course.exercises import fp8_scaling as ex

@@ -1,4 +1,4 @@
-r"""Exercise of notebook 06, section 6: delayed FP8 scaling (the amax-history recipe).
+r"""Exercise of notebook 15, section 3: delayed FP8 scaling (the amax-history recipe).
 
 ``scales_fn(amaxes, history_len, margin, fp8_max)`` gets the amax recorded at each optimizer step
 $h_1, \dots, h_T$ and returns the scale after each step: $s_{t+1} = \frac{a_t}{\text{fp8\_max}} 2^{\text{margin}}$
@@ -44,7 +44,7 @@ def _cases() -> list[tuple[list[float], int, int, str]]:
             (fresh, 4, 1, "12 fresh random amaxes over 9 decades")]
 
 
-def check_delayed_scales(scales_fn, show: bool = True) -> CheckResult:
+def check_delayed_scales(scales_fn, show: bool = True, hint: bool = False) -> CheckResult:
     report = ExerciseReport("delayed scaling: the scale after each step from the amax history", solution=SOLUTION,
                             hint="keep the last history_len amaxes (this step's included); the scale is their max "
                                  "/ fp8_max * 2**margin; a max of 0 or inf keeps the previous scale (1 at first).")
@@ -62,4 +62,4 @@ def check_delayed_scales(scales_fn, show: bool = True) -> CheckResult:
                 continue
             r.expect_tensor(got_t, want, f"{label} (history_len={length}, margin={margin})", rtol=1e-6)
 
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)

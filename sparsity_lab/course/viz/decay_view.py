@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from ...lab.decay_grid import DecayGrid, RunCurve
+from ._axes import clean_log_ticks
 from ._optional import ipywidgets, plotly_go
 
 FLIP_TITLE, LOSS_TITLE = "flip rate per step", "training loss per step"
@@ -51,7 +52,7 @@ def curves_figure(curves: list[RunCurve], title: str = ""):
     for i, curve in enumerate(curves):
         _add_curve(fig, curve, palette[i % len(palette)])
     fig.update_layout(title=title)
-    return fig
+    return clean_log_ticks(fig)
 
 
 def _fmt_decay(decay: float) -> str:
@@ -140,4 +141,4 @@ def decay_search_figure(result: dict):
     fig.update_layout(template="plotly_white", height=400,
                       title=f"decay search: {result['trial_steps']} warm-up steps per trial; "
                             f"chosen lambda_W = {chosen:.0e} (red)")
-    return fig
+    return clean_log_ticks(fig)

@@ -7,6 +7,7 @@ stops there; its loss is that of the dense W.
 from __future__ import annotations
 
 from ...lab.figures import moving_average
+from ._axes import clean_log_ticks
 from ._optional import plotly_go
 
 PALETTE = {"dense": "#444444", "ste": "#d62728", "masked_decay": "#1f77b4", "masked_decay_noft": "#2ca02c",
@@ -56,4 +57,4 @@ def finetune_figure(logs: dict[str, list[dict]], switch_step: int, smooth: int |
     fig.update_xaxes(title_text="optimizer step")
     fig.update_layout(template="plotly_white", height=430, title=title,
                       legend={"orientation": "h", "y": -0.2})
-    return fig
+    return clean_log_ticks(fig)

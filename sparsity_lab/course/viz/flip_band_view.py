@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from ...lab.figures import moving_average
+from ._axes import clean_log_ticks
 from ._optional import plotly_go
 
 COLORS = {"dense": "#444444", "ste": "#d62728", "srste": "#9467bd", "masked_decay": "#1f77b4",
@@ -55,7 +56,7 @@ def flip_band_figure(bands, labels: list[str] | None = None, smooth: int | None 
         f"flip rate per step: mean over {len(bands.seeds)} seeds, band = one standard deviation"),
         xaxis_title="optimizer step", yaxis_title="flip rate (log)", yaxis_type="log",
         legend={"orientation": "h", "y": -0.2}, margin={"l": 60, "r": 20, "t": 60, "b": 40})
-    return fig
+    return clean_log_ticks(fig)
 
 
 def late_flip_figure(bands, labels: list[str] | None = None, title: str = ""):
@@ -76,4 +77,4 @@ def late_flip_figure(bands, labels: list[str] | None = None, title: str = ""):
     fig.update_layout(template="plotly_white", autosize=True, height=380, yaxis_type="log",
                       yaxis_title="late flip rate (log)", title=title or "late flip rate, one dot per seed",
                       margin={"l": 60, "r": 20, "t": 60, "b": 40})
-    return fig
+    return clean_log_ticks(fig)

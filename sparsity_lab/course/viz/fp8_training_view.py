@@ -9,6 +9,7 @@ the largest |X| of the step, ``range_x`` the largest magnitude the step's X scal
 from __future__ import annotations
 
 from ...methods.fp8_scaling import TENSORS
+from ._axes import clean_log_ticks
 from ._optional import plotly_go
 from ._provenance import provenance_line
 
@@ -51,7 +52,7 @@ def scaling_figure(runs: dict, delayed: str | None = None):
     fig.update_xaxes(title_text="optimizer step")
     # the legend below the axis titles, anchored by its top so that wrapping rows grow downwards
     fig.update_layout(height=500, margin={"b": 190}, legend={"orientation": "h", "y": -0.3, "yanchor": "top"})
-    return fig
+    return clean_log_ticks(fig)
 
 
 def recorded_summary(data: dict, ffn_data: dict | None = None) -> dict:

@@ -15,6 +15,7 @@ import math
 import torch
 
 from ...methods.mvue import mvue24, mvue_probabilities, sequential_probabilities, top2_24
+from ._axes import clean_log_ticks
 from ._optional import plotly_go
 
 METHODS = ("exact", "sequential")
@@ -109,7 +110,7 @@ def mvue_convergence_figure(sim: dict):
     fig.update_layout(title="||mean of k draws - x|| / ||x||: MVUE converges to x, top-2 stays biased",
                       xaxis={"type": "log", "title": "draws k"}, yaxis={"type": "log", "title": "relative error"},
                       height=440)
-    return fig
+    return clean_log_ticks(fig)
 
 
 def mvue_variance_figure(sim: dict):
@@ -123,7 +124,7 @@ def mvue_variance_figure(sim: dict):
                     name="theory: sum x^2 (1/p - 1)", marker={"symbol": "x", "size": 12, "color": "black"})
     fig.update_layout(title="error of one draw: MVUE pays for unbiasedness with variance", yaxis_title="||d - x||^2",
                       height=400)
-    return fig
+    return clean_log_ticks(fig)
 
 
 def inclusion_figure(sim: dict, groups: int = 4):
@@ -140,4 +141,4 @@ def inclusion_figure(sim: dict, groups: int = 4):
                         marker={"symbol": "line-ew-open", "size": 14, "color": "black", "line": {"width": 2}})
     fig.update_layout(barmode="group", scattermode="group", title="each entry is kept with its inclusion probability p_i",
                       yaxis={"title": "probability", "range": [0, 1.05]}, height=400)
-    return fig
+    return clean_log_ticks(fig)

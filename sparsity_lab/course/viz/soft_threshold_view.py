@@ -22,6 +22,7 @@ from ...methods.config import SSTE
 from ...methods.soft_threshold import soft_threshold, sste_beta
 from ...sparsify import sparsify
 from ...training_hooks import attach_optimizer, sparse_layers
+from ._axes import clean_log_ticks
 from ._optional import ipywidgets, plotly_go
 
 ENTRY_NAMES = ("a0", "a1", "a2", "a3")
@@ -191,7 +192,7 @@ def beta_figure(weight: torch.Tensor, max_points: int = 2000, seed: int = 0):
     ])
     fig.update_layout(title="kept weights: the soft threshold shrinks them, beta scales them back",
                       xaxis_title="|w| (kept entries)", yaxis_title="magnitude used by the layer", height=420)
-    return fig
+    return clean_log_ticks(fig)
 
 
 def beta_trace(recompute: bool, steps: int = 200, width: int = 64, lr: float = 1e-2, batch: int = 64,
@@ -259,4 +260,4 @@ def beta_trace_figure(frozen: dict, recomputed: dict):
         fig.update_yaxes(type="log", row=row, col=col)
     fig.update_xaxes(title_text="optimizer step", row=2)
     fig.update_layout(height=620, title="one S-STE layer imitating a dense linear teacher")
-    return fig
+    return clean_log_ticks(fig)

@@ -19,6 +19,7 @@ from ...masks import mask_diversity, transposable_mask, transposable_patterns
 from ...masks.quality import ROWWISE, gaussian_weight
 from ...masks.tiles import check_transposable_input, tile_line_counts, to_tiles
 from ...validation import check_float_tensor
+from ._axes import clean_log_ticks
 from ._optional import ipywidgets, plotly_go
 
 N, M = 2, 4
@@ -121,7 +122,7 @@ def patterns_figure(n: int = N, m: int = M, per_row: int = 10):
     fig.update_layout(title=f"all {pats.shape[0]} transposable {n}:{m} tile patterns",
                       height=int(700 * rows / per_row) + 80, xaxis={"visible": False},
                       yaxis={"visible": False, "autorange": "reversed", "scaleanchor": "x"})
-    return fig
+    return clean_log_ticks(fig)
 
 
 def _panel_title(sol: dict) -> str:
@@ -243,7 +244,7 @@ def solver_bars(rows: list[dict], title: str = ""):
     fig.update_yaxes(type="log", row=1, col=2)
     legend = "green: exact transposable, orange: approximate transposable, grey: not transposable"
     fig.update_layout(title=f"{title}<br><sup>{legend}</sup>" if title else legend, height=480)
-    return fig
+    return clean_log_ticks(fig)
 
 
 def diversity_rows(block: tuple[int, int] = (8, 8)) -> list[dict]:
@@ -283,7 +284,7 @@ def diversity_figure(rows: list[dict]):
                            text=[f"{float(r['count']):.3g}" for r in rows], textposition="outside"))
     fig.update_layout(title=f"valid masks of one {rows_}x{cols} block keeping half its entries", yaxis_type="log",
                       yaxis_title="mask diversity (log scale)")
-    return fig
+    return clean_log_ticks(fig)
 
 
 def recorded_case_rows(data: dict, n: int, m: int) -> list[dict]:

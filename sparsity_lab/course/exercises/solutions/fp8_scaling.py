@@ -1,4 +1,4 @@
-"""Worked solution: delayed FP8 scaling from an amax history (notebook 06, section 6)."""
+"""Worked solution: delayed FP8 scaling from an amax history (notebook 15, section 3)."""
 from __future__ import annotations
 
 import math
