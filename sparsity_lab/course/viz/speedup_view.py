@@ -20,12 +20,12 @@ from pathlib import Path
 
 from ...provenance import RESULTS_DIR
 from ._optional import ipywidgets, plotly_go
-from ._provenance import provenance_line
+from ._provenance import provenance_command, provenance_line
 
 __all__ = ["FFN_KEYS", "FFN_VARIANTS", "PHASES", "check_ffn_rows", "ffn_errors", "dyad_speedup_figure", "ffn_explorer",
            "ffn_speedup_figure", "ffn_wins_heatmap", "kernel_vs_pytorch_figure",
            "mvue_variants_figure", "ours_vs_pytorch", "ours_vs_pytorch_figure", "paired_figure", "paired_speedups",
-           "provenance_line", "recorded",
+           "provenance_command", "provenance_line", "recorded",
            "shape_label", "step_speedup", "wins_and_losses"]
 
 FFN_KEYS = ("tokens", "d_model", "ffn", "variant", "phase", "ms", "speedup_vs_dense")
