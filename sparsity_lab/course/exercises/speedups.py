@@ -84,7 +84,9 @@ def check_step_speedup(step_speedup_fn, show: bool = True):
 
     def body(r):
         rng = random.Random()
-        cases = [[(10.0, 2.0)], [(10.0, 1.0), (30.0, 1.0)], [(40.0, 1.5), (40.0, 1.0)],
+        # the second case has parts of unequal times, so the plain, time-weighted and harmonic means of the
+        # speed-ups all differ from Amdahl's answer there; at equal times the harmonic mean equals it
+        cases = [[(10.0, 2.0)], [(30.0, 2.0), (10.0, 1.0)], [(10.0, 1.0), (30.0, 1.0)], [(40.0, 1.5), (40.0, 1.0)],
                  [(50.0, 2.0), (50.0, 1.0)], [(1.0, 1.45), (0.0, 1.0), (3.0, 1.0)], [(5.0, 0.5), (5.0, 1.0)]]
         cases += [[(rng.uniform(0.1, 50), rng.uniform(0.3, 2.0)) for _ in range(rng.randint(2, 5))]
                   for _ in range(3)]
@@ -94,15 +96,24 @@ def check_step_speedup(step_speedup_fn, show: bool = True):
                 return
             want = reference_step_speedup(parts)
             if not isinstance(got, (int, float)) or not math.isclose(got, want, rel_tol=1e-9):
-                mean = sum(s for _, s in parts) / len(parts)
-                weighted = sum(ms * s for ms, s in parts) / sum(ms for ms, _ in parts)
-                why = ""
-                if isinstance(got, (int, float)) and math.isclose(got, weighted, rel_tol=1e-9):
-                    why = (" (that averages the speed-ups, weighted by time; add up the new times of the parts "
-                           "instead)")
-                elif isinstance(got, (int, float)) and math.isclose(got, mean, rel_tol=1e-9):
-                    why = " (that averages the speed-ups; parts take different times, add up the new times)"
+                why = _which_mean(got, parts) if isinstance(got, (int, float)) else ""
                 r.expect(False, f"step_speedup({[(round(m, 3), round(s, 3)) for m, s in parts]}) = {got!r}, "
                                 f"expected {want:.6g}{why}")
                 return
     return run_check(report, body, show)
+
+
+def _which_mean(got: float, parts) -> str:
+    """Names the mean of the speed-ups that ``got`` is, if it is one: the usual wrong answers."""
+    speedups = [s for _, s in parts]
+    mean = sum(speedups) / len(speedups)
+    weighted = sum(ms * s for ms, s in parts) / sum(ms for ms, _ in parts)
+    harmonic = len(speedups) / sum(1 / s for s in speedups)
+    if math.isclose(got, mean, rel_tol=1e-9):
+        return " (that averages the speed-ups; add up the new times of the parts instead)"
+    if math.isclose(got, weighted, rel_tol=1e-9):
+        return " (that averages the speed-ups, weighted by time; add up the new times of the parts instead)"
+    if math.isclose(got, harmonic, rel_tol=1e-9):
+        return (" (that is the harmonic mean of the speed-ups: right only when every part takes the same time; "
+                "it ignores how long each part takes)")
+    return ""
