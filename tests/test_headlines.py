@@ -1,0 +1,107 @@
+"""One fact, one number: every headline figure that README.md, docs/*.md and the notebooks' text quote
+agrees with sparsity_lab.course.headlines, which reads each from one file under results/."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from sparsity_lab.course import headlines
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# how each unit is written in prose; a clause that quotes a fact is checked for numbers of its unit
+NUMBER = {
+    "x": r"(?<![\w.])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?x\b",
+    "fraction": r"(?<![\w.])[01]\.\d\d(?:-[01]\.\d\d)?(?= of\b)",
+    "s": r"(?<![\w.])\d+(?:\.\d+)? s\b",
+    "ms": r"(?<![\w.])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)? ms\b",
+    "%": r"(?<![\w.])[+-]?\d+(?:\.\d+)? ?%",
+}
+# figures that are not measurements: the hardware's promise and the targets the runs are judged by
+NOT_MEASURED = re.compile(r"(?<![\w.])2x\b|within \d+ ?%|under \d+(?:\.\d+)? s\b|\d\.\d\d of the copy rate or more")
+
+# where each fact must be quoted (a figure nobody quotes needs no check; one the README drops is lost)
+QUOTED_IN = {
+    "README.md": ["ffn_speedup", "gpt_step_speedup", "gpt_step_all_linears_speedup", "kernel_copy_fraction",
+                  "mvue_copy_fraction", "transposable_kernel_speedup", "gated_kernel_speedup", "mask_solver_24",
+                  "mask_solver_48", "cslt_host_overhead", "fp8_loss_gap"],
+}
+
+
+def documents() -> dict[str, str]:
+    """README.md, docs/*.md and every notebook's markdown cells, by path relative to the root."""
+    docs = {"README.md": (ROOT / "README.md").read_text()}
+    docs.update({f"docs/{p.name}": p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))})
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(nb.read_text())["cells"]
+        docs[f"notebooks/{nb.name}"] = "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    return docs
+
+
+def clauses(text: str) -> list[str]:
+    """Sentences and semicolon clauses, lines joined (a figure and its cue may sit on two lines)."""
+    out = []
+    for para in re.split(r"\n\s*\n", text):
+        out += re.split(r"(?<=[.;])\s+(?=[A-Z(`*\[-])|;\s+", " ".join(para.split()))
+    return out
+
+
+def disagreements(text: str, facts: dict[str, headlines.Headline]) -> list[str]:
+    """Each clause that quotes a fact with a number other than the headline's."""
+    bad = []
+    for clause in clauses(text):
+        quoted = [h for h in facts.values() if re.search(h.cue, clause, re.IGNORECASE)]
+        stripped = NOT_MEASURED.sub("", clause)
+        for unit in {h.unit for h in quoted}:
+            allowed = {h.text for h in quoted if h.unit == unit}
+            for number in re.findall(NUMBER[unit], stripped):
+                if number not in allowed:
+                    keys = ", ".join(f"{h.key} = {h.text}" for h in quoted if h.unit == unit)
+                    bad.append(f"{number!r} where the headline is {keys}: {clause[:160]!r}")
+    return bad
+
+
+@pytest.fixture(scope="module")
+def facts():
+    return headlines.all_headlines()
+
+
+def test_every_headline_reads_and_formats(facts):
+    assert len(facts) >= 12
+    for h in facts.values():
+        assert h.text and h.source.startswith("results/") and (ROOT / h.source).is_file(), h
+        found = re.search(NUMBER[h.unit], f"({h.text} of")  # the checker must see the headline as a figure
+        assert found and found.group(0) == h.text, h
+        assert h.text in str(h) and h.baseline in str(h)
+
+
+def test_ffn_headline_is_the_fastest_dense_one(facts):
+    h = facts["ffn_speedup"]
+    assert h.text == "1.31x" and "704 TFLOP/s" in h.baseline and "H100" in h.where, h
+
+
+@pytest.mark.parametrize("name", list(documents()))
+def test_quoted_figures_agree_with_the_headlines(name, facts):
+    bad = disagreements(documents()[name], facts)
+    assert not bad, f"{name} quotes figures that differ from sparsity_lab.course.headlines:\n" + "\n".join(bad)
+
+
+def test_the_checker_catches_a_second_number_for_one_fact(facts):
+    old = ("An FFN block at 16384 tokens x d_model 4096 trains 1.28-1.31x faster than the fastest dense step; "
+           "notebook 01 says the same FFN at 16384 x 4096 is 1.43x.")
+    assert len(disagreements(old, facts)) == 2
+    assert not disagreements(f"The FFN at 16384 x 4096 runs {facts['ffn_speedup'].text} dense, not 2x.", facts)
+    fp8 = f"An FP8 2:4 FFN block at 16384 x 4096 ran {facts['fp8_ffn_speedup'].text} faster than dense FP8."
+    bf16 = f"A 2:4 FFN block at 16384 x 4096 ran {facts['fp8_ffn_speedup'].text} faster than dense bf16."
+    assert not disagreements(fp8, facts) and disagreements(bf16, facts)
+
+
+@pytest.mark.parametrize("doc", list(QUOTED_IN))
+def test_key_facts_are_quoted(doc, facts):
+    text = documents()[doc]
+    missing = [k for k in QUOTED_IN[doc]
+               if not any(re.search(facts[k].cue, c, re.IGNORECASE) and facts[k].text in c for c in clauses(text))]
+    assert not missing, f"{doc} does not quote {[str(facts[k]) for k in missing]}"
