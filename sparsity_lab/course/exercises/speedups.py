@@ -117,3 +117,44 @@ def _which_mean(got: float, parts) -> str:
         return (" (that is the harmonic mean of the speed-ups: right only when every part takes the same time; "
                 "it ignores how long each part takes)")
     return ""
+
+
+def check_intensity(intensity_fn, show: bool = True):
+    """``intensity_fn(m, k, n, sparse)`` -> FLOP per byte of the bf16 product A (m, k) @ B (k, n): its
+    2*m*k*n FLOPs over the bytes of A, B and the output, A compressed to 2:4 (values and metadata) when
+    ``sparse``."""
+    from ..viz.roofline_view import intensity, product_bytes
+
+    report = ExerciseReport("intensity: FLOP per byte of a product, dense and with a 2:4 weight",
+                            hint="bytes = 2 per bf16 value of A, B and the output (m*n values); a 2:4 A keeps "
+                                 "m*k/2 values plus 2 bits of metadata per kept value.",
+                            solution="speedups")
+
+    def body(r):
+        rng = random.Random()
+        cases = [(4, 4, 4, False), (4, 4, 4, True), (16384, 4096, 16384, True), (1024, 4096, 4096, False)]
+        cases += [(rng.randint(1, 64), 4 * rng.randint(1, 64), rng.randint(1, 64), rng.random() < 0.5)
+                  for _ in range(4)]
+        for m, k, n, sparse in cases:
+            got = r.call(intensity_fn, m, k, n, sparse, what=f"intensity({m}, {k}, {n}, sparse={sparse})")
+            if got is None:
+                return
+            want = intensity(m, k, n, sparse)
+            if isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=1e-9):
+                continue
+            flops, b = 2 * m * k * n, product_bytes(m, k, n, sparse)
+            why = ""
+            if isinstance(got, (int, float)) and got > 0:
+                wrong = {"the output's bytes are missing": b["total"] - b["output"],
+                         "the metadata's bytes are missing (2 bits per kept value)":
+                             b["total"] - (m * k // 2) * 2 // 8 if sparse else None,
+                         "the 2:4 weight counts in full (it keeps half its values)":
+                             product_bytes(m, k, n, False)["total"] if sparse else None,
+                         "that is 4 bytes per value (bf16 has 2)": 2 * b["total"]}
+                for what, total in wrong.items():
+                    if total and math.isclose(got, flops / total, rel_tol=1e-9):
+                        why = f" ({what})"
+                        break
+            r.expect(False, f"intensity({m}, {k}, {n}, sparse={sparse}) = {got!r}, expected {want:.6g}{why}")
+            return
+    return run_check(report, body, show)
