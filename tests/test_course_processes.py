@@ -39,3 +39,17 @@ def test_a_failed_command_reports_its_own_error(capsys):
 def test_torchrun_command_line():
     assert torchrun(2, ["sparsity_lab", "train"])[1:] == ["-m", "torch.distributed.run", "--standalone",
                                                           "--nproc-per-node", "2", "-m", "sparsity_lab", "train"]
+
+
+def test_refresh_interval_runs_count_refreshes_and_flips():
+    from sparsity_lab.course.live import refresh_interval_runs
+    from sparsity_lab.lab import GPTConfig, TrainConfig, load_corpus
+
+    base = TrainConfig(model=GPTConfig(n_layer=1, n_head=1, d_model=16, context=16), batch_size=2, steps=8,
+                       warmup_steps=1, eval_interval=8, eval_batches=1, progress=False)
+    rows = refresh_interval_runs(base, [1, 4], corpus=load_corpus(max_bytes=50_000))
+    assert [r["refreshes"] for r in rows] == [7, 1]  # forwards 0..7: every one after the first mask; step 4
+    assert all(0 <= r["flips_per_refresh"] <= 1 for r in rows)
+    assert rows[1]["flips_per_step"] == pytest.approx(rows[1]["flips_per_refresh"] / 8)
+    with pytest.raises(ValueError, match="intervals"):
+        refresh_interval_runs(base, [0])
