@@ -181,6 +181,21 @@ def test_only_names_what_matches_no_notebook(tmp_path, capsys):
     assert "--only 07: no such notebook (there are 01)" in capsys.readouterr().err
 
 
+def test_a_notebook_can_be_read_after_an_earlier_number(tmp_path):
+    from sparsity_lab.course import notebooks
+    for name in ("01_a.ipynb", "02_b.ipynb", "03_c.ipynb"):
+        tiny_notebook(tmp_path, name)
+    late = tiny_notebook(tmp_path, "04_late.ipynb")
+    nb = nbformat.read(late, as_version=4)
+    nb.metadata["sparsity_lab"]["read_after"] = "01"
+    nbformat.write(nb, late)
+    assert [p.name[:2] for p in notebooks(tmp_path)] == ["01", "04", "02", "03"]
+    nb.metadata["sparsity_lab"]["read_after"] = 1
+    nbformat.write(nb, late)
+    with pytest.raises(ValueError, match="read_after must be a notebook number"):
+        notebooks(tmp_path)
+
+
 def test_select_notebooks_by_number_or_name_in_reading_order():
     from sparsity_lab.course.running import select_notebooks
 
@@ -202,6 +217,14 @@ def test_full_sizes_keep_the_notebook_defaults_and_reuse_checks_the_run(tmp_path
     assert not is_current(full, source, "full"), "an edited notebook must be run again"
     [again] = execute_all([source], tmp_path / "full", sizes="full", reuse=True, progress=False)
     assert "changed 50" in printed(nbformat.read(again, as_version=4))
+
+
+@pytest.mark.skipif(__import__("os").name != "posix", reason="local sockets (ipc) exist on POSIX systems only")
+def test_the_kernel_runs_without_the_tcp_warning(tmp_path, capfd):
+    source = tiny_notebook(tmp_path / "notebooks", body="print('points:', n)")
+    execute(source, tmp_path / "run" / source.name)
+    captured = capfd.readouterr()
+    assert "running over TCP" not in captured.err + captured.out
 
 
 def test_a_failed_run_is_never_reused(tmp_path):

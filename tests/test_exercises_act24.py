@@ -61,3 +61,22 @@ def test_ffn_speedup_wrong_answers():
     assert averaged.status == FAILED and "averages the speed-ups" in averaged.message
     product_only = check_ffn_speedup(lambda k, s, n=6: s, show=False)
     assert product_only.status == FAILED and "expected" in product_only.message
+
+
+
+def test_ties_to_the_higher_index_fail_with_the_shared_tie_rule():
+    """A ranking that breaks ties otherwise (as torch.topk may) is named as a tie problem, in the words
+    every check uses; the hint no longer recommends topk."""
+    from sparsity_lab.course.exercises.checking import TIE_RULE
+
+    def higher_index_wins(h):
+        a = torch.relu(h) ** 2
+        g = a.reshape(*a.shape[:-1], -1, 4).flip(-1)  # a stable sort of the reversed group: ties to the higher index
+        order = torch.sort(g, dim=-1, descending=True, stable=True).indices[..., :2]
+        keep = torch.zeros_like(g, dtype=torch.bool).scatter_(-1, order, True).flip(-1)
+        return (a.reshape(g.shape) * keep).reshape(a.shape)
+
+    result = check_act24(higher_index_wins, show=False)
+    assert result.status == FAILED
+    assert "a tie is broken differently" in result.message and TIE_RULE in result.message
+    assert "topk" not in result.hint

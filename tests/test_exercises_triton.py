@@ -61,14 +61,106 @@ def _hard_times_beta(w_ptr, out_ptr, beta, n_groups, BLOCK: tl.constexpr):
     tl.store(out_ptr + 4 * g + 3, tl.where(k3, beta * w3, 0.0), mask=inside)
 
 
-def test_solution_kernels_pass():
-    assert ex.check_scale_kernel(sol.scale_kernel, show=False).status == PASSED
-    assert ex.check_prune24_kernel(sol.prune24_kernel, show=False).status == PASSED
-    assert ex.check_soft_threshold24_kernel(sol.soft_threshold24_kernel, show=False).status == PASSED
+@triton.jit
+def _stub5(a, b, c, d, BLOCK: tl.constexpr):
+    raise NotImplementedError
 
 
-def test_stub_kernel_is_not_attempted():
-    assert ex.check_scale_kernel(_stub, show=False).status == NOT_ATTEMPTED
+@triton.jit
+def _stub6(a, b, c, d, e, BLOCK: tl.constexpr):
+    raise NotImplementedError
+
+
+@triton.jit
+def _stub6g(a, b, c, d, e, BLOCK_G: tl.constexpr):
+    raise NotImplementedError
+
+
+@triton.jit
+def _decompress_ignoring_indices(val_ptr, idx_ptr, out_ptr, n_groups, BLOCK: tl.constexpr):
+    g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = g < n_groups
+    tl.store(out_ptr + 4 * g, tl.load(val_ptr + 2 * g, mask=inside), mask=inside)
+    tl.store(out_ptr + 4 * g + 1, tl.load(val_ptr + 2 * g + 1, mask=inside), mask=inside)
+    tl.store(out_ptr + 4 * g + 2, tl.zeros([BLOCK], dtype=tl.float32), mask=inside)
+    tl.store(out_ptr + 4 * g + 3, tl.zeros([BLOCK], dtype=tl.float32), mask=inside)
+
+
+@triton.jit
+def _dot_ignoring_indices(val_ptr, idx_ptr, x_ptr, out_ptr, n_groups, BLOCK_G: tl.constexpr):
+    g = tl.arange(0, BLOCK_G)
+    inside = g < n_groups
+    base = tl.program_id(0) * 2 * n_groups + 2 * g
+    v0 = tl.load(val_ptr + base, mask=inside, other=0.0)
+    v1 = tl.load(val_ptr + base + 1, mask=inside, other=0.0)
+    x0 = tl.load(x_ptr + 4 * g, mask=inside, other=0.0)
+    x1 = tl.load(x_ptr + 4 * g + 1, mask=inside, other=0.0)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(v0 * x0 + v1 * x1, axis=0))
+
+
+@triton.jit
+def _mvue_without_division(x_ptr, p_ptr, u_ptr, out_ptr, n_groups, BLOCK: tl.constexpr):
+    g = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = g < n_groups
+    u = tl.load(u_ptr + g, mask=inside, other=0.0)
+    lo = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(4):
+        x = tl.load(x_ptr + 4 * g + j, mask=inside, other=0.0)
+        p = tl.load(p_ptr + 4 * g + j, mask=inside, other=1.0)
+        if j < 3:
+            hi = lo + p
+        else:
+            hi = tl.full([BLOCK], 2.0, tl.float32)
+        picked = ((lo <= u) & (u < hi)) | ((lo <= u + 1) & (u + 1 < hi))
+        tl.store(out_ptr + 4 * g + j, tl.where(picked, x, 0.0), mask=inside)
+        lo = hi
+
+
+@triton.jit
+def _flips_tail_unmasked(prev_ptr, new_ptr, partial_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    prev = tl.load(prev_ptr + offs, mask=offs < n, other=0)
+    new = tl.load(new_ptr + offs, mask=offs < n, other=1)   # a different fill: the tail counts as flips
+    tl.store(partial_ptr + tl.program_id(0), tl.sum((prev != new).to(tl.int32), axis=0))
+
+
+PUZZLES = [(ex.check_scale_kernel, sol.scale_kernel, _stub), (ex.check_prune24_kernel, sol.prune24_kernel, None),
+           (ex.check_soft_threshold24_kernel, sol.soft_threshold24_kernel, _stub5),
+           (ex.check_mvue24_kernel, sol.mvue24_kernel, _stub6),
+           (ex.check_count_flips_kernel, sol.count_flips_kernel, _stub5),
+           (ex.check_compress24_kernel, sol.compress24_kernel, _stub5),
+           (ex.check_decompress24_kernel, sol.decompress24_kernel, _stub5),
+           (ex.check_sparse_dot_kernel, sol.sparse_dot_kernel, _stub6g)]
+
+
+def test_there_are_eight_puzzles():
+    checks = {name for name in dir(ex) if name.startswith("check_") and name.endswith("_kernel")}
+    assert len(checks) >= 8 and checks == {c.__name__ for c, _, _ in PUZZLES}
+
+
+@pytest.mark.parametrize("check,solution,stub", PUZZLES, ids=lambda v: getattr(v, "__name__", ""))
+def test_solution_kernels_pass_and_stubs_are_one_line(check, solution, stub, capsys):
+    assert check(solution, show=False).status == PASSED
+    stub = stub or _stub_prune
+    result = check(stub)
+    out = capsys.readouterr().out
+    assert result.status == NOT_ATTEMPTED and out.strip().count("\n") == 0 and "Hint" not in out, out
+
+
+@triton.jit
+def _stub_prune(w_ptr, out_ptr, n_groups, BLOCK: tl.constexpr):
+    raise NotImplementedError
+
+
+def test_wrong_new_kernels_are_named():
+    result = ex.check_decompress24_kernel(_decompress_ignoring_indices, show=False)
+    assert result.status == FAILED, result.message
+    result = ex.check_sparse_dot_kernel(_dot_ignoring_indices, show=False)
+    assert result.status == FAILED and "indices pick the entries of x" in result.message, result.message
+    result = ex.check_mvue24_kernel(_mvue_without_division, show=False)
+    assert result.status == FAILED and "divided by p_j" in result.message, result.message
+    result = ex.check_count_flips_kernel(_flips_tail_unmasked, show=False)
+    assert result.status == FAILED and "last program" in result.message, result.message
 
 
 def test_wrong_kernels_are_named():

@@ -11,6 +11,7 @@ executed copies, and whatever they write, go to the folder the caller names.
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -31,9 +32,23 @@ class NotebookFailed(RuntimeError):
         self.notebook, self.cell, self.executed_copy = notebook, cell, executed_copy
 
 
+def _reading_key(path: Path) -> tuple[str, int, str]:
+    """A notebook's place: its number, or right after notebook ``read_after`` when its metadata names one
+    (``nb.metadata["sparsity_lab"]["read_after"] = "07"``: a later notebook read earlier, without
+    renumbering the ones in between)."""
+    import json
+
+    after = json.loads(Path(path).read_text()).get("metadata", {}).get("sparsity_lab", {}).get("read_after")
+    if after is not None and not (isinstance(after, str) and re.fullmatch(r"\d\d", after)):
+        raise ValueError(f"{Path(path).name}: read_after must be a notebook number like '07', got {after!r}")
+    number = Path(path).name[:2]
+    return (after, 1, number) if after else (number, 0, "")
+
+
 def notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
-    """The course notebooks in reading order (their file names start with the number)."""
-    return sorted(Path(directory).glob("[0-9][0-9]_*.ipynb"))
+    """The course notebooks in reading order: by the number their file names start with, a notebook
+    whose metadata says ``read_after`` right after that one."""
+    return sorted(Path(directory).glob("[0-9][0-9]_*.ipynb"), key=_reading_key)
 
 
 def select_notebooks(sources: Sequence[Path], wanted: Sequence[str]) -> list[Path]:
@@ -87,6 +102,17 @@ def _papermill():
     return papermill
 
 
+def _kernel_config():
+    """The kernel talks to papermill over local sockets where the OS has them (Linux, macOS): a kernel
+    on TCP without encryption prints a warning per notebook, and TCP is not needed on one machine."""
+    from traitlets.config import Config
+
+    config = Config()
+    if os.name == "posix":
+        config.KernelManager.transport = "ipc"
+    return config
+
+
 def execute(path: Path, out: Path, sizes: str = "ci", cwd: Path | None = None, progress_bar: bool = False,
             prepare_only: bool = False):
     """Run notebook ``path`` with papermill and write the executed copy to ``out``.
@@ -110,7 +136,8 @@ def execute(path: Path, out: Path, sizes: str = "ci", cwd: Path | None = None, p
     try:
         return papermill.execute_notebook(str(path), str(out), parameters=parameters, kernel_name="python3",
                                           cwd=str(cwd), progress_bar=progress_bar, prepare_only=prepare_only,
-                                          extra_arguments=[f"--IPKernelApp.exec_lines={KERNEL_LINE}"])
+                                          extra_arguments=[f"--IPKernelApp.exec_lines={KERNEL_LINE}"],
+                                          config=_kernel_config())
     except papermill.PapermillExecutionError as err:
         raise _cell_failure(Path(path), Path(out), err) from err
     except Exception as err:  # a dead kernel or a timeout: no cell index to report

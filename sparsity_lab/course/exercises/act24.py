@@ -8,7 +8,7 @@ import random
 import torch
 
 from ...references.act24 import act24, act24_grad, natural_24_stats
-from .checking import ExerciseReport, run_check
+from .checking import ExerciseReport, run_check, tie_broken_otherwise, tie_problem
 
 
 def _inputs(rows: int, hidden: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -22,12 +22,13 @@ def _inputs(rows: int, hidden: int, gen: torch.Generator) -> dict[str, torch.Ten
     return {"random": h, "ties": ties, "mostly negative": negative, "wide magnitudes": wide}
 
 
-def check_act24(act24_fn, show: bool = True):
+def check_act24(act24_fn, show: bool = True, hint: bool = False):
     """``act24_fn(h)`` -> relu(h)^2 with only the 2 largest of every 4 consecutive entries along the
     last dimension kept (ties to the lowest index), the others set to 0; h (..., hidden), hidden % 4 == 0."""
     report = ExerciseReport("act24: squared ReLU pruned to 2:4 along the hidden dimension",
-                            hint="reshape the last dimension into groups of 4, rank each group (topk, or a stable "
-                                 "sort in descending order), keep ranks 0 and 1; apply relu and square first.",
+                            hint="apply relu and square first; reshape the last dimension into groups of 4, rank "
+                                 "each group with a stable descending sort (ties: lowest index first) and keep "
+                                 "ranks 0 and 1.",
                             solution="act24")
 
     def body(r):
@@ -52,9 +53,13 @@ def check_act24(act24_fn, show: bool = True):
                         r.expect(False, "the kept entries were chosen by |h| before the ReLU: a large negative h "
                                         "becomes 0, so choose on relu(h)^2")
                         return
+                    at = tie_broken_otherwise(got, want, 4)
+                    if at is not None:
+                        r.expect(False, tie_problem(f"act24(h {rows}x{hidden}, {name})", at))
+                        return
                 if not r.expect_tensor(got, want, f"act24(h {rows}x{hidden}, {name})", atol=1e-12, rtol=1e-12):
                     return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
 def _mask_of(a: torch.Tensor) -> torch.Tensor:
@@ -62,7 +67,7 @@ def _mask_of(a: torch.Tensor) -> torch.Tensor:
     return top2of4_mask(a)
 
 
-def check_natural_sparsity(stats_fn, show: bool = True):
+def check_natural_sparsity(stats_fn, show: bool = True, hint: bool = False):
     """``stats_fn(a)`` -> (zero_fraction, at_most_2_fraction) of an activation a (..., hidden): the
     fraction of exact zeros, and of groups of 4 along the last dimension with at most 2 non-zeros."""
     report = ExerciseReport("natural_sparsity: how much of a squared-ReLU activation 2:4 already allows",
@@ -96,10 +101,10 @@ def check_natural_sparsity(stats_fn, show: bool = True):
                         if values[1] < want[1] else ""
                     r.expect(False, f"{name}: at_most_2_fraction {values[1]:.4f}, expected {want[1]:.4f}{low}")
                     return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
-def check_grad_h(grad_h_fn, show: bool = True):
+def check_grad_h(grad_h_fn, show: bool = True, hint: bool = False):
     """``grad_h_fn(h, grad_a24)`` -> dL/dH for A24 = act24(H), straight-through on the kept entries:
     dH = dA24 * M * 2 relu(H), M the 2:4 mask of relu(H)^2 (the pruned entries get no gradient)."""
     report = ExerciseReport("grad_h: the straight-through gradient of a 2:4 squared ReLU",
@@ -127,7 +132,7 @@ def check_grad_h(grad_h_fn, show: bool = True):
                         return
                 if not r.expect_tensor(got, want, f"grad_h(h {rows}x{hidden}, {name})", atol=1e-12, rtol=1e-12):
                     return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
 def reference_ffn_speedup(sparse_products: int, product_speedup: float, total_products: int = 6) -> float:
@@ -135,7 +140,7 @@ def reference_ffn_speedup(sparse_products: int, product_speedup: float, total_pr
     return total_products / (total_products - sparse_products + sparse_products / product_speedup)
 
 
-def check_ffn_speedup(speedup_fn, show: bool = True):
+def check_ffn_speedup(speedup_fn, show: bool = True, hint: bool = False):
     """``speedup_fn(sparse_products, product_speedup, total_products=6)`` -> the FFN step's ideal speed-up
     when ``sparse_products`` of its ``total_products`` equal-sized products run ``product_speedup`` times
     faster and the rest (and everything else) stays as it is."""
@@ -159,4 +164,4 @@ def check_ffn_speedup(speedup_fn, show: bool = True):
                     why = " (that averages the speed-ups; Amdahl adds the times)"
                 r.expect(False, f"ffn_speedup({k}, {s:.3g}, {total}) = {got!r}, expected {want:.6g}{why}")
                 return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)

@@ -16,7 +16,7 @@ def _reference_rows(rows: int, rank: int, world: int) -> tuple[int, int]:
     return start, start + (sizes[rank] if rank < len(sizes) else 0)
 
 
-def check_shard_rows(shard_rows_fn, show: bool = True) -> CheckResult:
+def check_shard_rows(shard_rows_fn, show: bool = True, hint: bool = False) -> CheckResult:
     """shard_rows(rows, rank, world) -> (start, stop): the rows of W (and of its mask) that rank stores."""
     report = ExerciseReport("shard_rows: the rows FSDP2 gives each rank", solution="distributed",
                             hint="FSDP2 cuts dim 0 like torch.chunk: pieces of ceil(rows / world) rows, "
@@ -31,14 +31,14 @@ def check_shard_rows(shard_rows_fn, show: bool = True) -> CheckResult:
                                                     f"shard_rows({rows}, {rank}, {world}) = {tuple(got)}, "
                                                     f"expected {want}"):
                     return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
 def _decayed(grad, weight, mask, decay):
     return grad + decay * (~mask) * weight
 
 
-def check_masked_decay_on_shard(decay_fn, show: bool = True) -> CheckResult:
+def check_masked_decay_on_shard(decay_fn, show: bool = True, hint: bool = False) -> CheckResult:
     """masked_decay_shard(grad_rows, weight_rows, mask_rows, decay) -> the rank's decayed gradient rows;
     the ranks' results, stacked, must equal masked decay on the full gradient."""
     report = ExerciseReport("masked decay on a rank's rows", solution="distributed",
@@ -61,10 +61,10 @@ def check_masked_decay_on_shard(decay_fn, show: bool = True) -> CheckResult:
             if not r.expect_tensor(torch.cat(parts), _decayed(grad, weight, mask, 0.1),
                                    f"the {world} ranks' rows stacked ({rows} rows)", atol=1e-6):
                 return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
-def check_total_flips(total_flips_fn, show: bool = True) -> CheckResult:
+def check_total_flips(total_flips_fn, show: bool = True, hint: bool = False) -> CheckResult:
     """total_flips(old_parts, new_parts) -> int: the layer's flips from each rank's old and new mask rows
     (what summing the ranks' counts with all_reduce gives); must equal the flips of the full masks."""
     report = ExerciseReport("total_flips: one flip count from the ranks' parts", solution="distributed",
@@ -80,4 +80,4 @@ def check_total_flips(total_flips_fn, show: bool = True) -> CheckResult:
             if got is not None and not r.expect(int(got) == want,
                                                 f"{rows} rows on {world} ranks: got {int(got)} flips, expected {want}"):
                 return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)

@@ -22,7 +22,7 @@ def reference_dyad_weight(blocks_a: torch.Tensor, blocks_b: torch.Tensor, varian
         return layer.dense_weight()
 
 
-def check_dyad_it_weight(dyad_it_weight_fn, show: bool = True):
+def check_dyad_it_weight(dyad_it_weight_fn, show: bool = True, hint: bool = False):
     """``dyad_it_weight_fn(blocks_a, blocks_b)`` -> the (n*b_out, n*b_in) DYAD-IT weight
     W = BD(A) + BD(B) P_in, blocks of shape (n, b_in, b_out) (block k maps b_in inputs to b_out outputs)."""
     report = ExerciseReport("dyad_it_weight: the DYAD-IT weight from its two block tensors",
@@ -58,14 +58,14 @@ def check_dyad_it_weight(dyad_it_weight_fn, show: bool = True):
                     return
             if not r.expect_tensor(got, want, what, atol=1e-9):
                 return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
 def reference_dyad_params(d_in: int, d_out: int, n_blocks: int, bias: bool = True) -> int:
     return 2 * d_in * d_out // n_blocks + (d_out if bias else 0)
 
 
-def check_dyad_params(dyad_params_fn, show: bool = True):
+def check_dyad_params(dyad_params_fn, show: bool = True, hint: bool = False):
     """``dyad_params_fn(d_in, d_out, n_blocks, bias)`` -> the number of trainable parameters of a DYAD layer."""
     report = ExerciseReport("dyad_params: the parameters of a DYAD layer",
                             hint="two block tensors of shape (n, d_in/n, d_out/n), plus the bias if there is one.",
@@ -92,10 +92,10 @@ def check_dyad_params(dyad_params_fn, show: bool = True):
                     why = " (half: there are two block tensors, A and B)"
                 r.expect(False, f"dyad_params({d_in}, {d_out}, {n}, {bias}) = {got!r}, expected {want}{why}")
                 return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
-def check_product_fractions(product_fractions_fn, show: bool = True):
+def check_product_fractions(product_fractions_fn, show: bool = True, hint: bool = False):
     """``product_fractions_fn(method, n_blocks)`` -> dict {"forward", "grad_input", "grad_weight"}: the
     share of each product's dense multiply-adds the method needs. method: "dense", "24" (a 2:4 weight),
     "24_mvue" (2:4 weight and an MVUE 2:4 output gradient for dW), "dyad" (n_blocks blocks)."""
@@ -120,4 +120,4 @@ def check_product_fractions(product_fractions_fn, show: bool = True):
                     r.expect(False, f"product_fractions({method!r}, {n})[{name!r}] = {got[name]!r}, "
                                     f"expected {want[name]:g}")
                     return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)

@@ -44,7 +44,7 @@ def _cases() -> list[tuple[list[float], int, int, str]]:
             (fresh, 4, 1, "12 fresh random amaxes over 9 decades")]
 
 
-def check_delayed_scales(scales_fn, show: bool = True) -> CheckResult:
+def check_delayed_scales(scales_fn, show: bool = True, hint: bool = False) -> CheckResult:
     report = ExerciseReport("delayed scaling: the scale after each step from the amax history", solution=SOLUTION,
                             hint="keep the last history_len amaxes (this step's included); the scale is their max "
                                  "/ fp8_max * 2**margin; a max of 0 or inf keeps the previous scale (1 at first).")
@@ -62,4 +62,4 @@ def check_delayed_scales(scales_fn, show: bool = True) -> CheckResult:
                 continue
             r.expect_tensor(got_t, want, f"{label} (history_len={length}, margin={margin})", rtol=1e-6)
 
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)

@@ -15,7 +15,7 @@ import torch
 from ...masks import nm_mask, transposable_mask, transposable_patterns
 from ...masks.greedy import solve_greedy_keep, solve_greedy_prune
 from ...masks.tiles import to_tiles
-from .checking import CheckResult, ExerciseReport, run_check
+from .checking import CheckResult, ExerciseReport, run_check, tie_broken_otherwise, tie_problem
 
 SOLUTION = "masks"
 
@@ -78,19 +78,16 @@ def _nm_case(r: ExerciseReport, fn, w: torch.Tensor, n: int, m: int, label: str)
                         "(a weight of -1.2 matters more than one of 0.9)")
         return
     a = w.abs().double()
-    kept_got = (a * got).reshape(*w.shape[:-1], -1, m).sum(-1)
-    kept_want = (a * want).reshape(*w.shape[:-1], -1, m).sum(-1)
-    if torch.allclose(kept_got, kept_want, rtol=0, atol=0):
-        at = _first(got != want)
-        r.expect(False, f"{label}: right magnitudes, but ties are broken differently (first at index {at}): "
-                        "among equal |w| keep the lowest index (a stable sort does; torch.topk promises nothing)")
+    at = tie_broken_otherwise((a + 1) * got, (a + 1) * want, m)  # + 1: a kept zero counts too
+    if at is not None:
+        r.expect(False, tie_problem(label, at))
         return
     at = _first(got != want)
     r.expect(False, f"{label}: entry {at} (|w| = {float(a[at]):.4g}) is {'kept' if got[at] else 'pruned'}; "
                     f"the {n} largest |w| of its group of {m} say it should be {'kept' if want[at] else 'pruned'}")
 
 
-def check_nm_mask(nm_mask_fn, show: bool = True) -> CheckResult:
+def check_nm_mask(nm_mask_fn, show: bool = True, hint: bool = False) -> CheckResult:
     """Exercise: ``nm_mask_fn(w, n, m)`` -> bool mask of w's shape keeping the n largest |w| of every m
     consecutive entries along the last dimension, ties to the lowest index."""
     report = ExerciseReport("nm_mask: keep the n largest |w| of every m", solution=SOLUTION,
@@ -106,10 +103,10 @@ def check_nm_mask(nm_mask_fn, show: bool = True) -> CheckResult:
         _nm_case(r, nm_mask_fn, torch.randn(3, 8, generator=gen), 1, 4, "3 x 8, 1:4")
         _nm_case(r, nm_mask_fn, torch.randn(5, 16, generator=gen), 4, 8, "5 x 16, 4:8")
         _nm_case(r, nm_mask_fn, torch.randn(2, 3, 8, generator=gen), 2, 4, "3-D weight 2 x 3 x 8")
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
-def check_kept_fraction(kept_fraction_fn, show: bool = True) -> CheckResult:
+def check_kept_fraction(kept_fraction_fn, show: bool = True, hint: bool = False) -> CheckResult:
     """Exercise: ``kept_fraction_fn(w, mask)`` -> sum of |w| over kept entries / sum of |w| (a float)."""
     report = ExerciseReport("kept_fraction: the share of sum |w| a mask keeps", solution=SOLUTION,
                             hint="weigh each kept entry by |w|: (|w| * mask).sum() / |w|.sum().")
@@ -139,10 +136,10 @@ def check_kept_fraction(kept_fraction_fn, show: bool = True) -> CheckResult:
                 r.expect(False, f"{label}: {value:.4f} uses the signed w; use magnitudes |w|")
             else:
                 r.expect(False, f"{label}: got {value:.6g}, expected {want:.6g}")
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
-def check_unstructured_mask(unstructured_fn, show: bool = True) -> CheckResult:
+def check_unstructured_mask(unstructured_fn, show: bool = True, hint: bool = False) -> CheckResult:
     """Exercise: ``unstructured_fn(w, density)`` -> bool mask keeping the round(density * numel) largest |w|
     anywhere in w (ties to the lowest row-major index)."""
     report = ExerciseReport("unstructured mask: the largest |w| anywhere", solution=SOLUTION,
@@ -163,17 +160,17 @@ def check_unstructured_mask(unstructured_fn, show: bool = True) -> CheckResult:
             if int(got.sum()) != int(want.sum()):
                 r.expect(False, f"{label}: keeps {int(got.sum())} entries, expected round({d} * {w.numel()}) = "
                                 f"{int(want.sum())}")
-            elif math.isclose(float((w.abs() * got).sum()), float((w.abs() * want).sum()), rel_tol=1e-9):
-                r.expect(False, f"{label}: right magnitudes, ties broken differently: among equal |w| keep the "
-                                "lowest row-major index (a stable sort)")
+            elif tie_broken_otherwise(((w.abs() + 1) * got).reshape(-1), ((w.abs() + 1) * want).reshape(-1),
+                                      w.numel()) is not None:
+                r.expect(False, tie_problem(label, _first(got != want)) + " (here: the lowest row-major index)")
             else:
                 at = _first(got != want)
                 r.expect(False, f"{label}: entry {at} (|w| = {float(w.abs()[at]):.4g}) should be "
                                 f"{'kept' if want[at] else 'pruned'}: keep the largest magnitudes of the whole matrix")
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
-def check_expected_unstructured_kept(expected_fn, show: bool = True) -> CheckResult:
+def check_expected_unstructured_kept(expected_fn, show: bool = True, hint: bool = False) -> CheckResult:
     """Exercise: ``expected_fn(density)`` -> E[kept |w|] / E[|w|] of unstructured magnitude pruning of
     i.i.d. Gaussian weights: exp(-t^2 / 2) with t = sqrt(2) erfinv(1 - density)."""
     report = ExerciseReport("expected kept fraction of unstructured pruning (Gaussian weights)", solution=SOLUTION,
@@ -205,11 +202,11 @@ def check_expected_unstructured_kept(expected_fn, show: bool = True) -> CheckRes
         if got is not None and isinstance(got, (int, float, torch.Tensor)):
             r.expect(abs(float(got) - measured) < 0.01, f"density 0.5: {float(got):.4f} is far from the kept fraction "
                                                         f"measured on 512 x 512 Gaussian weights, {measured:.4f}")
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
 # --- notebook 02 ------------------------------------------------------------------------------------
-def check_transposable_patterns(patterns_fn, show: bool = True) -> CheckResult:
+def check_transposable_patterns(patterns_fn, show: bool = True, hint: bool = False) -> CheckResult:
     """Exercise: ``patterns_fn(n, m)`` -> bool tensor (P, m, m) of every m x m 0/1 tile with exactly n ones
     in each row and each column (90 for 2:4), each once, any order."""
     report = ExerciseReport("transposable patterns: every tile with n ones per row and per column",
@@ -244,14 +241,14 @@ def check_transposable_patterns(patterns_fn, show: bool = True) -> CheckResult:
             if missing:
                 example = torch.tensor(sorted(missing)[0]).reshape(m, m).int().tolist()
                 r.expect(False, f"{label}: {len(missing)} of the {want.shape[0]} patterns are missing, e.g. {example}")
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
 def _tile_kept(w: torch.Tensor, mask: torch.Tensor, m: int) -> torch.Tensor:
     return (to_tiles(w.abs().double(), m) * to_tiles(mask, m)).sum((-2, -1))
 
 
-def check_transposable_mask_search(search_fn, show: bool = True) -> CheckResult:
+def check_transposable_mask_search(search_fn, show: bool = True, hint: bool = False) -> CheckResult:
     """Exercise: ``search_fn(w)`` -> the exact transposable 2:4 mask of a 2-D w (O, I), by scoring all 90
     patterns on every 4x4 tile (any optimal mask passes: ties may pick another pattern)."""
     report = ExerciseReport("exact transposable 2:4 mask by pattern search", solution=SOLUTION,
@@ -281,10 +278,10 @@ def check_transposable_mask_search(search_fn, show: bool = True) -> CheckResult:
                 t = int(short.nonzero()[0])
                 r.expect(False, f"{label}: tile {t} keeps |w| summing to {float(kept[t]):.4f}; the best pattern "
                                 f"keeps {float(best[t]):.4f}. Check how you cut w into tiles and put them back.")
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
-def check_greedy_keep(greedy_fn, show: bool = True) -> CheckResult:
+def check_greedy_keep(greedy_fn, show: bool = True, hint: bool = False) -> CheckResult:
     """Exercise: ``greedy_fn(w, n, m)`` -> the greedy transposable mask of Hubara et al. 2021 on every m x m
     tile: visit entries by descending |w| (ties: lowest row-major index in the tile first), keep one while
     its row and its column both hold fewer than n kept entries."""
@@ -320,4 +317,4 @@ def check_greedy_keep(greedy_fn, show: bool = True) -> CheckResult:
                 at = _first(got != want)
                 r.expect(False, f"{label}: entry {at} is {'kept' if got[at] else 'pruned'}, greedy "
                                 f"{'keeps' if want[at] else 'prunes'} it (visit in descending |w| within each tile)")
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)

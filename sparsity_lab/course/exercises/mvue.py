@@ -35,7 +35,7 @@ def _groups() -> list[tuple[torch.Tensor, str]]:
             (torch.randn(16, 4, dtype=torch.float64, generator=_fresh_generator()), "16 random groups")]
 
 
-def check_mvue_probabilities(prob_fn, show: bool = True) -> CheckResult:
+def check_mvue_probabilities(prob_fn, show: bool = True, hint: bool = False) -> CheckResult:
     r"""Exercise: ``prob_fn(groups)`` -> p of shape (G, 4): minimise $\sum_i x_i^2 (1/p_i - 1)$ subject to
     $\sum_i p_i = 2$, $0 \le p_i \le 1$; i.e. $p_i = \min(1, c|x_i|)$. Entries with $x_i = 0$ may get any
     p in [0, 1] (they add nothing)."""
@@ -70,10 +70,10 @@ def check_mvue_probabilities(prob_fn, show: bool = True) -> CheckResult:
                                 "are kept, so sum p = 2")
                 continue
             r.expect_tensor(torch.where(nonzero, got, want), want, label, atol=1e-9)
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
-def check_mvue_sampler(sampler_fn, draws: int = 4000, show: bool = True) -> CheckResult:
+def check_mvue_sampler(sampler_fn, draws: int = 4000, show: bool = True, hint: bool = False) -> CheckResult:
     r"""Exercise: ``sampler_fn(x, generator)`` -> one MVUE 2:4 draw of x (R, 4k) along the last dimension:
     at most 2 non-zeros per group, entry i kept with the minimum-variance probability $p_i$ and then
     worth $x_i / p_i$, so that $E[\mathrm{MVUE}(x)] = x$. Random numbers from ``generator`` only.
@@ -148,10 +148,10 @@ def check_mvue_sampler(sampler_fn, draws: int = 4000, show: bool = True) -> Chec
             at = tuple(int(i) for i in (z > Z_BOUND).nonzero()[0])
             r.expect(False, f"the mean of {draws} draws misses x at (row {at[0]}, group {at[1]}, member {at[2]}) by "
                             f"{float(z[at]):.1f} standard errors (bound {Z_BOUND:g}): the sampler is biased")
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
-def check_mvue_variance(variance_fn, show: bool = True) -> CheckResult:
+def check_mvue_variance(variance_fn, show: bool = True, hint: bool = False) -> CheckResult:
     r"""Exercise: ``variance_fn(groups)`` -> (G,) expected squared error of one MVUE draw per group,
     $E\lVert \mathrm{MVUE}(x) - x \rVert^2 = \sum_i x_i^2 (1/p_i - 1)$ (0 for entries with $x_i = 0$)."""
     report = ExerciseReport("variance of one MVUE draw", solution=SOLUTION,
@@ -170,4 +170,4 @@ def check_mvue_variance(variance_fn, show: bool = True) -> CheckResult:
                 r.expect(False, f"{label}: nan: entries with x_i = 0 (and p_i = 0) contribute 0, skip them")
                 continue
             r.expect_tensor(got, want, label, atol=1e-9, rtol=1e-9)
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)

@@ -11,7 +11,7 @@ from ...structures.prune_regrow import prune_fraction
 from .checking import ExerciseReport, run_check
 
 
-def check_prune_fraction(prune_fraction_fn, show: bool = True):
+def check_prune_fraction(prune_fraction_fn, show: bool = True, hint: bool = False):
     """``prune_fraction_fn(t, T)`` -> p(t) = 0.25 (1 + cos(pi t / T)) for update t = 0..T."""
     report = ExerciseReport("prune_fraction: the half-cosine schedule p(t)",
                             hint="p(0) = 0.5 and p(T) = 0; in between a half cosine: 0.25 * (1 + cos(pi * t / T)).",
@@ -32,7 +32,7 @@ def check_prune_fraction(prune_fraction_fn, show: bool = True):
                     why = " (twice too large: the schedule starts at 0.5, not 1)"
                 r.expect(False, f"prune_fraction({t}, {T}) = {got!r}, expected {want:.6g}{why}")
                 return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
 def reference_block_l1(weight: torch.Tensor, block: int) -> torch.Tensor:
@@ -40,7 +40,7 @@ def reference_block_l1(weight: torch.Tensor, block: int) -> torch.Tensor:
     return weight.abs().reshape(o, block, i, block).sum(dim=(1, 3))
 
 
-def check_block_l1(block_l1_fn, show: bool = True):
+def check_block_l1(block_l1_fn, show: bool = True, hint: bool = False):
     """``block_l1_fn(weight, block)`` -> (out/b, in/b) tensor: the L1 norm (sum of |w|) of every b x b block."""
     report = ExerciseReport("block_l1: the L1 norm of every b x b block of a weight",
                             hint="reshape (out, in) to (out/b, b, in/b, b) and sum |w| over the two b axes; a plain "
@@ -69,14 +69,14 @@ def check_block_l1(block_l1_fn, show: bool = True):
                     return
             if not r.expect_tensor(got, want, what, atol=1e-9, rtol=1e-9):
                 return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
 def _expand(block_mask: torch.Tensor, b: int) -> torch.Tensor:
     return block_mask.repeat_interleave(b, 0).repeat_interleave(b, 1)
 
 
-def check_prune_and_regrow(prune_and_regrow_fn, show: bool = True):
+def check_prune_and_regrow(prune_and_regrow_fn, show: bool = True, hint: bool = False):
     """``prune_and_regrow_fn(weight, block_mask, exp_avg, exp_avg_sq, fraction, block, generator)`` ->
     (new_block_mask, new_weight, new_exp_avg, new_exp_avg_sq), inputs left unchanged.
 
@@ -102,7 +102,7 @@ def check_prune_and_regrow(prune_and_regrow_fn, show: bool = True):
             return
         r.expect(len(picks) > 1, "the regrown blocks are the same for 12 different generators: regrow at random "
                                  "(torch.randperm(number of dead blocks, generator=generator))")
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
 def _random_block_sparse(out: int, inp: int, b: int, live: int, data_seed: int):

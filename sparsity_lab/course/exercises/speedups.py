@@ -9,7 +9,7 @@ from ...flops import PRODUCTS, linear_flops, tflops
 from .checking import ExerciseReport, run_check
 
 
-def check_linear_flops(linear_flops_fn, show: bool = True):
+def check_linear_flops(linear_flops_fn, show: bool = True, hint: bool = False):
     """``linear_flops_fn(tokens, d_in, d_out)`` -> dict {"forward", "grad_input", "grad_weight"}: FLOPs
     of Z = X W^T, dX = dZ W and dW = dZ^T X for X (tokens, d_in), W (d_out, d_in)."""
     report = ExerciseReport("linear_flops: the FLOPs of a linear layer's three products",
@@ -40,10 +40,10 @@ def check_linear_flops(linear_flops_fn, show: bool = True):
                     r.expect(False, f"linear_flops({tokens}, {d_in}, {d_out})[{name!r}] = {got[name]}, "
                                     f"expected {want[name]}{why}")
                     return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
-def check_tflops(tflops_fn, show: bool = True):
+def check_tflops(tflops_fn, show: bool = True, hint: bool = False):
     """``tflops_fn(flops, ms)`` -> the achieved rate in TFLOP/s (10^12 FLOP per second)."""
     report = ExerciseReport("tflops: achieved TFLOP/s from a FLOP count and a time in milliseconds",
                             hint="rate = FLOPs / seconds; 1 ms = 1e-3 s and 1 TFLOP = 1e12 FLOP.",
@@ -59,12 +59,12 @@ def check_tflops(tflops_fn, show: bool = True):
                 return
             want = tflops(flops, ms)
             if not isinstance(got, (int, float)) or not math.isclose(got, want, rel_tol=1e-9):
-                hint = ""
+                why = ""
                 if isinstance(got, (int, float)) and want and math.isclose(got / want, 1e-3, rel_tol=1e-6):
-                    hint = " (1000x too small: ms is milliseconds)"
-                r.expect(False, f"tflops({flops:.4g}, {ms:.4g}) = {got!r}, expected {want:.6g}{hint}")
+                    why = " (1000x too small: ms is milliseconds)"
+                r.expect(False, f"tflops({flops:.4g}, {ms:.4g}) = {got!r}, expected {want:.6g}{why}")
                 return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
 def reference_step_speedup(parts) -> float:
@@ -73,7 +73,7 @@ def reference_step_speedup(parts) -> float:
     return sum(ms for ms, _ in parts) / sum(ms / s for ms, s in parts)
 
 
-def check_step_speedup(step_speedup_fn, show: bool = True):
+def check_step_speedup(step_speedup_fn, show: bool = True, hint: bool = False):
     """``step_speedup_fn(parts)``: parts = [(dense_ms, speedup), ...], one entry per part of the step
     (products, mask, optimizer, ...); returns the speed-up of the whole step."""
     report = ExerciseReport("step_speedup: Amdahl's law over the parts of a training step",
@@ -100,7 +100,7 @@ def check_step_speedup(step_speedup_fn, show: bool = True):
                 r.expect(False, f"step_speedup({[(round(m, 3), round(s, 3)) for m, s in parts]}) = {got!r}, "
                                 f"expected {want:.6g}{why}")
                 return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
 def _which_mean(got: float, parts) -> str:
@@ -119,7 +119,7 @@ def _which_mean(got: float, parts) -> str:
     return ""
 
 
-def check_intensity(intensity_fn, show: bool = True):
+def check_intensity(intensity_fn, show: bool = True, hint: bool = False):
     """``intensity_fn(m, k, n, sparse)`` -> FLOP per byte of the bf16 product A (m, k) @ B (k, n): its
     2*m*k*n FLOPs over the bytes of A, B and the output, A compressed to 2:4 (values and metadata) when
     ``sparse``."""
@@ -157,4 +157,4 @@ def check_intensity(intensity_fn, show: bool = True):
                         break
             r.expect(False, f"intensity({m}, {k}, {n}, sparse={sparse}) = {got!r}, expected {want:.6g}{why}")
             return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)

@@ -56,7 +56,7 @@ def _diagnose_soft(w: torch.Tensor, got: torch.Tensor) -> str:
     return ""
 
 
-def check_soft_threshold(soft_fn, show: bool = True) -> CheckResult:
+def check_soft_threshold(soft_fn, show: bool = True, hint: bool = False) -> CheckResult:
     r"""Exercise: ``soft_fn(w)`` -> $S(w)$ for a 2-D w, groups of 4 along the last dimension:
     $S(w)_i = m_i\,\mathrm{sign}(w_i)\max(|w_i| - t, 0)$, t = the largest pruned |w| of the group."""
     report = ExerciseReport("soft threshold S(w) of S-STE", solution=SOLUTION,
@@ -77,10 +77,10 @@ def check_soft_threshold(soft_fn, show: bool = True) -> CheckResult:
                     r.expect(False, f"{label}: {why}")
                     continue
             r.expect_tensor(got, want, label, atol=1e-6)
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
-def check_sste_beta(beta_fn, show: bool = True) -> CheckResult:
+def check_sste_beta(beta_fn, show: bool = True, hint: bool = False) -> CheckResult:
     r"""Exercise: ``beta_fn(w, s)`` -> $\beta = \langle W, S\rangle / \langle S, S\rangle$ (a number), and 1.0
     when S = 0."""
     report = ExerciseReport("beta = <W, S> / <S, S>", solution=SOLUTION,
@@ -114,10 +114,10 @@ def check_sste_beta(beta_fn, show: bool = True) -> CheckResult:
                 r.expect(False, f"{label}: got nan: when <S, S> = 0 return 1.0 (nothing to rescale)")
             else:
                 r.expect(False, f"{label}: got {value:.6g}, expected {want:.6g}")
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
-def check_sste_weight(weight_fn, show: bool = True) -> CheckResult:
+def check_sste_weight(weight_fn, show: bool = True, hint: bool = False) -> CheckResult:
     r"""Exercise: ``weight_fn(w, beta)`` -> the weight the S-STE forward pass uses, $\beta S(w)$, whose
     gradient reaches the dense w unchanged (straight-through: $\partial L/\partial w = \partial L/\partial(\beta S(w))$)."""
     report = ExerciseReport("S-STE weight: beta * S(w) forward, identity backward", solution=SOLUTION,
@@ -155,4 +155,4 @@ def check_sste_weight(weight_fn, show: bool = True) -> CheckResult:
         else:
             r.expect_tensor(w.grad, upstream, "gradient reaching w (straight-through: it must equal the upstream "
                                               "gradient, not the derivative of beta * S(w))", atol=1e-6)
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)

@@ -48,7 +48,7 @@ def _masks(gen: torch.Generator, shape=(8, 16)) -> tuple[torch.Tensor, torch.Ten
 
 
 # --- notebook 3 ---------------------------------------------------------------------------------------
-def check_flip_rate(fn, show: bool = True):
+def check_flip_rate(fn, show: bool = True, hint: bool = False):
     """fn(previous, current) -> float: the fraction of entries that differ between two boolean masks,
     r = ||m_t XOR m_{t-1}||_1 / D."""
     report = ExerciseReport("flip_rate: the fraction of mask entries that changed",
@@ -79,10 +79,10 @@ def check_flip_rate(fn, show: bool = True):
                     extra = " (half the right value: count entries that left the mask AND entries that joined it)"
                 r.expect(False, f"{what}: got {value:.6g}, expected {want:.6g}{extra}")
                 return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
-def check_overall_flip_rate(fn, show: bool = True):
+def check_overall_flip_rate(fn, show: bool = True, hint: bool = False):
     """fn(pairs) -> float for pairs = [(previous_mask, current_mask), ...], one pair per layer: the flip
     rate over all layers together, sum of flips / sum of sizes (a big layer counts more than a small one)."""
     report = ExerciseReport("overall_flip_rate: the flip rate of several layers together",
@@ -104,10 +104,10 @@ def check_overall_flip_rate(fn, show: bool = True):
                 extra = " (that is the mean of the per-layer rates)" if math.isclose(value, mean_of_rates, rel_tol=1e-6) else ""
                 r.expect(False, f"layers of shapes {shapes}: got {value:.6g}, expected {want:.6g}{extra}")
                 return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
-def check_srste_gradient(fn, show: bool = True):
+def check_srste_gradient(fn, show: bool = True, hint: bool = False):
     """fn(grad, weight, mask, decay) -> the gradient SR-STE hands to the optimizer,
     grad + decay * (1 - m) * W (Zhou et al. 2021): the pruned weights get a pull towards zero."""
     report = ExerciseReport("srste_gradient: SR-STE's backward term",
@@ -141,7 +141,7 @@ def check_srste_gradient(fn, show: bool = True):
                     return
             if not r.expect_tensor(got, want, f"srste_gradient(decay={decay:g})", atol=1e-6, rtol=1e-5):
                 return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
 # --- notebook 4 ---------------------------------------------------------------------------------------
@@ -165,8 +165,8 @@ def _library_steps(method_name: str, w0, grads, mask, decay, lr) -> torch.Tensor
     return layer.weight.detach().clone()
 
 
-def _check_decay_step(fn, method_name: str, title: str, hint: str, show: bool):
-    report = ExerciseReport(title, hint=hint, solution="training")
+def _check_decay_step(fn, method_name: str, title: str, hint_text: str, show: bool, hint: bool):
+    report = ExerciseReport(title, hint=hint_text, solution="training")
     other = "masked_decay_weights" if method_name == "masked_decay" else "masked_decay"
 
     def body(r):
@@ -200,29 +200,30 @@ def _check_decay_step(fn, method_name: str, title: str, hint: str, show: bool):
             if not r.expect_tensor(w, want, f"W after 3 steps (decay={decay:g}, lr={lr:g}) vs the library's "
                                             f"{method_name}", rtol=1e-6, atol=1e-9):
                 return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
-def check_adamw_on_gradients(fn, show: bool = True):
+def check_adamw_on_gradients(fn, show: bool = True, hint: bool = False):
     """fn(w, g, mask, decay, lr, state) -> new w: one AdamW step (weight_decay 0, betas (0.9, 0.999),
     eps 1e-8; ``adamw_step`` does it) with masked decay ON THE GRADIENTS: the term
     decay * (1 - m) * W joins g before AdamW reads it (Hu et al. 2024). Three steps in a row are compared
     with ``MaskedDecay`` on a SparseLinear under ``torch.optim.AdamW``."""
     return _check_decay_step(fn, "masked_decay", "adamw_on_gradients: masked decay on gradients, one AdamW step",
-                             "the term joins the gradient before AdamW reads it, so it goes through both moments", show)
+                             "the term joins the gradient before AdamW reads it, so it goes through both moments",
+                             show, hint)
 
 
-def check_adamw_on_weights(fn, show: bool = True):
+def check_adamw_on_weights(fn, show: bool = True, hint: bool = False):
     """fn(w, g, mask, decay, lr, state) -> new w: one AdamW step with the plain gradient, then masked
     decay ON THE WEIGHTS, W <- W - lr * decay * (1 - m) * W (decoupled: AdamW never sees the term).
     Compared with ``MaskedDecayOnWeights`` under ``torch.optim.AdamW``."""
     return _check_decay_step(fn, "masked_decay_weights",
                              "adamw_on_weights: masked decay on weights, one AdamW step",
                              "AdamW steps with the plain gradient; then the term acts on the stepped weights, "
-                             "scaled by the learning rate", show)
+                             "scaled by the learning rate", show, hint)
 
 
-def check_dense_finetune_switch(fn, show: bool = True):
+def check_dense_finetune_switch(fn, show: bool = True, hint: bool = False):
     """fn(total_steps, dense_finetune_at) -> the first optimizer step (0-based) that trains dense W:
     round(dense_finetune_at * total_steps), as ``MaskedDecay(total_steps=...).dense_finetune_step``."""
     report = ExerciseReport("dense_finetune_switch: the first dense step",
@@ -240,11 +241,11 @@ def check_dense_finetune_switch(fn, show: bool = True):
             if not r.expect(isinstance(got, int) and not isinstance(got, bool) and got == want,
                             f"dense_finetune_switch({total}, {at:.4g}): got {got!r}, expected {want}"):
                 return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
 # --- notebook 9 ---------------------------------------------------------------------------------------
-def check_flip_trend(fn, show: bool = True):
+def check_flip_trend(fn, show: bool = True, hint: bool = False):
     """fn(flip_rates, steps) -> late / early: flip_rates[i] is the flip rate at step i + 1 (None where no
     mask was computed); early = mean over steps in (0.10 T, 0.20 T], late = mean over (0.70 T, 0.80 T],
     T = steps (the windows of ``sparsity-lab compare``)."""
@@ -269,10 +270,10 @@ def check_flip_trend(fn, show: bool = True):
                             f"{steps} steps{' with None holes' if holes else ''}: got {float(got):.6g}, expected "
                             f"{want:.6g} (check the window edges: (0.1 T, 0.2 T] and (0.7 T, 0.8 T], steps from 1)"):
                 return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
-def check_seed_band(fn, show: bool = True):
+def check_seed_band(fn, show: bool = True, hint: bool = False):
     """fn(runs) -> (mean, lo, hi), three lists with one value per step: runs[s][t] is seed s's flip rate
     at step t; mean over the seeds, lo / hi = mean -/+ the sample standard deviation (n - 1), as
     ``FlipBands.band``."""
@@ -305,10 +306,10 @@ def check_seed_band(fn, show: bool = True):
                 if not r.expect_tensor(values, torch.tensor(band[name], dtype=torch.float64), name, rtol=1e-6,
                                        atol=1e-12):
                     return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
 
 
-def check_bands_separated(fn, show: bool = True):
+def check_bands_separated(fn, show: bool = True, hint: bool = False):
     """fn(higher, lower) -> bool: the verdict rule of the multi-seed runs, True when every seed's value in
     ``higher`` is above every seed's value in ``lower`` (min(higher) > max(lower))."""
     report = ExerciseReport("bands_separated: the verdict rule over seeds",
@@ -328,4 +329,4 @@ def check_bands_separated(fn, show: bool = True):
                             + (" (the means differ, but the seeds overlap)"
                                if not want and statistics.fmean(higher) > statistics.fmean(lower) else "")):
                 return
-    return run_check(report, body, show)
+    return run_check(report, body, show, hint)
