@@ -219,8 +219,6 @@ class TokenWeightGrads:
 
     def grad(self, a: torch.Tensor, g: torch.Tensor, name: str) -> torch.Tensor:
         refuse_capture(a.device)
-        if a.shape[0] == 0:  # an empty batch: the exact (zero) product; no permutation is drawn
-            return a.t() @ g
         mod = self.module
         perm = mod.next_token_permutation(a.shape[0], a.device)
         count = dense_feature_count(a.shape[1], mod.dense_fraction, self.products.feature_multiple)

@@ -64,7 +64,7 @@ def top2of4_mask(a: torch.Tensor) -> torch.Tensor:
     rank_i = #{j : a_j > a_i} + #{j < i : a_j == a_i}, keep_i = rank_i < 2.
     """
     _check_groups(a, "a")
-    g = _wide(a.detach()).abs().reshape(*a.shape[:-1], a.shape[-1] // GROUP, GROUP)  # no -1: 0 tokens are fine
+    g = _wide(a.detach()).abs().reshape(*a.shape[:-1], -1, GROUP)
     g = torch.where(torch.isnan(g), torch.full_like(g, float("inf")), g)
     a_i, a_j = g.unsqueeze(-1), g.unsqueeze(-2)  # (..., 4, 1), (..., 1, 4)
     idx = torch.arange(GROUP, device=a.device)
