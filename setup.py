@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 
 # the recorded comparisons (results/<folder>/) the notebooks read, logs included
 COMPARISONS = ("lab_compare_h100_triton", "lab_compare_h100_structures", "lab_compare_h100_fp8",
-               "lab_compare_h100_fp8_seed1", "lab_compare_h100_longer")
+               "lab_compare_h100_fp8_seed1", "lab_compare_h100_12m")
 
 # folder -> (files to ship, as globs relative to it; globs to leave out)
 MATERIAL = {

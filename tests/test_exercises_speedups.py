@@ -38,6 +38,10 @@ def test_tflops_wrong_answers():
 def test_step_speedup_wrong_answers():
     mean = check_step_speedup(lambda parts: sum(s for _, s in parts) / len(parts), show=False)
     assert mean.status == FAILED and "averages the speed-ups" in mean.message
+    assert "weighted by time" not in mean.message  # a plain mean is told it is one, not a weighted one
+    # the harmonic mean of the speed-ups equals Amdahl's answer when every part takes the same time
+    harmonic = check_step_speedup(lambda parts: len(parts) / sum(1 / s for _, s in parts), show=False)
+    assert harmonic.status == FAILED and "how long each part takes" in harmonic.message
     weighted = check_step_speedup(lambda parts: sum(m * s for m, s in parts) / sum(m for m, _ in parts), show=False)
     assert weighted.status == FAILED and "weighted by time" in weighted.message
     products_only = check_step_speedup(lambda parts: parts[0][1], show=False)

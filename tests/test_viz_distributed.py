@@ -29,3 +29,32 @@ def test_sharding_figure_rejects_bad_input():
         sharding_figure(torch.ones(4, 4), 2)
     with pytest.raises(ValueError, match="world"):
         sharding_figure(torch.ones(4, 4, dtype=torch.bool), 0)
+
+
+def _run(world, dense_tps, sparse_tps, smoke=False):
+    rows = [{"method": m, "parallel": p, "median_step_s": 8192 * world / t, "tokens_per_s_per_gpu": t / world,
+             "tokens_per_s_total": t} for p in ("none", "ddp") for m, t in (("dense", dense_tps), ("sste_mvue", sparse_tps))]
+    return {"world_size": world, "smoke": smoke, "rows": rows}
+
+
+def test_recorded_scaling_reads_every_world_size_and_skips_smoke_runs(tmp_path):
+    import json
+
+    from sparsity_lab.course.viz.distributed_view import recorded_scaling
+
+    assert recorded_scaling(tmp_path) == []  # none recorded: an empty list, no error
+    for world, smoke in ((4, False), (1, False), (2, True)):
+        (tmp_path / f"distributed_speed_{world}gpu.json").write_text(json.dumps(_run(world, 100.0, 50.0, smoke)))
+    assert [r["world_size"] for r in recorded_scaling(tmp_path)] == [1, 4]
+
+
+def test_scaling_rows_ratios_and_table_width():
+    from sparsity_lab.course.viz.distributed_view import scaling_rows, scaling_table
+
+    rows = scaling_rows([_run(1, 100.0, 50.0), _run(2, 180.0, 120.0)])
+    two = {(r["method"], r["parallel"]): r for r in rows if r["world"] == 2}
+    assert two[("sste_mvue", "ddp")]["vs_dense"] == pytest.approx(120 / 180)
+    assert two[("dense", "ddp")]["vs_dense"] is None
+    assert two[("dense", "ddp")]["vs_one_gpu"] == pytest.approx(0.9)  # 90 per GPU against 100 on one GPU
+    assert all(len(line) <= 80 for line in scaling_table([_run(1, 100.0, 50.0), _run(2, 180.0, 120.0)]).splitlines())
+    assert scaling_table([]) == "no recorded multi-GPU run"

@@ -72,8 +72,9 @@ def test_check_ffn_rows_accepts_the_schema_and_names_what_is_wrong():
 
 def test_speedup_figure_one_panel_per_phase_shapes_by_size():
     fig = ffn_speedup_figure(ffn_table())
-    fwd = {t.name: t for t in fig.data if t.xaxis == "x"}
-    both = {t.name: t for t in fig.data if t.xaxis == "x2"}
+    fwd = {t.legendgroup: t for t in fig.data if t.xaxis == "x"}  # legendgroup: the variant; name: its reader name
+    both = {t.legendgroup: t for t in fig.data if t.xaxis == "x2"}
+    assert [t.name for t in fwd.values()] == ["2:4, mask fixed", "2:4, mask every step", "PyTorch semi-structured"]
     assert list(fwd) == ["ours_fixed_mask", "ours_mask_every_step", "pytorch_semi_structured"]
     assert list(both) == ["ours_fixed_mask", "ours_mask_every_step"]  # PyTorch's path has no fwd_bwd rows here
     assert list(fwd["ours_fixed_mask"].x) == BY_SIZE
@@ -273,3 +274,12 @@ def test_the_recorded_ffn_run_has_paired_rounds():
     data = recorded("cusparselt_ffn_h100")
     assert data is not None and check_ffn_rows(data)
     assert paired_figure(data).data
+
+
+def test_legends_use_reader_names_not_the_benchmark_variants():
+    from sparsity_lab.course.viz.speedup_view import FFN_VARIANTS, READER_NAMES, paired_figure, recorded
+
+    assert set(READER_NAMES) == set(FFN_VARIANTS)
+    fig = paired_figure(recorded("cusparselt_ffn_h100"))
+    names = [t.name for t in fig.data]
+    assert names and not any("_" in n for n in names), names

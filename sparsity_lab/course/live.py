@@ -215,3 +215,24 @@ def measure_dyad(widths, blocks=(4, 8), variants=("it", "ot", "dt"), tokens: int
                      "dense_tflops": flops_dense / t_dense / 1e12,
                      "dyad_flops_fraction": 2 / n})
     return rows
+
+
+def refresh_interval_runs(base, intervals, corpus=None) -> list[dict]:
+    """Train the lab GPT with STE once per mask refresh interval (same seed, data and steps as ``base``, a
+    lab ``TrainConfig``) and return one row per interval: ``refreshes`` (mask computations after the
+    first), ``flips_per_refresh`` (mean share of the mask that changed at a refresh), ``flips_per_step``
+    (the flips of the whole run over its steps) and ``final_val_loss``."""
+    from ..lab.compare import variant_config
+    from ..lab.trainer import Trainer
+
+    if not intervals or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in intervals):
+        raise ValueError(f"intervals must be a non-empty list of ints >= 1, got {intervals!r}")
+    rows = []
+    for k in intervals:
+        trainer = Trainer(variant_config(base, "ste", {"mask_refresh_interval": k}, None, None), corpus=corpus)
+        summary = trainer.run()
+        flips = [r["flip_rate"] for r in trainer.history if r["flip_rate"] is not None]
+        rows.append({"interval": k, "refreshes": len(flips),
+                     "flips_per_refresh": sum(flips) / len(flips) if flips else float("nan"),
+                     "flips_per_step": sum(flips) / len(trainer.history), "final_val_loss": summary["final_val_loss"]})
+    return rows

@@ -84,7 +84,9 @@ def check_step_speedup(step_speedup_fn, show: bool = True, hint: bool = False):
 
     def body(r):
         rng = random.Random()
-        cases = [[(10.0, 2.0)], [(10.0, 1.0), (30.0, 1.0)], [(40.0, 1.5), (40.0, 1.0)],
+        # the second case has parts of unequal times, so the plain, time-weighted and harmonic means of the
+        # speed-ups all differ from Amdahl's answer there; at equal times the harmonic mean equals it
+        cases = [[(10.0, 2.0)], [(30.0, 2.0), (10.0, 1.0)], [(10.0, 1.0), (30.0, 1.0)], [(40.0, 1.5), (40.0, 1.0)],
                  [(50.0, 2.0), (50.0, 1.0)], [(1.0, 1.45), (0.0, 1.0), (3.0, 1.0)], [(5.0, 0.5), (5.0, 1.0)]]
         cases += [[(rng.uniform(0.1, 50), rng.uniform(0.3, 2.0)) for _ in range(rng.randint(2, 5))]
                   for _ in range(3)]
@@ -94,15 +96,65 @@ def check_step_speedup(step_speedup_fn, show: bool = True, hint: bool = False):
                 return
             want = reference_step_speedup(parts)
             if not isinstance(got, (int, float)) or not math.isclose(got, want, rel_tol=1e-9):
-                mean = sum(s for _, s in parts) / len(parts)
-                weighted = sum(ms * s for ms, s in parts) / sum(ms for ms, _ in parts)
-                why = ""
-                if isinstance(got, (int, float)) and math.isclose(got, weighted, rel_tol=1e-9):
-                    why = (" (that averages the speed-ups, weighted by time; add up the new times of the parts "
-                           "instead)")
-                elif isinstance(got, (int, float)) and math.isclose(got, mean, rel_tol=1e-9):
-                    why = " (that averages the speed-ups; parts take different times, add up the new times)"
+                why = _which_mean(got, parts) if isinstance(got, (int, float)) else ""
                 r.expect(False, f"step_speedup({[(round(m, 3), round(s, 3)) for m, s in parts]}) = {got!r}, "
                                 f"expected {want:.6g}{why}")
                 return
+    return run_check(report, body, show, hint)
+
+
+def _which_mean(got: float, parts) -> str:
+    """Names the mean of the speed-ups that ``got`` is, if it is one: the usual wrong answers."""
+    speedups = [s for _, s in parts]
+    mean = sum(speedups) / len(speedups)
+    weighted = sum(ms * s for ms, s in parts) / sum(ms for ms, _ in parts)
+    harmonic = len(speedups) / sum(1 / s for s in speedups)
+    if math.isclose(got, mean, rel_tol=1e-9):
+        return " (that averages the speed-ups; add up the new times of the parts instead)"
+    if math.isclose(got, weighted, rel_tol=1e-9):
+        return " (that averages the speed-ups, weighted by time; add up the new times of the parts instead)"
+    if math.isclose(got, harmonic, rel_tol=1e-9):
+        return (" (that is the harmonic mean of the speed-ups: right only when every part takes the same time; "
+                "it ignores how long each part takes)")
+    return ""
+
+
+def check_intensity(intensity_fn, show: bool = True, hint: bool = False):
+    """``intensity_fn(m, k, n, sparse)`` -> FLOP per byte of the bf16 product A (m, k) @ B (k, n): its
+    2*m*k*n FLOPs over the bytes of A, B and the output, A compressed to 2:4 (values and metadata) when
+    ``sparse``."""
+    from ..viz.roofline_view import intensity, product_bytes
+
+    report = ExerciseReport("intensity: FLOP per byte of a product, dense and with a 2:4 weight",
+                            hint="bytes = 2 per bf16 value of A, B and the output (m*n values); a 2:4 A keeps "
+                                 "m*k/2 values plus 2 bits of metadata per kept value.",
+                            solution="speedups")
+
+    def body(r):
+        rng = random.Random()
+        cases = [(4, 4, 4, False), (4, 4, 4, True), (16384, 4096, 16384, True), (1024, 4096, 4096, False)]
+        cases += [(rng.randint(1, 64), 4 * rng.randint(1, 64), rng.randint(1, 64), rng.random() < 0.5)
+                  for _ in range(4)]
+        for m, k, n, sparse in cases:
+            got = r.call(intensity_fn, m, k, n, sparse, what=f"intensity({m}, {k}, {n}, sparse={sparse})")
+            if got is None:
+                return
+            want = intensity(m, k, n, sparse)
+            if isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=1e-9):
+                continue
+            flops, b = 2 * m * k * n, product_bytes(m, k, n, sparse)
+            why = ""
+            if isinstance(got, (int, float)) and got > 0:
+                wrong = {"the output's bytes are missing": b["total"] - b["output"],
+                         "the metadata's bytes are missing (2 bits per kept value)":
+                             b["total"] - (m * k // 2) * 2 // 8 if sparse else None,
+                         "the 2:4 weight counts in full (it keeps half its values)":
+                             product_bytes(m, k, n, False)["total"] if sparse else None,
+                         "that is 4 bytes per value (bf16 has 2)": 2 * b["total"]}
+                for what, total in wrong.items():
+                    if total and math.isclose(got, flops / total, rel_tol=1e-9):
+                        why = f" ({what})"
+                        break
+            r.expect(False, f"intensity({m}, {k}, {n}, sparse={sparse}) = {got!r}, expected {want:.6g}{why}")
+            return
     return run_check(report, body, show, hint)

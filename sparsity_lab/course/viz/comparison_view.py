@@ -18,7 +18,7 @@ from ...lab.figures import loss_figure
 from ...lab.runlog import read_log
 from ...provenance import RESULTS_DIR
 from ._optional import ipywidgets, plotly_go
-from ._provenance import provenance_line
+from ._provenance import provenance_command, provenance_line
 
 __all__ = ["RecordedComparison", "claims_figure", "claims_text", "comparison_explorer", "describe",
            "find_comparisons", "gap_figure", "load_comparison", "overview_figure", "results_table_figure",
@@ -239,7 +239,9 @@ def setup_line(payload: dict) -> str:
     if payload.get("decay") is not None or payload.get("srste_decay") is not None:
         parts.append(f"masked decay {payload.get('decay')}, SR-STE decay {payload.get('srste_decay')}")
     if corpus.get("train_bytes"):
-        parts.append(f"corpus {corpus.get('source', '?')} ({corpus['train_bytes']:,} training bytes)")
+        # the source names the recording machine's folder after the kind ("python-stdlib:/usr/lib/..."): the kind only
+        source = str(corpus.get("source", "?")).split(":", 1)[0]
+        parts.append(f"corpus {source} ({corpus['train_bytes']:,} training bytes)")
     return "; ".join(parts)
 
 
@@ -254,7 +256,7 @@ def describe(comparison: RecordedComparison, html: bool = True) -> str:
              f"{comparison.tokens_per_variant:,} tokens each ({p.get('steps', '?')} steps); {claims}",
              f"set-up: {setup_line(p)}",
              f"recorded on: {provenance_line(p['provenance'])}",
-             f"command: {p['provenance'].get('command', 'not recorded')}"]
+             f"command: {provenance_command(p['provenance'])}"]
     return "<br>".join(lines) if html else "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ run's JSON) and plots it; it computes nothing that the benchmark did not record.
 """
 from __future__ import annotations
 
-from ._provenance import provenance_line
+from ._provenance import provenance_command, provenance_line
 from ._optional import plotly_go
 
 TARGET_COLOR, OTHER_COLOR = "#1f77b4", "#9e9e9e"
@@ -59,7 +59,7 @@ def kernel_bench_provenance(data: dict) -> str:
     _check_result(data)
     p, s = data["provenance"], data.get("summary", {})
     line = (f"{provenance_line(p)}; copy ceiling {s.get('copy_gbps', float('nan')):.0f} GB/s; main tensor "
-            f"{data.get('main_tensor_mib', float('nan')):g} MiB; command: {p.get('command', '?')}")
+            f"{data.get('main_tensor_mib', float('nan')):g} MiB; command: {provenance_command(p)}")
     if data.get("smoke"):
         line += " [SMOKE RUN on the CPU interpreter: these numbers are not measurements of the kernels]"
     if data.get("failed_checks"):

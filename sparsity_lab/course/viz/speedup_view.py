@@ -20,12 +20,12 @@ from pathlib import Path
 
 from ...provenance import RESULTS_DIR
 from ._optional import ipywidgets, plotly_go
-from ._provenance import provenance_line
+from ._provenance import provenance_command, provenance_line
 
 __all__ = ["FFN_KEYS", "FFN_VARIANTS", "PHASES", "check_ffn_rows", "ffn_errors", "dyad_speedup_figure", "ffn_explorer",
            "ffn_speedup_figure", "ffn_wins_heatmap", "kernel_vs_pytorch_figure",
            "mvue_variants_figure", "ours_vs_pytorch", "ours_vs_pytorch_figure", "paired_figure", "paired_speedups",
-           "provenance_line", "recorded",
+           "READER_NAMES", "provenance_command", "provenance_line", "recorded",
            "shape_label", "step_speedup", "wins_and_losses"]
 
 FFN_KEYS = ("tokens", "d_model", "ffn", "variant", "phase", "ms", "speedup_vs_dense")
@@ -33,6 +33,12 @@ FFN_KEYS = ("tokens", "d_model", "ffn", "variant", "phase", "ms", "speedup_vs_de
 # benchmarks, and tests/test_ffn_bench.py checks that the two lists agree)
 FFN_VARIANTS = ("dense", "ours_fixed_mask", "ours_mask_every_step", "ours_mvue", "ours_mvue_refresh40",
                 "ours_mvue_dense_products", "pytorch_semi_structured", "auto", "ours_fp8", "auto_refresh10")
+# what a reader sees in a legend: the recording's variant names are the benchmark's own
+READER_NAMES = {"dense": "dense", "ours_fixed_mask": "2:4, mask fixed", "ours_mask_every_step": "2:4, mask every step",
+                "ours_mvue": "2:4 + MVUE (S-STE)", "ours_mvue_refresh40": "2:4 + MVUE, mask every 40 steps",
+                "ours_mvue_dense_products": "2:4 per-step work, dense products",
+                "pytorch_semi_structured": "PyTorch semi-structured", "auto": "2:4 where it pays (auto)",
+                "ours_fp8": "2:4 FP8", "auto_refresh10": "auto, mask every 10 steps"}
 PHASES = ("fwd", "fwd_bwd")
 PHASE_TITLES = {"fwd": "forward", "fwd_bwd": "forward + backward"}
 COLORS = {"ours_fixed_mask": "#1f77b4", "ours_mask_every_step": "#2ca02c", "ours_mvue": "#9467bd", "ours_mvue_refresh40": "#17becf",
@@ -149,7 +155,8 @@ def ffn_speedup_figure(data, title: str = "One FFN, dense time / 2:4 time"):
             xs = [s for s in shapes if (variant, s) in speed]
             if xs:
                 fig.add_trace(go.Scatter(x=xs, y=[speed[(variant, s)] for s in xs], mode="lines+markers",
-                                         name=variant, legendgroup=variant, showlegend=col == 1,
+                                         name=READER_NAMES.get(variant, variant), legendgroup=variant,
+                                         showlegend=col == 1,
                                          line={"color": COLORS[variant]}), row=1, col=col)
         fig.add_hline(y=1.0, line_dash="dot", line_color="black", row=1, col=col)
     fig.update_xaxes(title_text="tokens x d_model x ffn", type="category", categoryorder="array",
@@ -187,7 +194,8 @@ def paired_figure(data, phase: str = "fwd_bwd"):
     fig = go.Figure()
     for variant in dict.fromkeys(t["variant"] for t in table):
         part = [t for t in table if t["variant"] == variant]
-        fig.add_trace(go.Bar(x=[t["shape"] for t in part], y=[t["median"] for t in part], name=variant,
+        fig.add_trace(go.Bar(x=[t["shape"] for t in part], y=[t["median"] for t in part],
+                             name=READER_NAMES.get(variant, variant),
                              marker_color=COLORS[variant],
                              error_y={"type": "data", "symmetric": False,
                                       "array": [t["high"] - t["median"] for t in part],

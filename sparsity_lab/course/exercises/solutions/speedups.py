@@ -17,3 +17,10 @@ def step_speedup(parts):
     old = sum(ms for ms, _ in parts)
     new = sum(ms / speedup for ms, speedup in parts)
     return old / new
+
+
+def intensity(m, k, n, sparse):
+    # bf16: 2 bytes a value. A 2:4 weight keeps m*k/2 values and 2 bits (1/4 byte) of metadata per kept
+    # value: 9/16 of its dense bytes. The dense operand B (k, n) and the output (m, n) move in full.
+    weight = (m * k // 2) * 2 + (m * k // 2) // 4 if sparse else 2 * m * k
+    return 2 * m * k * n / (weight + 2 * k * n + 2 * m * n)
