@@ -2,7 +2,9 @@
 
 Each command lives in its own module with ``add_arguments(parser)`` and ``run(args) -> int``;
 only the module of the command being run is imported (a broken or heavy command module never
-stops the others).
+stops the others). Values are checked while parsing (``lab/arguments.py``); a module may also have
+``check_arguments(args)``, which raises ValueError for options that do not go together: both are
+refused before any work, with the usage and exit status 2.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub.required = True
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(_module=module)
+        p.set_defaults(_module=module, _parser=p)
         if name == command:
             importlib.import_module(module).add_arguments(p)
     return parser
@@ -48,7 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command).parse_args(argv)
-    return int(importlib.import_module(args._module).run(args) or 0)
+    module = importlib.import_module(args._module)
+    check = getattr(module, "check_arguments", None)
+    if check is not None:
+        try:
+            check(args)
+        except ValueError as err:
+            args._parser.error(str(err))  # the usage, the message, exit status 2
+    return int(module.run(args) or 0)
 
 
 if __name__ == "__main__":

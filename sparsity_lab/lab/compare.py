@@ -30,8 +30,10 @@ from pathlib import Path
 from ..methods.config import MaskedDecay
 from ..provenance import write_result
 from ..backends.fp8_sim import fp8_sim_backend_for
+from .arguments import existing_folder, nonnegative_float, output_folder, positive_float, plural
 from .data import load_corpus
-from .options import add_common_arguments, cli_errors, common_method_options, config_from_args, given
+from .options import (add_common_arguments, cli_errors, common_method_options, config_from_args, given,
+                      token_count)
 from .runlog import finite_json
 from .structures import STRUCTURES
 from .trainer import TrainConfig, Trainer, TrainingDiverged
@@ -312,6 +314,12 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
         raise ValueError(f"variants must be a non-empty list from {sorted(VARIANTS)}, got {variants}")
     if parallel not in ("none", "ddp", "fsdp"):
         raise ValueError(f"parallel must be 'none', 'ddp' or 'fsdp', got {parallel!r}")
+    if time_budget is not None and not (isinstance(time_budget, (int, float)) and math.isfinite(time_budget)
+                                        and time_budget > 0):
+        raise ValueError(f"time_budget must be a finite number of seconds > 0, got {time_budget!r}")
+    if max_tokens is not None and (time_budget is None or not max_tokens >= 1):
+        raise ValueError(f"max_tokens caps the steps that time_budget sizes: it needs time_budget and a value "
+                         f">= 1, got max_tokens={max_tokens!r}, time_budget={time_budget!r}")
     refuse_unparallel(variants, parallel, time_budget)
     for variant in variants:  # option errors (e.g. a backend FP8 simulation cannot wrap) before any training
         variant_config(base, variant, common, decay, srste_decay, dense_flips)
@@ -427,19 +435,19 @@ def print_report(payload: dict) -> None:
 def add_arguments(parser) -> None:
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help=f"comma-separated, from {sorted(VARIANTS)} (default {','.join(DEFAULT_VARIANTS)})")
-    parser.add_argument("--decay", type=float, default=None, help="masked decay's lambda_W, on gradients "
+    parser.add_argument("--decay", type=nonnegative_float, default=None, help="masked decay's lambda_W, on gradients "
                         "(masked_decay, masked_decay_noft) and on weights (masked_decay_weights) (default 6e-5)")
-    parser.add_argument("--srste-decay", type=float, default=None, help="SR-STE's lambda_W (default 2e-4)")
-    parser.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
-    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--srste-decay", type=nonnegative_float, default=None, help="SR-STE's lambda_W (default 2e-4)")
+    parser.add_argument("--out", type=output_folder, default="runs/compare", help="output folder (default runs/compare)")
+    parser.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS",
                         help="size the steps per variant (replacing --steps) so that all variants take about "
                              "this long, from a short probe of each")
-    parser.add_argument("--max-tokens", type=float, default=None, help="with --time-budget: at most this many "
+    parser.add_argument("--max-tokens", type=token_count, default=None, help="with --time-budget: at most this many "
                         "tokens per variant")
     parser.add_argument("--no-dense-flips", action="store_true",
                         help="the dense run as the plain GPT, without its would-be 2:4 masks (faster; claim 1, "
                              "which compares flip-rate curves with dense, then has no dense curve)")
-    parser.add_argument("--figures-from", metavar="DIR", default=None,
+    parser.add_argument("--figures-from", metavar="DIR", type=existing_folder, default=None,
                         help="only (re)draw the figures of an earlier comparison in DIR (needs plotly)")
     add_common_arguments(parser)
     g = parser.add_argument_group("across processes (under torchrun)")
@@ -449,8 +457,25 @@ def add_arguments(parser) -> None:
                    "2:4 variants and dense only")
 
 
+def check_arguments(args) -> None:
+    """Options that do not go together (ValueError naming them), before any probe or training."""
+    if args.figures_from:
+        return
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        raise ValueError(f"--variants must be a comma-separated list from {sorted(VARIANTS)}, got {args.variants!r}")
+    if args.max_tokens is not None and args.time_budget is None:
+        raise ValueError("--max-tokens caps the steps that --time-budget sizes: give --time-budget too, "
+                         "or --tokens for a fixed budget")
+    if args.time_budget is not None and given(args, "steps", "tokens"):
+        raise ValueError("--time-budget sizes the steps itself; drop --steps/--tokens")
+    refuse_unparallel(variants, getattr(args, "parallel", "none"), args.time_budget)
+
+
 @cli_errors("compare")
 def run(args) -> int:
+    check_arguments(args)  # also when run() is called without the command line
     if args.figures_from:
         from .figures import write_figures
         try:
@@ -461,8 +486,6 @@ def run(args) -> int:
         return 0
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     base = config_from_args(args)
-    if args.time_budget is not None and given(args, "steps", "tokens"):
-        raise ValueError("--time-budget sizes the steps itself; drop --steps/--tokens")
     parallel = getattr(args, "parallel", "none")
     started_here = parallel != "none" and not _process_group_running()  # else the caller owns the group
     run_comparison(base, variants, args.out, decay=args.decay, srste_decay=args.srste_decay,

@@ -13,6 +13,8 @@ import sys
 from dataclasses import MISSING, fields
 
 from ..backends import available_backends, get_backend
+from .arguments import (backend_name, closed_fraction, command_errors, existing_path, fraction_or_none, nonnegative_float, nonnegative_int,
+                        positive_float, positive_int)
 from ..methods.config import METHODS
 from .checkpoint import CheckpointError
 from .model import ACT24_WEIGHT_GRADS, ACTIVATION_SPARSITY, ARCHS, FFN_KINDS, SPARSE_SELECTIONS, GPTConfig
@@ -39,13 +41,32 @@ TRAJECTORY_OPTIONS = (*MODEL_OPTIONS, *TRAIN_OPTIONS, "select", "tokens", "trans
                       "backend", "method", "decay", "mvue", "fp8_sim", "dense_finetune_at")
 
 
-def fraction_or_none(text: str) -> float | None:
-    if text.lower() == "none":
-        return None
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1] or 'none', got {text!r}")
+def token_count(text) -> float:
+    """A token budget: a finite number >= 1 (1e6 and 1000000 alike)."""
+    value = positive_float(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a token count >= 1, got {text!r}")
     return value
+
+
+def dead_fraction(text) -> float:
+    """prune_regrow's share of dead blocks, in [0, 1)."""
+    value = closed_fraction(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
+    return value
+
+
+def method_name(text) -> str:
+    """A method of METHODS or a structure (spelled as ``method_from_name`` accepts it)."""
+    def canonical(name: str) -> str:
+        return name.lower().replace("-", "").replace("_", "")
+
+    known = {canonical(n) for n in (*METHODS, *(cls.__name__ for cls in METHODS.values()), *STRUCTURES)}
+    if canonical(str(text)) not in known:
+        raise argparse.ArgumentTypeError(f"unknown method {text!r}; expected one of "
+                                         f"{sorted(METHODS)} or the structures {sorted(STRUCTURES)}")
+    return text
 
 
 def default_heads(width: int) -> int:
@@ -86,16 +107,16 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--model", choices=ARCHS, default=S, help="gpt: the lab's GPT; llama: Hugging Face "
                    "transformers' LlamaForCausalLM with these sizes, 2:4 on mlp.gate/up/down_proj (needs the "
                    "hf extra: pip install -e \".[hf]\"; default gpt)")
-    g.add_argument("--layers", type=int, default=S, help=f"transformer blocks (default {d['n_layer']})")
-    g.add_argument("--heads", type=int, default=S, help=f"attention heads, must divide --width (default: heads "
+    g.add_argument("--layers", type=positive_int, default=S, help=f"transformer blocks (default {d['n_layer']})")
+    g.add_argument("--heads", type=positive_int, default=S, help=f"attention heads, must divide --width (default: heads "
                    f"of width {HEAD_WIDTH}, i.e. the largest divisor of the width that is at most width/{HEAD_WIDTH}, "
                    f"at least 1: {default_heads(d['d_model'])} at width {d['d_model']}, 2 at 128, 1 at 64)")
-    g.add_argument("--width", type=int, default=S,
+    g.add_argument("--width", type=positive_int, default=S,
                    help=f"model width d, divisible by 4 for 2:4 (default {d['d_model']})")
-    g.add_argument("--context", type=int, default=S, help=f"context length in bytes (default {d['context']})")
+    g.add_argument("--context", type=positive_int, default=S, help=f"context length in bytes (default {d['context']})")
     g.add_argument("--ffn", choices=FFN_KINDS, default=S, help=f"FFN kind (default {d['ffn_kind']}; "
                    "swiglu with --model llama)")
-    g.add_argument("--ffn-hidden", type=int, default=S, help="FFN hidden width (default 4d for gelu and relu2, "
+    g.add_argument("--ffn-hidden", type=positive_int, default=S, help="FFN hidden width (default 4d for gelu and relu2, "
                    "8d/3 rounded up to 16 for gated kinds)")
     g.add_argument("--activation-sparsity", choices=ACTIVATION_SPARSITY, default=S,
                    help="2:4: prune the squared-ReLU activation (needs --ffn relu2) to 2:4 along the hidden "
@@ -106,39 +127,39 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                    help="with --activation-sparsity 2:4: the FFN weight gradients dense (exact, default) or tokens24: "
                    "2:4 along a random permutation of the tokens, the --act24-dense-fraction most active hidden "
                    "features kept exact")
-    g.add_argument("--act24-dense-fraction", type=float, default=S,
+    g.add_argument("--act24-dense-fraction", type=closed_fraction, default=S,
                    help=f"with --act24-weight-grads tokens24: share of hidden features whose weight gradients stay "
                    f"dense (default {d['act24_dense_fraction']})")
     g = parser.add_argument_group("data")
-    g.add_argument("--data", metavar="PATH", default=S, help="a text file or folder (default: the Python "
+    g.add_argument("--data", metavar="PATH", type=existing_path, default=S, help="a text file or folder (default: the Python "
                    "standard library's own .py files, no download)")
-    g.add_argument("--data-max-bytes", type=int, default=S,
+    g.add_argument("--data-max-bytes", type=positive_int, default=S,
                    help=f"cap on the corpus size (default {t['data_max_bytes']})")
     g = parser.add_argument_group("training")
-    g.add_argument("--batch-size", type=int, default=S, help=f"sequences per micro-batch (default {t['batch_size']})")
-    g.add_argument("--grad-accum", type=int, default=S,
+    g.add_argument("--batch-size", type=positive_int, default=S, help=f"sequences per micro-batch (default {t['batch_size']})")
+    g.add_argument("--grad-accum", type=positive_int, default=S,
                    help=f"micro-batches per optimizer step (default {t['grad_accum']})")
     budget = g.add_mutually_exclusive_group()
-    budget.add_argument("--steps", type=int, default=S, help=f"optimizer steps (default {t['steps']})")
-    budget.add_argument("--tokens", type=float, default=S, help="token budget instead of --steps (steps = "
+    budget.add_argument("--steps", type=positive_int, default=S, help=f"optimizer steps (default {t['steps']})")
+    budget.add_argument("--tokens", type=token_count, default=S, help="token budget instead of --steps (steps = "
                         "ceil(tokens / (batch * grad_accum * context)))")
-    g.add_argument("--lr", type=float, default=S, help=f"peak AdamW learning rate (default {t['lr']})")
-    g.add_argument("--min-lr-ratio", type=float, default=S,
+    g.add_argument("--lr", type=positive_float, default=S, help=f"peak AdamW learning rate (default {t['lr']})")
+    g.add_argument("--min-lr-ratio", type=closed_fraction, default=S,
                    help=f"cosine floor as a fraction of lr (default {t['min_lr_ratio']})")
-    g.add_argument("--warmup-steps", type=int, default=S, help="linear warm-up steps (default 5%% of the steps)")
-    g.add_argument("--weight-decay", type=float, default=S,
+    g.add_argument("--warmup-steps", type=nonnegative_int, default=S, help="linear warm-up steps (default 5%% of the steps)")
+    g.add_argument("--weight-decay", type=nonnegative_float, default=S,
                    help=f"AdamW weight decay on matrices (default {t['weight_decay']})")
-    g.add_argument("--grad-clip", type=float, default=S, help=f"gradient norm clip, 0 = off (default {t['grad_clip']})")
-    g.add_argument("--eval-interval", type=int, default=S,
+    g.add_argument("--grad-clip", type=nonnegative_float, default=S, help=f"gradient norm clip, 0 = off (default {t['grad_clip']})")
+    g.add_argument("--eval-interval", type=positive_int, default=S,
                    help=f"steps between validations (default {t['eval_interval']})")
-    g.add_argument("--eval-batches", type=int, default=S, help=f"validation batches (default {t['eval_batches']})")
-    g.add_argument("--seed", type=int, default=S, help=f"seed for weights and batches (default {t['seed']})")
+    g.add_argument("--eval-batches", type=positive_int, default=S, help=f"validation batches (default {t['eval_batches']})")
+    g.add_argument("--seed", type=nonnegative_int, default=S, help=f"seed for weights and batches (default {t['seed']})")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=S, help="default auto")
     g.add_argument("--precision", choices=("auto", "bf16", "fp32"), default=S,
                    help="auto: bf16 autocast on a GPU, fp32 on the CPU")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = parser.add_argument_group("speed and logging")
-    g.add_argument("--log-interval", type=int, default=S, help="steps between logged rows (default 1); the "
+    g.add_argument("--log-interval", type=positive_int, default=S, help="steps between logged rows (default 1); the "
                    "rows' device reads (flip counts) run only on those steps")
     g.add_argument("--cuda-graph", action="store_true", default=S, help="replay each step's forward and "
                    "backward from a CUDA graph (CudaGraphStep; a CUDA GPU, --grad-accum 1)")
@@ -151,9 +172,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("2:4")
     g.add_argument("--transposable", action="store_true", default=S, help="transposable 2:4 masks (2:4 along "
                    "in and out: the input gradient can be sparse too)")
-    g.add_argument("--mask-refresh-interval", type=int, default=S, help="optimizer steps between mask "
+    g.add_argument("--mask-refresh-interval", type=positive_int, default=S, help="optimizer steps between mask "
                    "computations (default 1: every step)")
-    g.add_argument("--backend", default=S, help=f"how the 2:4 products run: one of {available_backends()} "
+    g.add_argument("--backend", type=backend_name, default=S, help=f"how the 2:4 products run: one of {available_backends()} "
                    "(default torch, the reference)")
     g.add_argument("--select", choices=SPARSE_SELECTIONS, default=S, help="which linears are 2:4: ffn (the FFN's, "
                    "default) or all_linears (every linear of a block: attention qkv and proj too)")
@@ -161,21 +182,21 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("method")
-    g.add_argument("--method", default=S, help=f"one of {sorted(METHODS)}, or the structures "
+    g.add_argument("--method", type=method_name, default=S, help=f"one of {sorted(METHODS)}, or the structures "
                    f"{sorted(STRUCTURES)} (default ste)")
-    g.add_argument("--decay", type=float, default=S, help="lambda_W for srste (default 2e-4), masked_decay "
+    g.add_argument("--decay", type=nonnegative_float, default=S, help="lambda_W for srste (default 2e-4), masked_decay "
                    "and masked_decay_weights (default 6e-5, the GPT-2 124M reference); see "
                    "`sparsity-lab decay-search`")
     g.add_argument("--mvue", action="store_true", default=S, help="MVUE 2:4 weight gradient (S-STE's recipe)")
     g.add_argument("--fp8-sim", action="store_true", default=S, help="simulate FP8 products (E4M3 forward, "
                    "E5M2 gradients, per-tensor scales) around --backend: numerics only, not faster")
-    g.add_argument("--dyad-blocks", type=int, default=S, help="dyad: number of blocks n (default 4)")
+    g.add_argument("--dyad-blocks", type=positive_int, default=S, help="dyad: number of blocks n (default 4)")
     g.add_argument("--dyad-variant", choices=("it", "ot", "dt"), default=S, help="dyad: which side is "
                    "permuted (default it)")
-    g.add_argument("--sparsity", type=float, default=S, help="prune_regrow: fraction of dead blocks (default 0.9)")
+    g.add_argument("--sparsity", type=dead_fraction, default=S, help="prune_regrow: fraction of dead blocks (default 0.9)")
     g.add_argument("--block-size", type=int, choices=(1, 4, 8, 16), default=S, help="prune_regrow: block size "
                    "(default 16)")
-    g.add_argument("--regrow-every", type=int, default=S, help="prune_regrow: steps between updates "
+    g.add_argument("--regrow-every", type=positive_int, default=S, help="prune_regrow: steps between updates "
                    "(default steps/50)")
     g.add_argument("--dense-finetune-at", type=fraction_or_none, default=S, help="fraction of the steps after "
                    "which the layers run dense ('none' = never; masked_decay defaults to 5/6)")
@@ -227,6 +248,8 @@ def cli_errors(command: str):
     such an error too: it is created first, before any data is read or model built.
     """
     def wrap(fn):
+        guarded = command_errors(command, (CheckpointError, TrainingDiverged))(fn)
+
         @functools.wraps(fn)
         def run(args):
             backend = vars(args).get("backend")
@@ -236,10 +259,6 @@ def cli_errors(command: str):
                 except RuntimeError as err:
                     print(f"sparsity-lab {command}: error: --backend {backend}: {err}", file=sys.stderr)
                     return 2
-            try:
-                return fn(args)
-            except (ValueError, OSError, CheckpointError, TrainingDiverged) as err:  # OSError: names its path
-                print(f"sparsity-lab {command}: error: {err}", file=sys.stderr)
-                return 2
+            return guarded(args)
         return run
     return wrap
