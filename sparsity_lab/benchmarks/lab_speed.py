@@ -193,6 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     return run(p.parse_args(argv))
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """--variants from VARIANTS (ValueError naming it), checked before any work."""
+    bad = [v.strip() for v in args.variants.split(",") if v.strip() and v.strip() not in VARIANTS]
+    if bad or not args.variants.strip(","):
+        raise ValueError(f"--variants: unknown {bad}; choose from {list(VARIANTS)}")
+
+
 def run(args: argparse.Namespace) -> int:
     from ..lab.data import load_corpus
     from ..provenance import write_result

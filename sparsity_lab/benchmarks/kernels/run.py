@@ -54,6 +54,13 @@ def chosen_sections(only: str | None) -> list[tuple[str, object]] | str:
     return [numbers[w] for w in numbers if w in wanted]
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """--only names known sections (ValueError), checked before any work."""
+    chosen = chosen_sections(args.only)
+    if isinstance(chosen, str):
+        raise ValueError(chosen)
+
+
 def run(args: argparse.Namespace) -> int:
     device = bench_device(args.smoke, "bench-kernels")
     if device is None:
