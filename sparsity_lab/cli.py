@@ -49,7 +49,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
-    args = build_parser(command).parse_args(argv)
+    parser = build_parser(command)
+    args = parser.parse_args(argv)
+    if getattr(args, "config", None) is not None:
+        from .lab.config_file import expand  # --config FILE.toml: the file's options first, the flags win
+
+        at = argv.index(command) + 1
+        args = parser.parse_args([*argv[:at], *expand(args._parser, argv[at:], args.config)])
     module = importlib.import_module(args._module)
     check = getattr(module, "check_arguments", None)
     if check is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +32,7 @@ from ..methods.config import MaskedDecay
 from ..provenance import write_result
 from ..backends.fp8_sim import fp8_sim_backend_for
 from .arguments import existing_folder, nonnegative_float, output_folder, positive_float, plural
+from .config_file import add_config_argument
 from .data import load_corpus
 from .options import (add_common_arguments, cli_errors, common_method_options, config_from_args, given,
                       token_count)
@@ -433,6 +435,7 @@ def print_report(payload: dict) -> None:
 
 # --- command line ---------------------------------------------------------------------------------
 def add_arguments(parser) -> None:
+    add_config_argument(parser)
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help=f"comma-separated, from {sorted(VARIANTS)} (default {','.join(DEFAULT_VARIANTS)})")
     parser.add_argument("--decay", type=nonnegative_float, default=None, help="masked decay's lambda_W, on gradients "
@@ -486,6 +489,10 @@ def run(args) -> int:
         return 0
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     base = config_from_args(args)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 alone writes
+        from .train import write_run_config
+        write_run_config(args, Path(args.out), base, "compare",
+                         skip=("steps", "tokens", "warmup_steps") if args.time_budget is not None else ())
     parallel = getattr(args, "parallel", "none")
     started_here = parallel != "none" and not _process_group_running()  # else the caller owns the group
     run_comparison(base, variants, args.out, decay=args.decay, srste_decay=args.srste_decay,

@@ -241,6 +241,21 @@ def config_from_args(args: argparse.Namespace, **overrides) -> TrainConfig:
     return TrainConfig(model=model, **kw)
 
 
+def resolved_from_config(config: TrainConfig) -> dict:
+    """{option dest: value} of what a run resolved (head count, warm-up, steps from a token budget, method
+    options), for the options that map onto its TrainConfig (the resolved config file of a run)."""
+    out = {opt: getattr(config.model, field) for opt, field in MODEL_OPTIONS.items()}
+    out.update({name: getattr(config, name) for name in (*TRAIN_OPTIONS, *SPEED_OPTIONS, "select")})
+    out["method"] = config.method
+    opts = config.method_options
+    for name in ("decay", "dense_finetune_at", "mask_refresh_interval", "backend"):
+        if name in opts:
+            out[name] = opts[name]
+    for flag in ("transposable", "mvue"):
+        out[flag] = bool(opts.get(flag, False))
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def cli_errors(command: str):
     """Turn user errors into one clear line on stderr and exit status 2 (no traceback).
 

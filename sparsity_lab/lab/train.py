@@ -18,12 +18,14 @@ from pathlib import Path
 from ..backends.fp8_sim import fp8_sim_backend_for
 from .atomic_io import ensure_folder, write_text_atomic
 from .arguments import existing_path, nonnegative_int, output_folder, plural, positive_int
+from .config_file import add_config_argument, resolved_options, write_resolved
 from .options import (TRAJECTORY_OPTIONS, add_common_arguments, add_method_arguments, cli_errors,
-                      common_method_options, config_from_args, given)
+                      common_method_options, config_from_args, given, resolved_from_config)
 from .trainer import Trainer
 
 
 def add_arguments(parser) -> None:
+    add_config_argument(parser)
     add_method_arguments(parser)
     add_common_arguments(parser)
     g = parser.add_argument_group("output")
@@ -105,6 +107,7 @@ def run(args) -> int:
         config = config_from_args(args, method=method, method_options=method_options(args), log_path=str(log),
                                   checkpoint_path=str(out / "checkpoint.pt"),
                                   checkpoint_interval=args.checkpoint_interval)
+        write_run_config(args, out, config, "train")
         trainer = Trainer(config)
         print(f"{trainer.describe()}: {trainer.model.num_params():,} parameters, {config.steps} steps of "
               f"{config.tokens_per_step:,} tokens on {trainer.device}; corpus {trainer.corpus.source} "
@@ -117,6 +120,16 @@ def run(args) -> int:
     print(f"step {summary['step']}: val loss {_loss(summary['final_val_loss'])}, median "
           f"{'n/a' if speed is None else f'{speed:.0f}'} tokens/s; log {out / 'log.jsonl'}")
     return 0
+
+
+def write_run_config(args, out: Path, config, command: str, skip: tuple[str, ...] = ()) -> None:
+    """OUT/config.toml: every option of the run as resolved (``--config`` reads it back)."""
+    parser = vars(args).get("_parser")
+    if parser is None:  # run() called without the command line: no options to write
+        return
+    options = resolved_options(parser, args, resolved_from_config(config),
+                               skip=("resume", "overwrite", "stop_at", "figures_from", *skip))
+    write_resolved(out, options, command)
 
 
 def _loss(value) -> str:
@@ -154,6 +167,8 @@ def _run_parallel(args, parallel: str) -> int:
                                   checkpoint_interval=args.checkpoint_interval)
         trainer = DistributedTrainer(config, parallel)
         lead = trainer.rank == 0
+        if lead:
+            write_run_config(args, out, config, "train")
         if lead and log.exists():
             log.unlink()  # --overwrite
         dist.barrier()
