@@ -36,6 +36,8 @@ from .config_file import add_config_argument
 from .data import load_corpus
 from .options import (add_common_arguments, cli_errors, common_method_options, config_from_args, given,
                       token_count)
+from .reporting import (TensorBoardReporter, add_report_argument, attach_reporters, check_report_to, reporters_for,
+                        targets)
 from .runlog import finite_json
 from .structures import STRUCTURES
 from .trainer import TrainConfig, Trainer, TrainingDiverged
@@ -301,13 +303,16 @@ def refuse_unparallel(variants: list[str], parallel: str, time_budget: float | N
 def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, decay: float | None = None,
                    srste_decay: float | None = None, common: dict | None = None, command: str | None = None,
                    figures: bool = True, time_budget: float | None = None, max_tokens: float | None = None,
-                   auto_warmup: bool = False, parallel: str = "none", dense_flips: bool = True) -> dict:
+                   auto_warmup: bool = False, parallel: str = "none", dense_flips: bool = True,
+                   report_to=()) -> dict:
     """Train every variant and write the tables (and figures). Returns the results payload.
 
     time_budget: size the steps per variant to fit about this many seconds in all (see
     size_to_time; base.steps is then replaced); auto_warmup then sets warm-up to 5 % of them.
     parallel: "ddp" or "fsdp" to train each variant on the processes torchrun started (the global
     batch split over the ranks, as ``train --parallel``); rank 0 alone prints and writes.
+    report_to: "tensorboard" and/or "wandb" (``reporting.py``): each variant's rows also go there
+    (OUT/tensorboard/<variant>; one W&B run per variant, grouped by the output folder's name).
     """
     out_dir = Path(out_dir)
     common = common or {}
@@ -352,6 +357,8 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
         start = time.perf_counter()
         # under --parallel the other ranks log nothing (DistributedTrainer drops their log path)
         trainer = Trainer(cfg, corpus=corpus) if parallel == "none" else DistributedTrainer(cfg, parallel, corpus)
+        if lead:
+            attach_reporters(trainer, _variant_reporters(report_to, out_dir, variant, cfg))
         status = "ok"
         try:
             trainer.run()
@@ -395,6 +402,17 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
     write_result("results", finite_json(payload), command=command, directory=out_dir)
     print_report(payload)
     return payload
+
+
+def _variant_reporters(report_to, out_dir: Path, variant: str, cfg: TrainConfig) -> list:
+    """One variant's reporters: TensorBoard in OUT/tensorboard/<variant>, a W&B run named after it."""
+    reporters = []
+    for target in targets(report_to):
+        if target == "tensorboard":
+            reporters.append(TensorBoardReporter(out_dir / "tensorboard" / variant))
+        else:
+            reporters += reporters_for([target], out_dir, variant, cfg.to_dict(), group=out_dir.name)
+    return reporters
 
 
 def _world_size() -> int:
@@ -447,6 +465,7 @@ def add_arguments(parser) -> None:
                              "this long, from a short probe of each")
     parser.add_argument("--max-tokens", type=token_count, default=None, help="with --time-budget: at most this many "
                         "tokens per variant")
+    add_report_argument(parser)
     parser.add_argument("--no-dense-flips", action="store_true",
                         help="the dense run as the plain GPT, without its would-be 2:4 masks (faster; claim 1, "
                              "which compares flip-rate curves with dense, then has no dense curve)")
@@ -474,6 +493,7 @@ def check_arguments(args) -> None:
     if args.time_budget is not None and given(args, "steps", "tokens"):
         raise ValueError("--time-budget sizes the steps itself; drop --steps/--tokens")
     refuse_unparallel(variants, getattr(args, "parallel", "none"), args.time_budget)
+    check_report_to(args.report_to)
 
 
 @cli_errors("compare")
@@ -498,7 +518,7 @@ def run(args) -> int:
     run_comparison(base, variants, args.out, decay=args.decay, srste_decay=args.srste_decay,
                    common=common_method_options(args), time_budget=args.time_budget, max_tokens=args.max_tokens,
                    auto_warmup=not given(args, "warmup_steps"), parallel=parallel,
-                   dense_flips=not args.no_dense_flips)
+                   dense_flips=not args.no_dense_flips, report_to=args.report_to)
     if started_here:
         import torch.distributed as dist
 

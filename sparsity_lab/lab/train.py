@@ -19,6 +19,7 @@ from ..backends.fp8_sim import fp8_sim_backend_for
 from .atomic_io import ensure_folder, write_text_atomic
 from .arguments import existing_path, nonnegative_int, output_folder, plural, positive_int
 from .config_file import add_config_argument, resolved_options, write_resolved
+from .reporting import add_report_argument, attach_reporters, check_report_to, reporters_for
 from .options import (TRAJECTORY_OPTIONS, add_common_arguments, add_method_arguments, cli_errors,
                       common_method_options, config_from_args, given, resolved_from_config)
 from .trainer import Trainer
@@ -35,6 +36,7 @@ def add_arguments(parser) -> None:
     g.add_argument("--resume", metavar="CHECKPOINT", type=existing_path, default=None,
                    help="continue a run from its checkpoint (its settings come from the checkpoint)")
     g.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
+    add_report_argument(g)
     g.add_argument("--stop-at", type=positive_int, default=None, metavar="STEP",
                    help="stop after this step (the schedule still plans --steps); continue later with --resume")
     g = parser.add_argument_group("across processes (under torchrun)")
@@ -73,6 +75,7 @@ def check_arguments(args) -> None:
         if clash:
             raise ValueError(f"--resume takes the run's settings from the checkpoint; drop "
                              f"{', '.join('--' + c.replace('_', '-') for c in clash)}")
+    check_report_to(args.report_to)
     steps = getattr(args, "steps", None)
     if args.stop_at is not None and steps is not None and args.stop_at > steps:
         raise ValueError(f"--stop-at {args.stop_at} is past --steps {steps}")
@@ -92,6 +95,7 @@ def run(args) -> int:
                                  checkpoint_path=str(out / "checkpoint.pt"),
                                  checkpoint_interval=args.checkpoint_interval, progress=not args.no_progress)
         print(f"resumed {args.resume} at step {trainer.step} of {trainer.config.steps}")
+        attach_reporters(trainer, reporters_for(args.report_to, out, out.name, trainer.config.to_dict()))
     else:
         method = getattr(args, "method", "ste")
         out = ensure_folder(args.out or f"runs/{method}", "--out run")
@@ -109,6 +113,7 @@ def run(args) -> int:
                                   checkpoint_interval=args.checkpoint_interval)
         write_run_config(args, out, config, "train")
         trainer = Trainer(config)
+        attach_reporters(trainer, reporters_for(args.report_to, out, out.name, config.to_dict()))
         print(f"{trainer.describe()}: {trainer.model.num_params():,} parameters, {config.steps} steps of "
               f"{config.tokens_per_step:,} tokens on {trainer.device}; corpus {trainer.corpus.source} "
               f"({trainer.corpus.train.numel():,} training bytes)")
@@ -176,6 +181,8 @@ def _run_parallel(args, parallel: str) -> int:
             print(f"{trainer.method.describe()} on {plural(trainer.world, 'process', 'processes')} ({parallel}): "
                   f"{trainer.gpt.num_params():,} parameters, {config.steps} steps of {config.tokens_per_step:,} "
                   f"tokens (global batch) on {trainer.device}")
+    if lead:
+        attach_reporters(trainer, reporters_for(args.report_to, out, out.name, trainer.config.to_dict()))
     summary = trainer.run(stop_at=args.stop_at)
     trainer.close()
     if lead:
