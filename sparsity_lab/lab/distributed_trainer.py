@@ -13,12 +13,13 @@ import io
 import math
 import os
 import time
+import warnings
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, load_checkpoint
 from .trainer import TrainConfig, Trainer, TrainingDiverged, WarmupCosine
 from .runlog import clean_row
 from ..training_hooks import attach_optimizer
@@ -176,17 +177,98 @@ class DistributedTrainer(Trainer):
 
     @classmethod
     def resume(cls, path: str | Path, parallel: str, corpus=None, **run_options) -> "DistributedTrainer":
-        """A trainer at the checkpoint's step (a DCP directory written by ``save``, any world size)."""
-        from ..distributed.checkpoint import read_extra
-
-        extra = torch.load(io.BytesIO(read_extra(path)), weights_only=True)
+        """A trainer at the checkpoint's step: a DCP directory written by ``save`` (any world size) or the
+        ``.pt`` file of a one-process run (``Trainer.save``), re-sharded over these processes."""
+        if Path(path).is_file():
+            return cls._resume_from_file(path, parallel, corpus, **run_options)
+        extra = read_dcp_extra(path)
         config = TrainConfig.from_dict({**extra["config"], **run_options})
         trainer = cls(config, parallel, corpus)
-        if extra["corpus"]["sha256"] != trainer.corpus.fingerprint:
-            raise CheckpointError("the data differ from the checkpoint's")
-        load_distributed(path, trainer.gpt, trainer.optimizer)
-        trainer.scheduler.load_state_dict(extra["scheduler"])
-        trainer.sampler.load_state_dict(extra["sampler"])
-        trainer.step = int(extra["step"])
+        restore_from_dcp(trainer, trainer.gpt, path, extra, no_dist=False)
+        return trainer
+
+    @classmethod
+    def _resume_from_file(cls, path: str | Path, parallel: str, corpus=None, **run_options) -> "DistributedTrainer":
+        """Continue a one-process run (its ``.pt`` checkpoint) on these processes: the full tensors of the file
+        are loaded on every rank and sharded like this run's (FSDP2) or copied (DDP)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        state = load_checkpoint(path)
+        config = TrainConfig.from_dict({**state["config"], **run_options})
+        if config.method.lower() == "dense" and not config.track_flips:
+            raise CheckpointError(f"checkpoint {str(path)!r} is a plain dense run (no would-be masks); under "
+                                  "--parallel a dense run keeps its would-be masks: continue it on one process")
+        trainer = cls(config, parallel, corpus)
+        check_corpus(trainer, state["corpus"])
+        try:
+            set_state_dict(trainer.gpt, trainer.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=_optimizer_by_name(trainer.gpt, trainer.optimizer, state["optimizer"]),
+                           options=StateDictOptions(full_state_dict=True))
+            trainer.scheduler.load_state_dict(state["scheduler"])
+            trainer.sampler.load_state_dict(state["sampler"])
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise CheckpointError(f"checkpoint {str(path)!r} does not fit this run: "
+                                  f"{str(err).splitlines()[0][:300]}") from err
+        if trainer.world == 1:
+            torch.set_rng_state(state["torch_rng"])
+        else:
+            warnings.warn(f"checkpoint saved by 1 process, loaded by {trainer.world}: model and optimizer are "
+                          "sharded, the torch RNG state is not restored", stacklevel=2)
+        trainer.step = int(state["step"])
         trainer.log.truncate_after(trainer.step)
         return trainer
+
+
+def _optimizer_by_name(model, optimizer, saved: dict) -> dict:
+    """A one-process optimizer state dict (parameters numbered in the order of the optimizer's groups) with the
+    parameters named instead (the form ``set_state_dict`` loads into any sharding). Both runs build their
+    groups the same way (``Trainer``), so the k-th parameter is the same one."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    ordered = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    numbered = [i for group in saved["param_groups"] for i in group["params"]]
+    if len(numbered) != len(ordered):
+        raise ValueError(f"the checkpoint's optimizer has {len(numbered)} parameters, this run's {len(ordered)}")
+    by_index = dict(zip(numbered, ordered))
+    return {"state": {by_index[i]: value for i, value in saved["state"].items()},
+            "param_groups": [{**group, "params": [by_index[i] for i in group["params"]]}
+                             for group in saved["param_groups"]]}
+
+
+def read_dcp_extra(path: str | Path) -> dict:
+    """The trainer state saved beside the model in a DCP checkpoint (config, corpus, scheduler, sampler, step)."""
+    from ..distributed.checkpoint import read_extra
+
+    try:
+        return torch.load(io.BytesIO(read_extra(path)), weights_only=True)
+    except (FileNotFoundError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read: {err}") from err
+
+
+def check_corpus(trainer: Trainer, saved: dict) -> None:
+    if saved["sha256"] != trainer.corpus.fingerprint:
+        raise CheckpointError(f"the data differ from the checkpoint's: {trainer.corpus.source!r} has sha256 "
+                              f"{trainer.corpus.fingerprint[:12]}..., the run was trained on {saved['source']!r} "
+                              f"with sha256 {saved['sha256'][:12]}...; restore the data or start a new run")
+
+
+def restore_from_dcp(trainer: Trainer, model, path: str | Path, extra: dict, no_dist: bool) -> None:
+    """Load a DCP checkpoint (``DistributedTrainer.save``) into ``trainer``: model, optimizer, schedule, data
+    position and step. no_dist: this process alone (a one-process run resuming a torchrun checkpoint)."""
+    check_corpus(trainer, extra["corpus"])
+    with warnings.catch_warnings():
+        if no_dist:  # DCP says it loads in a single process: that is the intent
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        load_distributed(path, model, trainer.optimizer, no_dist=no_dist)
+    trainer.scheduler.load_state_dict(extra["scheduler"])
+    trainer.sampler.load_state_dict(extra["sampler"])
+    trainer.step = int(extra["step"])
+    trainer.log.truncate_after(trainer.step)
+
+
+def resume_one_process(cls, path: str | Path, corpus=None, **run_options) -> Trainer:
+    """``Trainer.resume`` of a DCP checkpoint: the run of ``train --parallel`` continued on one process."""
+    extra = read_dcp_extra(path)
+    config = TrainConfig.from_dict({**extra["config"], **run_options})
+    trainer = cls(config, corpus)
+    restore_from_dcp(trainer, trainer.model, path, extra, no_dist=True)
+    return trainer

@@ -344,13 +344,17 @@ class Trainer:
         """A trainer at the checkpoint's step, with the checkpoint's settings.
 
         run_options may change only the settings that leave the trajectory alone (log and
-        checkpoint paths, checkpoint interval, progress bar).
+        checkpoint paths, checkpoint interval, progress bar). ``path`` may also be the DCP directory
+        of a run across processes (``train --parallel``), continued here on one process.
         """
-        state = load_checkpoint(path)
         bad = set(run_options) - set(RUN_ONLY_FIELDS)
         if bad:
             raise ValueError(f"resume takes the run's settings from the checkpoint; only {RUN_ONLY_FIELDS} "
                              f"may be changed, got {sorted(bad)}")
+        if Path(path).is_dir():
+            from .distributed_trainer import resume_one_process
+            return resume_one_process(cls, path, corpus, **run_options)
+        state = load_checkpoint(path)
         try:
             config = TrainConfig.from_dict({**state["config"], **run_options})
         except (TypeError, ValueError) as err:
