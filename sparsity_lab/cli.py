@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -46,9 +47,29 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+_WARNING_COMMAND = [None]  # the command whose DataWarnings are being printed
+
+
+def _one_line_warnings(command: str | None) -> None:
+    """The lab's warnings about the user's input (DataWarning) as one line naming the command, not with a
+    source line; other warnings keep Python's format."""
+    _WARNING_COMMAND[0] = command
+    if getattr(warnings.formatwarning, "sparsity_lab", False):
+        return
+    default = warnings.formatwarning
+
+    def fmt(message, category, filename, lineno, line=None):
+        if category.__name__ == "DataWarning":
+            return f"sparsity-lab {_WARNING_COMMAND[0]}: warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+    fmt.sparsity_lab = True
+    warnings.formatwarning = fmt
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
+    _one_line_warnings(command)
     parser = build_parser(command)
     args = parser.parse_args(argv)
     if getattr(args, "config", None) is not None:

@@ -33,14 +33,13 @@ from ..provenance import write_result
 from ..backends.fp8_sim import fp8_sim_backend_for
 from .arguments import existing_folder, nonnegative_float, output_folder, positive_float, plural
 from .config_file import add_config_argument
-from .data import load_corpus
-from .options import (add_common_arguments, cli_errors, common_method_options, config_from_args, given,
-                      token_count)
+from .options import (add_common_arguments, check_data_options, cli_errors, common_method_options,
+                      config_from_args, given, resolve_tokenizer, token_count)
 from .reporting import (TensorBoardReporter, add_report_argument, attach_reporters, check_report_to, reporters_for,
                         targets)
 from .runlog import finite_json
 from .structures import STRUCTURES
-from .trainer import TrainConfig, Trainer, TrainingDiverged
+from .trainer import TrainConfig, Trainer, TrainingDiverged, config_corpus
 
 # variant -> (method name, method options). Decays are filled in from the command's options.
 VARIANTS: dict[str, tuple[str, dict]] = {
@@ -335,7 +334,7 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
         from .distributed_trainer import DistributedTrainer, init_from_torchrun
 
         lead = init_from_torchrun(base.device)[0] == 0
-    corpus = load_corpus(base.data, base.data_max_bytes, min_split_bytes=base.model.context + 1)
+    corpus = config_corpus(base)
     sizing = None
     if time_budget is not None:
         steps, sizing = size_to_time(base, variants, time_budget, corpus, decay, srste_decay, common, max_tokens,
@@ -494,6 +493,7 @@ def check_arguments(args) -> None:
         raise ValueError("--time-budget sizes the steps itself; drop --steps/--tokens")
     refuse_unparallel(variants, getattr(args, "parallel", "none"), args.time_budget)
     check_report_to(args.report_to)
+    check_data_options(args, args.out)
 
 
 @cli_errors("compare")
@@ -508,6 +508,8 @@ def run(args) -> int:
         print("\n".join(str(p) for p in paths))
         return 0
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if os.environ.get("RANK", "0") == "0":
+        resolve_tokenizer(args, args.out)
     base = config_from_args(args)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 alone writes
         from .train import write_run_config

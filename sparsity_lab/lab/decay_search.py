@@ -27,10 +27,10 @@ from pathlib import Path
 
 from ..provenance import write_result
 from .arguments import nonnegative_float, output_folder, positive_float, positive_int
-from .data import load_corpus
-from .options import add_common_arguments, cli_errors, common_method_options, config_from_args
+from .options import (add_common_arguments, check_data_options, cli_errors, common_method_options, config_from_args,
+                      resolve_tokenizer)
 from .runlog import finite_json
-from .trainer import TrainConfig, Trainer, TrainingDiverged
+from .trainer import TrainConfig, Trainer, TrainingDiverged, config_corpus
 
 # Half-decades. The reference constants (6e-5 for GPT-2 124M) sit low in it; small models with
 # Adam-normalised updates may need larger values before the decay term is comparable to dW.
@@ -98,7 +98,7 @@ def search_decay(base: TrainConfig, grid=DEFAULT_GRID, trial_steps: int | None =
     if not 1 <= trial_steps <= base.steps:
         raise ValueError(f"trial_steps must be in [1, steps={base.steps}], got {trial_steps}")
     common = common or {}
-    corpus = load_corpus(base.data, base.data_max_bytes, min_split_bytes=base.model.context + 1)
+    corpus = config_corpus(base)
     dense = _trial(base, "dense", common, trial_steps, corpus)
     if not math.isfinite(dense["val_loss"]):
         raise ValueError(f"the dense reference trial diverged ({dense['status']}); lower the learning rate")
@@ -159,8 +159,16 @@ def decay_grid(text) -> list[float]:
     return grid
 
 
+def check_arguments(args) -> None:
+    """The data options (ValueError naming them), before any trial."""
+    check_data_options(args, args.out)
+
+
 @cli_errors("decay-search")
 def run(args) -> int:
+    check_arguments(args)  # also when run() is called without the command line
+    if args.out:
+        resolve_tokenizer(args, args.out)
     grid = args.grid if isinstance(args.grid, list) else decay_grid(args.grid)
     result = search_decay(config_from_args(args), grid, args.trial_steps, args.loss_tolerance,
                           common_method_options(args), method=args.method)

@@ -10,15 +10,18 @@ import argparse
 import functools
 import math
 import sys
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
+from pathlib import Path
 
 from ..backends import available_backends, get_backend
 from .arguments import (backend_name, closed_fraction, command_errors, existing_path, fraction_or_none, nonnegative_float, nonnegative_int,
                         positive_float, positive_int)
 from ..methods.config import METHODS
 from .checkpoint import CheckpointError
+from .data import load_corpus
 from .model import ACT24_WEIGHT_GRADS, ACTIVATION_SPARSITY, ARCHS, FFN_KINDS, SPARSE_SELECTIONS, GPTConfig
 from .structures import STRUCTURES
+from .tokens import BPE_PREFIX, BYTES, DATA_FORMATS, require, tokenizer_spec, train_bpe, vocab_size
 from .trainer import TrainConfig, TrainingDiverged
 
 _MODEL_DEFAULTS = {f.name: f.default for f in fields(GPTConfig)}
@@ -32,12 +35,12 @@ MODEL_OPTIONS = {"layers": "n_layer", "heads": "n_head", "width": "d_model", "co
                  "activation_sparsity": "activation_sparsity", "act24_weight_grads": "act24_weight_grads",
                  "act24_dense_fraction": "act24_dense_fraction", "model": "arch"}
 # option dest -> TrainConfig field (same name)
-TRAIN_OPTIONS = ("data", "data_max_bytes", "batch_size", "grad_accum", "steps", "lr", "min_lr_ratio",
+TRAIN_OPTIONS = ("data", "data_max_bytes", "data_format", "text_field", "batch_size", "grad_accum", "steps", "lr", "min_lr_ratio",
                  "warmup_steps", "weight_decay", "grad_clip", "eval_interval", "eval_batches", "seed",
                  "device", "precision")
 # speed and logging options (TrainConfig fields too; they leave the trajectory alone)
 SPEED_OPTIONS = ("track_flips", "log_interval", "cuda_graph", "masks_in_graph")
-TRAJECTORY_OPTIONS = (*MODEL_OPTIONS, *TRAIN_OPTIONS, "select", "tokens", "transposable", "mask_refresh_interval",
+TRAJECTORY_OPTIONS = (*MODEL_OPTIONS, *TRAIN_OPTIONS, "tokenizer", "select", "tokens", "transposable", "mask_refresh_interval",
                       "backend", "method", "decay", "mvue", "fp8_sim", "dense_finetune_at")
 
 
@@ -135,6 +138,15 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                    "standard library's own .py files, no download)")
     g.add_argument("--data-max-bytes", type=positive_int, default=S,
                    help=f"cap on the corpus size (default {t['data_max_bytes']})")
+    g.add_argument("--tokenizer", type=tokenizer_spec, default=S, metavar="bytes|bpe:VOCAB|FILE.json",
+                   help="bytes (default: vocabulary 256), a tokenizers .json file, or bpe:VOCAB: a byte-level BPE "
+                   "of at most VOCAB tokens trained on the training split and saved as OUT/tokenizer.json "
+                   "(needs the data extra: pip install \"sparsity-lab[data]\")")
+    g.add_argument("--data-format", choices=DATA_FORMATS, default=S,
+                   help="text (default): --data's files read as text; datasets: read with Hugging Face datasets "
+                   "(.jsonl/.json/.csv/.parquet/.txt files or a save_to_disk folder; the data extra)")
+    g.add_argument("--text-field", default=S, metavar="COLUMN",
+                   help="with --data-format datasets: the column holding the text (default text)")
     g = parser.add_argument_group("training")
     g.add_argument("--batch-size", type=positive_int, default=S, help=f"sequences per micro-batch (default {t['batch_size']})")
     g.add_argument("--grad-accum", type=positive_int, default=S,
@@ -229,6 +241,12 @@ def config_from_args(args: argparse.Namespace, **overrides) -> TrainConfig:
         except ImportError as err:
             raise ValueError(f"--model llama: {err}") from None
     kw = {name: a[name] for name in TRAIN_OPTIONS + SPEED_OPTIONS + ("select",) if name in a}
+    spec = a.get("tokenizer", BYTES)
+    if spec.startswith(BPE_PREFIX):
+        raise ValueError(f"--tokenizer {spec}: train it first (resolve_tokenizer), then pass its file")
+    if spec != BYTES:  # the model's vocabulary is the tokenizer's
+        kw["tokenizer"] = str(Path(spec).resolve())
+        model = replace(model, vocab_size=vocab_size(spec))
     if "tokens" in a:
         if not a["tokens"] >= 1:
             raise ValueError(f"--tokens must be >= 1, got {a['tokens']!r}")
@@ -241,11 +259,47 @@ def config_from_args(args: argparse.Namespace, **overrides) -> TrainConfig:
     return TrainConfig(model=model, **kw)
 
 
+def check_data_options(args: argparse.Namespace, out: str | None = "OUT") -> None:
+    """The data and tokenizer options' packages and places, before any work (ValueError naming the option).
+    out: where a trained tokenizer would be saved (None: nowhere, so bpe:VOCAB is refused)."""
+    a = vars(args)
+    spec = a.get("tokenizer", BYTES)
+    if spec != BYTES:
+        require("tokenizers", f"--tokenizer {spec}")
+    if spec.startswith(BPE_PREFIX) and out is None:
+        raise ValueError(f"--tokenizer {spec} saves the trained tokenizer in --out: give --out (or a tokenizer file)")
+    if spec.startswith(BPE_PREFIX) and a.get("parallel", "none") != "none":
+        raise ValueError(f"--tokenizer {spec} with --parallel: train the tokenizer once first (e.g. a one-process run "
+                         "with --stop-at 1) and pass its OUT/tokenizer.json")
+    if a.get("data_format", "text") == "datasets":
+        require("datasets", "--data-format datasets")
+        if "data" not in a:
+            raise ValueError("--data-format datasets reads --data: give a file or folder")
+    elif a.get("text_field", "text") != "text":  # (the default, as a resolved config writes it, is harmless)
+        raise ValueError("--text-field goes with --data-format datasets")
+
+
+def resolve_tokenizer(args: argparse.Namespace, out: str | Path) -> None:
+    """--tokenizer bpe:VOCAB: train a byte-level BPE on the training split of --data and save it as
+    OUT/tokenizer.json; args.tokenizer then names that file (as if it had been given)."""
+    spec = vars(args).get("tokenizer", BYTES)
+    if not spec.startswith(BPE_PREFIX):
+        return
+    a = vars(args)
+    corpus = load_corpus(a.get("data"), a.get("data_max_bytes", _TRAIN_DEFAULTS["data_max_bytes"]),
+                         data_format=a.get("data_format", "text"), text_field=a.get("text_field", "text"))
+    text = bytes(corpus.train.numpy().tobytes()).decode("utf-8", errors="replace")
+    path = train_bpe(text, int(spec[len(BPE_PREFIX):]), Path(out) / "tokenizer.json")
+    print(f"trained a byte-level BPE of {vocab_size(path):,} tokens on the training split: {path}")
+    args.tokenizer = str(path)
+
+
 def resolved_from_config(config: TrainConfig) -> dict:
     """{option dest: value} of what a run resolved (head count, warm-up, steps from a token budget, method
     options), for the options that map onto its TrainConfig (the resolved config file of a run)."""
     out = {opt: getattr(config.model, field) for opt, field in MODEL_OPTIONS.items()}
     out.update({name: getattr(config, name) for name in (*TRAIN_OPTIONS, *SPEED_OPTIONS, "select")})
+    out["tokenizer"] = config.tokenizer or BYTES
     out["method"] = config.method
     opts = config.method_options
     for name in ("decay", "dense_finetune_at", "mask_refresh_interval", "backend"):

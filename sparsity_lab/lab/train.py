@@ -21,7 +21,8 @@ from .arguments import existing_path, nonnegative_int, output_folder, plural, po
 from .config_file import add_config_argument, resolved_options, write_resolved
 from .reporting import add_report_argument, attach_reporters, check_report_to, reporters_for
 from .options import (TRAJECTORY_OPTIONS, add_common_arguments, add_method_arguments, cli_errors,
-                      common_method_options, config_from_args, given, resolved_from_config)
+                      check_data_options, common_method_options, config_from_args, given,
+                      resolve_tokenizer, resolved_from_config)
 from .trainer import Trainer
 
 
@@ -76,6 +77,8 @@ def check_arguments(args) -> None:
             raise ValueError(f"--resume takes the run's settings from the checkpoint; drop "
                              f"{', '.join('--' + c.replace('_', '-') for c in clash)}")
     check_report_to(args.report_to)
+    if not args.resume:
+        check_data_options(args)
     steps = getattr(args, "steps", None)
     if args.stop_at is not None and steps is not None and args.stop_at > steps:
         raise ValueError(f"--stop-at {args.stop_at} is past --steps {steps}")
@@ -108,6 +111,7 @@ def run(args) -> int:
                 raise ValueError(f"{str(out)!r} already holds a run; pass --resume {out / 'checkpoint.pt'}, "
                                  "--overwrite or another --out")
             log.unlink()
+        resolve_tokenizer(args, out)
         config = config_from_args(args, method=method, method_options=method_options(args), log_path=str(log),
                                   checkpoint_path=str(out / "checkpoint.pt"),
                                   checkpoint_interval=args.checkpoint_interval)
@@ -116,7 +120,7 @@ def run(args) -> int:
         attach_reporters(trainer, reporters_for(args.report_to, out, out.name, config.to_dict()))
         print(f"{trainer.describe()}: {trainer.model.num_params():,} parameters, {config.steps} steps of "
               f"{config.tokens_per_step:,} tokens on {trainer.device}; corpus {trainer.corpus.source} "
-              f"({trainer.corpus.train.numel():,} training bytes)")
+              f"({trainer.corpus.train.numel():,} training {'bytes' if trainer.corpus.tokenizer is None else 'tokens'})")
     summary = trainer.run(stop_at=args.stop_at)
     trainer.close()
     summary.update(config=trainer.config.to_dict(), corpus=trainer.corpus.describe())
