@@ -20,11 +20,12 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import CheckpointError, load_checkpoint
+from .dcp_state import check_corpus, read_dcp_extra, restore_from_dcp
 from .trainer import TrainConfig, Trainer, TrainingDiverged, WarmupCosine
 from .runlog import clean_row
 from ..training_hooks import attach_optimizer
 from ..distributed.batches import local_batch
-from ..distributed.checkpoint import load_distributed, save_distributed
+from ..distributed.checkpoint import save_distributed
 from ..distributed.sharded_layer import ShardedSparseLinear
 from ..distributed.wrap import data_parallel, fully_shard_sparse
 
@@ -232,43 +233,3 @@ def _optimizer_by_name(model, optimizer, saved: dict) -> dict:
     return {"state": {by_index[i]: value for i, value in saved["state"].items()},
             "param_groups": [{**group, "params": [by_index[i] for i in group["params"]]}
                              for group in saved["param_groups"]]}
-
-
-def read_dcp_extra(path: str | Path) -> dict:
-    """The trainer state saved beside the model in a DCP checkpoint (config, corpus, scheduler, sampler, step)."""
-    from ..distributed.checkpoint import read_extra
-
-    try:
-        return torch.load(io.BytesIO(read_extra(path)), weights_only=True)
-    except (FileNotFoundError, ValueError) as err:
-        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read: {err}") from err
-
-
-def check_corpus(trainer: Trainer, saved: dict) -> None:
-    if saved["sha256"] != trainer.corpus.fingerprint:
-        raise CheckpointError(f"the data differ from the checkpoint's: {trainer.corpus.source!r} has sha256 "
-                              f"{trainer.corpus.fingerprint[:12]}..., the run was trained on {saved['source']!r} "
-                              f"with sha256 {saved['sha256'][:12]}...; restore the data or start a new run")
-
-
-def restore_from_dcp(trainer: Trainer, model, path: str | Path, extra: dict, no_dist: bool) -> None:
-    """Load a DCP checkpoint (``DistributedTrainer.save``) into ``trainer``: model, optimizer, schedule, data
-    position and step. no_dist: this process alone (a one-process run resuming a torchrun checkpoint)."""
-    check_corpus(trainer, extra["corpus"])
-    with warnings.catch_warnings():
-        if no_dist:  # DCP says it loads in a single process: that is the intent
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        load_distributed(path, model, trainer.optimizer, no_dist=no_dist)
-    trainer.scheduler.load_state_dict(extra["scheduler"])
-    trainer.sampler.load_state_dict(extra["sampler"])
-    trainer.step = int(extra["step"])
-    trainer.log.truncate_after(trainer.step)
-
-
-def resume_one_process(cls, path: str | Path, corpus=None, **run_options) -> Trainer:
-    """``Trainer.resume`` of a DCP checkpoint: the run of ``train --parallel`` continued on one process."""
-    extra = read_dcp_extra(path)
-    config = TrainConfig.from_dict({**extra["config"], **run_options})
-    trainer = cls(config, corpus)
-    restore_from_dcp(trainer, trainer.model, path, extra, no_dist=True)
-    return trainer

@@ -363,9 +363,12 @@ class Trainer:
         if bad:
             raise ValueError(f"resume takes the run's settings from the checkpoint; only {RUN_ONLY_FIELDS} "
                              f"may be changed, got {sorted(bad)}")
-        if Path(path).is_dir():
-            from .distributed_trainer import resume_one_process
-            return resume_one_process(cls, path, corpus, **run_options)
+        if Path(path).is_dir():  # the DCP checkpoint of a run across processes, continued on this one
+            from .dcp_state import read_dcp_extra, restore_from_dcp
+            extra = read_dcp_extra(path)
+            trainer = cls(TrainConfig.from_dict({**extra["config"], **run_options}), corpus)
+            restore_from_dcp(trainer, trainer.model, path, extra, no_dist=True)
+            return trainer
         state = load_checkpoint(path)
         try:
             config = TrainConfig.from_dict({**state["config"], **run_options})
