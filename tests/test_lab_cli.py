@@ -39,7 +39,8 @@ def test_train_stop_and_resume_via_cli(tmp_path, text, capsys):
     (["--ffn-hidden", "42", "--transposable"], "FFN hidden width=42 is not divisible by 4"),
     (["--method", "ste", "--decay", "1e-4"], "does not take option"),
     (["--data", "/no/such/path"], "argument --data: expected an existing file or folder, got '/no/such/path'"),
-    (["--fp8-sim", "--backend", "fp8_dense"], "--fp8-sim with --backend: backend must be one that FP8 simulation wraps"),
+    (["--fp8-sim", "--backend", "fp8_dense"],
+     "--fp8-sim with --backend: backend must be one that FP8 simulation wraps"),
     (["--backend", "foo"], "argument --backend: expected one of"),
 ])
 def test_train_errors_are_one_clear_line(tmp_path, text, capsys, argv, message):

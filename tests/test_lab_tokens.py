@@ -62,7 +62,8 @@ def test_token_ids_feed_the_sampler_and_a_wrong_vocabulary_is_refused(tmp_path, 
     x, y = BatchSampler(corpus.train, 2, 16, seed=0).sample()
     assert x.dtype == torch.int64 and x.shape == (2, 16) and torch.equal(x[:, 1:], y[:, :-1])
     with pytest.raises(ValueError, match="model's vocabulary \\(256\\) is not the data's"):
-        Trainer(TrainConfig(model=GPTConfig(n_layer=1, n_head=1, d_model=16, context=16), data=text, tokenizer=str(path), device="cpu", progress=False))
+        Trainer(TrainConfig(model=GPTConfig(n_layer=1, n_head=1, d_model=16, context=16), data=text,
+                            tokenizer=str(path), device="cpu", progress=False))
 
 
 def test_hf_datasets_from_local_jsonl_files(tmp_path, capsys):

@@ -352,7 +352,8 @@ SMOKE_FFN = {"tokens": 64, "d_model": 16}  # --smoke's FFN shape unless --tokens
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tokens", type=positive_int, default=None, help="tokens per FFN step (default 16384; --smoke 64)")
+    parser.add_argument("--tokens", type=positive_int, default=None,
+                        help="tokens per FFN step (default 16384; --smoke 64)")
     parser.add_argument("--d-model", type=positive_int, default=None,
                         help="FFN width; hidden = 4 d (default 4096; --smoke 16)")
     parser.add_argument("--rounds", type=positive_int, default=3, help="paired timing rounds (default 3)")
@@ -368,7 +369,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "that the script runs; the numbers mean nothing")
     parser.add_argument("--out", type=output_file, default=None, help="write the JSON to this file instead (default: "
                         "results/act24_<gpu>.json on a GPU, nothing in --smoke)")
-    parser.add_argument("--out-dir", type=output_folder, default=None, help="folder of act24_<gpu>.json (default results/)")
+    parser.add_argument("--out-dir", type=output_folder, default=None,
+                        help="folder of act24_<gpu>.json (default results/)")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

@@ -164,7 +164,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=positive_int, default=None, help="calls before timing, the compiling one "
                         "included (default 5; 1 with --smoke)")
     parser.add_argument("--reps", type=positive_int, default=None, help="timed calls (default 20; 2 with --smoke)")
-    parser.add_argument("--backend", type=backend_name, default=None, help="2:4 backend (default cusparselt; torch with --smoke)")
+    parser.add_argument("--backend", type=backend_name, default=None,
+                        help="2:4 backend (default cusparselt; torch with --smoke)")
     parser.add_argument("--no-gpt", action="store_true", help="skip the GPT step")
     parser.add_argument("--out", type=output_file, default=None, help="JSON path (default results/compile_h100.json; "
                         "compile_smoke.json in the current folder with --smoke)")

@@ -37,7 +37,8 @@ MAX_CALLS = 2000  # ... within this many calls
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=positive_int, nargs="+", default=list(TOKENS))
     parser.add_argument("--d-model", type=positive_int, nargs="+", default=list(D_MODEL))
-    parser.add_argument("--out-dir", type=output_folder, default=None, help="directory for the JSON (default: results/)")
+    parser.add_argument("--out-dir", type=output_folder, default=None,
+                        help="directory for the JSON (default: results/)")
 
 
 def _events_ms(fn: Callable[[], object], calls: int) -> float:

@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-per-gpu", type=positive_int, default=8, help="sequences per GPU per step (default 8)")
     parser.add_argument("--steps", type=positive_int, default=20, help="timed steps (default 20)")
     parser.add_argument("--warmup", type=nonnegative_int, default=5, help="untimed steps first (default 5)")
-    parser.add_argument("--backend", type=backend_name, default="cusparselt", help="2:4 products' backend (default cusparselt)")
+    parser.add_argument("--backend", type=backend_name, default="cusparselt",
+                        help="2:4 products' backend (default cusparselt)")
     parser.add_argument("--parallel", nargs="+", choices=PARALLEL, default=list(PARALLEL),
                         help="modes to run (default all; 'none' only at world size 1)")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))

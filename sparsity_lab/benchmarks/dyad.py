@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=positive_int, default=8192)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--repeats", type=positive_int, default=20)
-    parser.add_argument("--out-dir", type=output_folder, default=None, help="where to write the JSON (default results/)")
+    parser.add_argument("--out-dir", type=output_folder, default=None,
+                        help="where to write the JSON (default results/)")
     parser.add_argument("--allow-cpu", action="store_true", help="run on the CPU (small sizes; not a speed figure)")
 
 

@@ -180,7 +180,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-steps", type=nonnegative_int, default=10, help="steps left out of the median (warm-up)")
     p.add_argument("--log-interval", type=positive_int, default=5)
     p.add_argument("--batch", type=positive_int, default=8)
-    p.add_argument("--backend", type=backend_name, default="cusparselt", help="backend of the 2:4 runs (default cusparselt)")
+    p.add_argument("--backend", type=backend_name, default="cusparselt",
+                   help="backend of the 2:4 runs (default cusparselt)")
     p.add_argument("--idle-s", type=nonnegative_float, default=2.0, help="idle GPU seconds before each run")
     p.add_argument("--out-dir", type=output_folder, default=None)
     p.add_argument("--name", default=None, help="JSON name (default lab_speed_h100; lab_speed_smoke)")

@@ -46,9 +46,11 @@ AGREEMENT_TOL = 1e-6
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out-dir", type=output_folder, default=None, help="where to write mask_solvers_cpu.json (default results/)")
+    parser.add_argument("--out-dir", type=output_folder, default=None,
+                        help="where to write mask_solvers_cpu.json (default results/)")
     parser.add_argument("--quick", action="store_true", help="small matrices (a smoke test, not the figures)")
-    parser.add_argument("--repeats", type=positive_int, default=3, help="timed runs per solver, median reported (default 3)")
+    parser.add_argument("--repeats", type=positive_int, default=3,
+                        help="timed runs per solver, median reported (default 3)")
     parser.add_argument("--budget-s", type=positive_float, default=60.0,
                         help="stop repeating a solver once its runs took this long (default 60 s; >= 1 run)")
     parser.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the Gaussian weights (default 0)")

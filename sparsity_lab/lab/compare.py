@@ -31,7 +31,7 @@ from pathlib import Path
 from ..methods.config import MaskedDecay
 from ..provenance import write_result
 from ..backends.fp8_sim import fp8_sim_backend_for
-from .arguments import existing_folder, nonnegative_float, output_folder, positive_float, plural
+from .arguments import existing_folder, nonnegative_float, output_folder, positive_float
 from .config_file import add_config_argument
 from .options import (add_common_arguments, check_data_options, cli_errors, common_method_options,
                       config_from_args, given, resolve_tokenizer, token_count)
@@ -458,7 +458,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--decay", type=nonnegative_float, default=None, help="masked decay's lambda_W, on gradients "
                         "(masked_decay, masked_decay_noft) and on weights (masked_decay_weights) (default 6e-5)")
     parser.add_argument("--srste-decay", type=nonnegative_float, default=None, help="SR-STE's lambda_W (default 2e-4)")
-    parser.add_argument("--out", type=output_folder, default="runs/compare", help="output folder (default runs/compare)")
+    parser.add_argument("--out", type=output_folder, default="runs/compare",
+                        help="output folder (default runs/compare)")
     parser.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS",
                         help="size the steps per variant (replacing --steps) so that all variants take about "
                              "this long, from a short probe of each")

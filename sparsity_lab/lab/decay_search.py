@@ -139,7 +139,8 @@ def add_arguments(parser) -> None:
     parser.description = HELP
     parser.add_argument("--grid", type=decay_grid, default=",".join(f"{g:g}" for g in DEFAULT_GRID),
                         help="comma-separated lambda_W values (default half-decades 1e-6..1e-1)")
-    parser.add_argument("--trial-steps", type=positive_int, default=None, help="steps per trial (default: the warm-up steps)")
+    parser.add_argument("--trial-steps", type=positive_int, default=None,
+                        help="steps per trial (default: the warm-up steps)")
     parser.add_argument("--loss-tolerance", type=nonnegative_float, default=0.005,
                         help="acceptable gap to dense <= best gap + this (relative; default 0.005)")
     parser.add_argument("--out", type=output_folder, default=None, help="write the evidence to OUT/decay_search.json")

@@ -14,8 +14,8 @@ from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
 from ..backends import available_backends, get_backend
-from .arguments import (backend_name, closed_fraction, command_errors, existing_path, fraction_or_none, nonnegative_float, nonnegative_int,
-                        positive_float, positive_int)
+from .arguments import (backend_name, closed_fraction, command_errors, existing_path, fraction_or_none,
+                        nonnegative_float, nonnegative_int, positive_float, positive_int)
 from ..methods.config import METHODS
 from .checkpoint import CheckpointError
 from .data import load_corpus
@@ -35,13 +35,13 @@ MODEL_OPTIONS = {"layers": "n_layer", "heads": "n_head", "width": "d_model", "co
                  "activation_sparsity": "activation_sparsity", "act24_weight_grads": "act24_weight_grads",
                  "act24_dense_fraction": "act24_dense_fraction", "model": "arch"}
 # option dest -> TrainConfig field (same name)
-TRAIN_OPTIONS = ("data", "data_max_bytes", "data_format", "text_field", "batch_size", "grad_accum", "steps", "lr", "min_lr_ratio",
-                 "warmup_steps", "weight_decay", "grad_clip", "eval_interval", "eval_batches", "seed",
-                 "device", "precision")
+TRAIN_OPTIONS = ("data", "data_max_bytes", "data_format", "text_field", "batch_size", "grad_accum", "steps", "lr",
+                 "min_lr_ratio", "warmup_steps", "weight_decay", "grad_clip", "eval_interval", "eval_batches",
+                 "seed", "device", "precision")
 # speed and logging options (TrainConfig fields too; they leave the trajectory alone)
 SPEED_OPTIONS = ("track_flips", "log_interval", "cuda_graph", "masks_in_graph")
-TRAJECTORY_OPTIONS = (*MODEL_OPTIONS, *TRAIN_OPTIONS, "tokenizer", "select", "tokens", "transposable", "mask_refresh_interval",
-                      "backend", "method", "decay", "mvue", "fp8_sim", "dense_finetune_at")
+TRAJECTORY_OPTIONS = (*MODEL_OPTIONS, *TRAIN_OPTIONS, "tokenizer", "select", "tokens", "transposable",
+                      "mask_refresh_interval", "backend", "method", "decay", "mvue", "fp8_sim", "dense_finetune_at")
 
 
 def token_count(text) -> float:
@@ -111,7 +111,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                    "transformers' LlamaForCausalLM with these sizes, 2:4 on mlp.gate/up/down_proj (needs the "
                    "hf extra: pip install -e \".[hf]\"; default gpt)")
     g.add_argument("--layers", type=positive_int, default=S, help=f"transformer blocks (default {d['n_layer']})")
-    g.add_argument("--heads", type=positive_int, default=S, help=f"attention heads, must divide --width (default: heads "
+    g.add_argument("--heads", type=positive_int, default=S,
+                   help=f"attention heads, must divide --width (default: heads "
                    f"of width {HEAD_WIDTH}, i.e. the largest divisor of the width that is at most width/{HEAD_WIDTH}, "
                    f"at least 1: {default_heads(d['d_model'])} at width {d['d_model']}, 2 at 128, 1 at 64)")
     g.add_argument("--width", type=positive_int, default=S,
@@ -119,7 +120,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--context", type=positive_int, default=S, help=f"context length in bytes (default {d['context']})")
     g.add_argument("--ffn", choices=FFN_KINDS, default=S, help=f"FFN kind (default {d['ffn_kind']}; "
                    "swiglu with --model llama)")
-    g.add_argument("--ffn-hidden", type=positive_int, default=S, help="FFN hidden width (default 4d for gelu and relu2, "
+    g.add_argument("--ffn-hidden", type=positive_int, default=S,
+                   help="FFN hidden width (default 4d for gelu and relu2, "
                    "8d/3 rounded up to 16 for gated kinds)")
     g.add_argument("--activation-sparsity", choices=ACTIVATION_SPARSITY, default=S,
                    help="2:4: prune the squared-ReLU activation (needs --ffn relu2) to 2:4 along the hidden "
@@ -134,7 +136,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"with --act24-weight-grads tokens24: share of hidden features whose weight gradients stay "
                    f"dense (default {d['act24_dense_fraction']})")
     g = parser.add_argument_group("data")
-    g.add_argument("--data", metavar="PATH", type=existing_path, default=S, help="a text file or folder (default: the Python "
+    g.add_argument("--data", metavar="PATH", type=existing_path, default=S,
+                   help="a text file or folder (default: the Python "
                    "standard library's own .py files, no download)")
     g.add_argument("--data-max-bytes", type=positive_int, default=S,
                    help=f"cap on the corpus size (default {t['data_max_bytes']})")
@@ -148,7 +151,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--text-field", default=S, metavar="COLUMN",
                    help="with --data-format datasets: the column holding the text (default text)")
     g = parser.add_argument_group("training")
-    g.add_argument("--batch-size", type=positive_int, default=S, help=f"sequences per micro-batch (default {t['batch_size']})")
+    g.add_argument("--batch-size", type=positive_int, default=S,
+                   help=f"sequences per micro-batch (default {t['batch_size']})")
     g.add_argument("--grad-accum", type=positive_int, default=S,
                    help=f"micro-batches per optimizer step (default {t['grad_accum']})")
     budget = g.add_mutually_exclusive_group()
@@ -158,14 +162,18 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--lr", type=positive_float, default=S, help=f"peak AdamW learning rate (default {t['lr']})")
     g.add_argument("--min-lr-ratio", type=closed_fraction, default=S,
                    help=f"cosine floor as a fraction of lr (default {t['min_lr_ratio']})")
-    g.add_argument("--warmup-steps", type=nonnegative_int, default=S, help="linear warm-up steps (default 5%% of the steps)")
+    g.add_argument("--warmup-steps", type=nonnegative_int, default=S,
+                   help="linear warm-up steps (default 5%% of the steps)")
     g.add_argument("--weight-decay", type=nonnegative_float, default=S,
                    help=f"AdamW weight decay on matrices (default {t['weight_decay']})")
-    g.add_argument("--grad-clip", type=nonnegative_float, default=S, help=f"gradient norm clip, 0 = off (default {t['grad_clip']})")
+    g.add_argument("--grad-clip", type=nonnegative_float, default=S,
+                   help=f"gradient norm clip, 0 = off (default {t['grad_clip']})")
     g.add_argument("--eval-interval", type=positive_int, default=S,
                    help=f"steps between validations (default {t['eval_interval']})")
-    g.add_argument("--eval-batches", type=positive_int, default=S, help=f"validation batches (default {t['eval_batches']})")
-    g.add_argument("--seed", type=nonnegative_int, default=S, help=f"seed for weights and batches (default {t['seed']})")
+    g.add_argument("--eval-batches", type=positive_int, default=S,
+                   help=f"validation batches (default {t['eval_batches']})")
+    g.add_argument("--seed", type=nonnegative_int, default=S,
+                   help=f"seed for weights and batches (default {t['seed']})")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=S, help="default auto")
     g.add_argument("--precision", choices=("auto", "bf16", "fp32"), default=S,
                    help="auto: bf16 autocast on a GPU, fp32 on the CPU")
@@ -186,7 +194,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                    "in and out: the input gradient can be sparse too)")
     g.add_argument("--mask-refresh-interval", type=positive_int, default=S, help="optimizer steps between mask "
                    "computations (default 1: every step)")
-    g.add_argument("--backend", type=backend_name, default=S, help=f"how the 2:4 products run: one of {available_backends()} "
+    g.add_argument("--backend", type=backend_name, default=S,
+                   help=f"how the 2:4 products run: one of {available_backends()} "
                    "(default torch, the reference)")
     g.add_argument("--select", choices=SPARSE_SELECTIONS, default=S, help="which linears are 2:4: ffn (the FFN's, "
                    "default) or all_linears (every linear of a block: attention qkv and proj too)")
@@ -205,7 +214,8 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dyad-blocks", type=positive_int, default=S, help="dyad: number of blocks n (default 4)")
     g.add_argument("--dyad-variant", choices=("it", "ot", "dt"), default=S, help="dyad: which side is "
                    "permuted (default it)")
-    g.add_argument("--sparsity", type=dead_fraction, default=S, help="prune_regrow: fraction of dead blocks (default 0.9)")
+    g.add_argument("--sparsity", type=dead_fraction, default=S,
+                   help="prune_regrow: fraction of dead blocks (default 0.9)")
     g.add_argument("--block-size", type=int, choices=(1, 4, 8, 16), default=S, help="prune_regrow: block size "
                    "(default 16)")
     g.add_argument("--regrow-every", type=positive_int, default=S, help="prune_regrow: steps between updates "

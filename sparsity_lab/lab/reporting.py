@@ -23,7 +23,8 @@ EXTRAS = {"tensorboard": "tensorboard", "wandb": "wandb"}  # reporter -> (packag
 
 
 def add_report_argument(parser) -> None:
-    parser.add_argument("--report-to", nargs="+", choices=REPORT_TO, default=["none"], metavar="{tensorboard,wandb,none}",
+    parser.add_argument("--report-to", nargs="+", choices=REPORT_TO, default=["none"],
+                        metavar="{tensorboard,wandb,none}",
                         help="also send the logged rows (loss, lr, flip rate, dense phase, ...) to TensorBoard "
                              "(OUT/tensorboard) and/or Weights & Biases (offline unless WANDB_MODE is set; OUT/wandb); "
                              "default none")

@@ -120,7 +120,8 @@ def run(args) -> int:
         attach_reporters(trainer, reporters_for(args.report_to, out, out.name, config.to_dict()))
         print(f"{trainer.describe()}: {trainer.model.num_params():,} parameters, {config.steps} steps of "
               f"{config.tokens_per_step:,} tokens on {trainer.device}; corpus {trainer.corpus.source} "
-              f"({trainer.corpus.train.numel():,} training {'bytes' if trainer.corpus.tokenizer is None else 'tokens'})")
+              f"({trainer.corpus.train.numel():,} training "
+              f"{'bytes' if trainer.corpus.tokenizer is None else 'tokens'})")
     summary = trainer.run(stop_at=args.stop_at)
     trainer.close()
     summary.update(config=trainer.config.to_dict(), corpus=trainer.corpus.describe())

@@ -14,14 +14,16 @@ from sparsity_lab.lab.arguments import output_folder, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out-dir", type=output_folder, default=None, help="where to write <name>.json (default results/)")
+    parser.add_argument("--out-dir", type=output_folder, default=None,
+                        help="where to write <name>.json (default results/)")
     parser.add_argument("--name", default=None,
                         help="result file name (default kernels_h100; with --only, kernels_h100_only_<numbers>)")
     parser.add_argument("--only", default=None, metavar="N[,N...]",
                         help="run only the sections with these numbers (e.g. 16, or 6,16); default: every section")
     parser.add_argument("--mib", type=positive_int, default=128,
                         help="size of each kernel's main bf16 tensor in MiB (default 128; the targets need >= 64)")
-    parser.add_argument("--rep-ms", type=positive_int, default=100, help="do_bench repetition time per measurement (ms)")
+    parser.add_argument("--rep-ms", type=positive_int, default=100,
+                        help="do_bench repetition time per measurement (ms)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes on the CPU through the Triton interpreter: checks the script, not the figures")
 
