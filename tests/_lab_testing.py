@@ -35,3 +35,11 @@ def cli_code(argv) -> int:
         return main(argv)
     except SystemExit as exit_:
         return exit_.code
+
+
+def exit_status(main, argv) -> int:
+    """``main(argv)``'s exit status for any command-line ``main`` (argparse's refusals raise SystemExit(2))."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return exit_.code

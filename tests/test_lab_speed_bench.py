@@ -2,6 +2,7 @@
 import json
 
 import pytest
+from _lab_testing import exit_status
 
 from sparsity_lab.benchmarks.lab_speed import ratios
 from sparsity_lab.cli import main
@@ -27,7 +28,7 @@ def test_smoke_run_writes_every_variant(tmp_path, capsys):
 
 
 def test_bad_arguments_name_the_flag(tmp_path, capsys):
-    assert main(["bench-lab-speed", "--smoke", "--variants", "nope", "--out-dir", str(tmp_path)]) == 2
+    assert exit_status(main, ["bench-lab-speed", "--smoke", "--variants", "nope", "--out-dir", str(tmp_path)]) == 2
     assert "--variants" in capsys.readouterr().err
     assert main(["bench-lab-speed", "--smoke", "--steps", "4", "--skip-steps", "4", "--out-dir", str(tmp_path)]) == 2
     assert "--skip-steps" in capsys.readouterr().err
