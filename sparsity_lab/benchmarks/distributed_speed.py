@@ -172,7 +172,7 @@ def benchmark(args) -> tuple[dict, int]:
         "smoke": bool(args.smoke), "world_size": world, "gpu_count": world if device.type == "cuda" else 0,
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "nccl": nccl,
         "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
-        "settings": {k: v for k, v in vars(args).items() if k not in ("name", "out_dir")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("name", "out_dir") and not k.startswith("_")},
         "rows": rows,
     }
     return payload, rank
