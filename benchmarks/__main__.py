@@ -60,7 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     if _has_subparser(module):
         sub = argparse.ArgumentParser(prog=f"python -m benchmarks {args.name}", description=help_text)
         module.add_arguments(sub)
-        return int(module.run(sub.parse_args(rest)) or 0)
+        parsed = sub.parse_args(rest)
+        check = getattr(module, "check_arguments", None)
+        if check is not None:  # options that do not go together: refused before any work (exit status 2)
+            try:
+                check(parsed)
+            except ValueError as err:
+                sub.error(str(err))
+        return int(module.run(parsed) or 0)
     return int(module.main(rest) or 0)
 
 

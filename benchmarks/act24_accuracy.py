@@ -35,6 +35,7 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass
+from sparsity_lab.lab.arguments import backend_name, existing_path, nonnegative_int, output_folder, positive_int
 
 SETTINGS_ORDER = ("gelu", "relu2", "act24", "act24_ste", "act24_tok24")
 DEFAULTS = {"layers": 4, "width": 256, "context": 256, "batch_size": 32, "steps": 400, "eval_interval": 100,
@@ -70,28 +71,34 @@ SETTINGS = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = DEFAULTS
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (default 0 1 2; a "
+    parser.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0, 1, 2], help="seeds (default 0 1 2; a "
                         "verdict needs at least 3)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: cuda when a GPU is present (default)")
-    parser.add_argument("--backend", default=None, help="products of the 2:4 settings (default: cusparselt "
+    parser.add_argument("--backend", type=backend_name, default=None,
+                        help="products of the 2:4 settings (default: cusparselt "
                         "on a GPU, torch on the CPU)")
-    parser.add_argument("--layers", type=int, default=d["layers"],
+    parser.add_argument("--layers", type=positive_int, default=d["layers"],
                         help=f"transformer blocks (default {d['layers']})")
-    parser.add_argument("--width", type=int, default=d["width"], help=f"d_model, divisible by 4 (default {d['width']})")
-    parser.add_argument("--heads", type=int, default=None, help="attention heads (default: heads of width 64)")
-    parser.add_argument("--context", type=int, default=d["context"], help=f"bytes per sequence (default {d['context']})")
-    parser.add_argument("--batch-size", type=int, default=d["batch_size"],
+    parser.add_argument("--width", type=positive_int, default=d["width"],
+                        help=f"d_model, divisible by 4 (default {d['width']})")
+    parser.add_argument("--heads", type=positive_int, default=None, help="attention heads (default: heads of width 64)")
+    parser.add_argument("--context", type=positive_int, default=d["context"],
+                        help=f"bytes per sequence (default {d['context']})")
+    parser.add_argument("--batch-size", type=positive_int, default=d["batch_size"],
                         help=f"sequences per step (default {d['batch_size']})")
-    parser.add_argument("--steps", type=int, default=d["steps"], help=f"optimizer steps (default {d['steps']})")
-    parser.add_argument("--eval-interval", type=int, default=d["eval_interval"],
+    parser.add_argument("--steps", type=positive_int, default=d["steps"],
+                        help=f"optimizer steps (default {d['steps']})")
+    parser.add_argument("--eval-interval", type=positive_int, default=d["eval_interval"],
                         help=f"steps between validations (default {d['eval_interval']})")
-    parser.add_argument("--eval-batches", type=int, default=d["eval_batches"],
+    parser.add_argument("--eval-batches", type=positive_int, default=d["eval_batches"],
                         help=f"validation batches (default {d['eval_batches']})")
-    parser.add_argument("--data", metavar="PATH", default=None, help="text file or folder (default: the Python "
+    parser.add_argument("--data", metavar="PATH", type=existing_path, default=None,
+                        help="text file or folder (default: the Python "
                         "standard library's .py files)")
-    parser.add_argument("--data-max-bytes", type=int, default=None, help="cap on the corpus (default: train's)")
-    parser.add_argument("--out-dir", default=None, help="folder of the JSON (default results/)")
+    parser.add_argument("--data-max-bytes", type=positive_int, default=None,
+                        help="cap on the corpus (default: train's)")
+    parser.add_argument("--out-dir", type=output_folder, default=None, help="folder of the JSON (default results/)")
     parser.add_argument("--name", default=None, help="JSON name without .json (default act24_accuracy_<gpu or cpu>)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 

@@ -50,6 +50,7 @@ import torch
 from torch import nn
 
 from sparsity_lab.activations import relu2
+from sparsity_lab.lab.arguments import nonnegative_float, output_file, output_folder, positive_int
 
 VARIANTS = ("dense_relu2", "weights24", "weights24_mvue", "act24", "act24_fc24", "act24_w24", "act24_w24_mvue",
             "act24_tok24", "act24_w24_tok24")
@@ -352,23 +353,25 @@ SMOKE_FFN = {"tokens": 64, "d_model": 16}  # --smoke's FFN shape unless --tokens
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tokens", type=int, default=None, help="tokens per FFN step (default 16384; --smoke 64)")
-    parser.add_argument("--d-model", type=int, default=None,
+    parser.add_argument("--tokens", type=positive_int, default=None,
+                        help="tokens per FFN step (default 16384; --smoke 64)")
+    parser.add_argument("--d-model", type=positive_int, default=None,
                         help="FFN width; hidden = 4 d (default 4096; --smoke 16)")
-    parser.add_argument("--rounds", type=int, default=3, help="paired timing rounds (default 3)")
-    parser.add_argument("--reps", type=int, default=5, help="timed steps per variant and round (default 5)")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="paired timing rounds (default 3)")
+    parser.add_argument("--reps", type=positive_int, default=5, help="timed steps per variant and round (default 5)")
     parser.add_argument("--no-graph", action="store_true", help="eager timing only (FFN section)")
     parser.add_argument("--no-gpt", action="store_true", help="skip the GPT section")
-    parser.add_argument("--gpt-layers", type=int, default=None, help="GPT blocks (default 2)")
-    parser.add_argument("--gpt-batch", type=int, default=None, help="sequences per GPT step (default 16)")
-    parser.add_argument("--gpt-context", type=int, default=None, help="bytes per sequence (default 1024)")
-    parser.add_argument("--idle-s", type=float, default=0.5,
+    parser.add_argument("--gpt-layers", type=positive_int, default=None, help="GPT blocks (default 2)")
+    parser.add_argument("--gpt-batch", type=positive_int, default=None, help="sequences per GPT step (default 16)")
+    parser.add_argument("--gpt-context", type=positive_int, default=None, help="bytes per sequence (default 1024)")
+    parser.add_argument("--idle-s", type=nonnegative_float, default=0.5,
                         help="seconds of idle GPU before each turn of the GPT paired rounds (default 0.5)")
     parser.add_argument("--smoke", action="store_true", help="tiny CPU run with the reference products: checks "
                         "that the script runs; the numbers mean nothing")
-    parser.add_argument("--out", default=None, help="write the JSON to this file instead (default: "
+    parser.add_argument("--out", type=output_file, default=None, help="write the JSON to this file instead (default: "
                         "results/act24_<gpu>.json on a GPU, nothing in --smoke)")
-    parser.add_argument("--out-dir", default=None, help="folder of act24_<gpu>.json (default results/)")
+    parser.add_argument("--out-dir", type=output_folder, default=None,
+                        help="folder of act24_<gpu>.json (default results/)")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

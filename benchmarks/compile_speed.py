@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from sparsity_lab.lab.arguments import backend_name, output_file, positive_int
 
 VARIANTS = ("dense_eager", "dense_compiled", "sparse_eager", "sparse_compiled")
 FULL = dict(ffn=dict(tokens=16384, d_model=4096), gpt=dict(n_layer=2, n_head=32, d_model=4096, context=1024, batch=16))
@@ -160,12 +161,13 @@ def gpt_variant(variant: str, g: dict, device, backend: str, compiler: str, warm
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smoke", action="store_true", help="CPU plumbing check: tiny shapes, backend torch, "
                         "aot_eager compiler (numbers mean nothing)")
-    parser.add_argument("--warmup", type=int, default=None, help="calls before timing, the compiling one "
+    parser.add_argument("--warmup", type=positive_int, default=None, help="calls before timing, the compiling one "
                         "included (default 5; 1 with --smoke)")
-    parser.add_argument("--reps", type=int, default=None, help="timed calls (default 20; 2 with --smoke)")
-    parser.add_argument("--backend", default=None, help="2:4 backend (default cusparselt; torch with --smoke)")
+    parser.add_argument("--reps", type=positive_int, default=None, help="timed calls (default 20; 2 with --smoke)")
+    parser.add_argument("--backend", type=backend_name, default=None,
+                        help="2:4 backend (default cusparselt; torch with --smoke)")
     parser.add_argument("--no-gpt", action="store_true", help="skip the GPT step")
-    parser.add_argument("--out", default=None, help="JSON path (default results/compile_h100.json; "
+    parser.add_argument("--out", type=output_file, default=None, help="JSON path (default results/compile_h100.json; "
                         "compile_smoke.json in the current folder with --smoke)")
 
 

@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from sparsity_lab.lab.arguments import output_folder, positive_int
 
 TOKENS = (4096, 16384)
 D_MODEL = (1024, 2048, 4096, 8192)
@@ -34,9 +35,10 @@ MAX_CALLS = 2000  # ... within this many calls
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
-    parser.add_argument("--d-model", type=int, nargs="+", default=list(D_MODEL))
-    parser.add_argument("--out-dir", default=None, help="directory for the JSON (default: results/)")
+    parser.add_argument("--tokens", type=positive_int, nargs="+", default=list(TOKENS))
+    parser.add_argument("--d-model", type=positive_int, nargs="+", default=list(D_MODEL))
+    parser.add_argument("--out-dir", type=output_folder, default=None,
+                        help="directory for the JSON (default: results/)")
 
 
 def _events_ms(fn: Callable[[], object], calls: int) -> float:

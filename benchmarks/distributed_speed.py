@@ -41,6 +41,7 @@ import time  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from sparsity_lab.lab.arguments import backend_name, nonnegative_int, output_folder, positive_int
 
 RESULT_NAME = "distributed_speed"
 PARALLEL = ("none", "ddp", "fsdp")
@@ -48,19 +49,20 @@ METHODS = ("dense", "sste_mvue", "sste_mvue_all")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--width", type=int, default=1024, help="d_model (default 1024)")
-    parser.add_argument("--layers", type=int, default=8, help="transformer blocks (default 8)")
-    parser.add_argument("--heads", type=int, default=16, help="attention heads (default 16)")
-    parser.add_argument("--context", type=int, default=1024, help="sequence length (default 1024)")
-    parser.add_argument("--batch-per-gpu", type=int, default=8, help="sequences per GPU per step (default 8)")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
-    parser.add_argument("--backend", default="cusparselt", help="2:4 products' backend (default cusparselt)")
+    parser.add_argument("--width", type=positive_int, default=1024, help="d_model (default 1024)")
+    parser.add_argument("--layers", type=positive_int, default=8, help="transformer blocks (default 8)")
+    parser.add_argument("--heads", type=positive_int, default=16, help="attention heads (default 16)")
+    parser.add_argument("--context", type=positive_int, default=1024, help="sequence length (default 1024)")
+    parser.add_argument("--batch-per-gpu", type=positive_int, default=8, help="sequences per GPU per step (default 8)")
+    parser.add_argument("--steps", type=positive_int, default=20, help="timed steps (default 20)")
+    parser.add_argument("--warmup", type=nonnegative_int, default=5, help="untimed steps first (default 5)")
+    parser.add_argument("--backend", type=backend_name, default="cusparselt",
+                        help="2:4 products' backend (default cusparselt)")
     parser.add_argument("--parallel", nargs="+", choices=PARALLEL, default=list(PARALLEL),
                         help="modes to run (default all; 'none' only at world size 1)")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=["dense", "sste_mvue"],
                         help="default dense sste_mvue")
-    parser.add_argument("--mask-refresh-interval", type=int, default=1, help="2:4 methods: steps between mask "
+    parser.add_argument("--mask-refresh-interval", type=positive_int, default=1, help="2:4 methods: steps between mask "
                         "computations (default 1)")
     parser.add_argument("--fused-adamw", action="store_true", help="AdamW fused (default: foreach)")
     parser.add_argument("--bf16-weights", action="store_true", help="bf16 linear weights, float32 master weights "
@@ -71,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="FSDP2, 2:4: rebuild the prepared operands in the backward instead of keeping them "
                         "from the forward (default false)")
     parser.add_argument("--name", default=None, help=f"result JSON name (default {RESULT_NAME}_<N>gpu)")
-    parser.add_argument("--out-dir", default=None, help="folder for the JSON (default results/)")
+    parser.add_argument("--out-dir", type=output_folder, default=None, help="folder for the JSON (default results/)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes on the CPU (gloo, reference backend): checks the script, not a figure")
 
@@ -211,7 +213,7 @@ def benchmark(args) -> tuple[dict, int]:
         "smoke": bool(args.smoke), "world_size": world, "gpu_count": world if device.type == "cuda" else 0,
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "nccl": nccl,
         "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
-        "settings": {k: v for k, v in vars(args).items() if k not in ("name", "out_dir")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("name", "out_dir") and not k.startswith("_")},
         "rows": rows, "errors": errors, "speedups": speedups(rows),
     }
     return payload, rank

@@ -14,16 +14,18 @@ import torch
 
 from sparsity_lab.course.live import measure_dyad
 from sparsity_lab.provenance import write_result
+from sparsity_lab.lab.arguments import output_folder, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--widths", type=int, nargs="+", default=[768, 1024, 2048, 4096, 8192])
-    parser.add_argument("--blocks", type=int, nargs="+", default=[4, 8])
-    parser.add_argument("--variants", nargs="+", default=["it", "ot", "dt"])
-    parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--widths", type=positive_int, nargs="+", default=[768, 1024, 2048, 4096, 8192])
+    parser.add_argument("--blocks", type=positive_int, nargs="+", default=[4, 8])
+    parser.add_argument("--variants", nargs="+", choices=["it", "ot", "dt"], default=["it", "ot", "dt"])
+    parser.add_argument("--tokens", type=positive_int, default=8192)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--out-dir", default=None, help="where to write the JSON (default results/)")
+    parser.add_argument("--repeats", type=positive_int, default=20)
+    parser.add_argument("--out-dir", type=output_folder, default=None,
+                        help="where to write the JSON (default results/)")
     parser.add_argument("--allow-cpu", action="store_true", help="run on the CPU (small sizes; not a speed figure)")
 
 

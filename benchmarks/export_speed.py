@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.compile_speed import median_ms
+from sparsity_lab.lab.arguments import output_file, positive_int
 
 FULL = dict(n_layer=2, n_head=32, d_model=4096, context=1024, batch=16, prompt=128, decode_tokens=64,
             decode_batches=(1, 16))
@@ -79,9 +80,9 @@ def decode_ms(model, batch: int, prompt: int, steps: int, device) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smoke", action="store_true", help="CPU plumbing check (numbers mean nothing)")
-    parser.add_argument("--warmup", type=int, default=None, help="prefill calls before timing (default 3)")
-    parser.add_argument("--reps", type=int, default=None, help="timed prefill calls (default 10)")
-    parser.add_argument("--out", default=None, help="JSON path (default results/export_h100.json; "
+    parser.add_argument("--warmup", type=positive_int, default=None, help="prefill calls before timing (default 3)")
+    parser.add_argument("--reps", type=positive_int, default=None, help="timed prefill calls (default 10)")
+    parser.add_argument("--out", type=output_file, default=None, help="JSON path (default results/export_h100.json; "
                         "export_smoke.json in the current folder with --smoke)")
 
 

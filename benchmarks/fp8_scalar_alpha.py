@@ -19,6 +19,8 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
+from sparsity_lab.lab.arguments import output_folder
+
 SHAPES = ((16384, 4096, 16384), (16384, 16384, 4096), (4096, 4096, 16384))
 
 
@@ -94,7 +96,7 @@ def measure(tokens: int, d_in: int, d_out: int) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out-dir", default=None, help="folder for the JSON (default results/)")
+    parser.add_argument("--out-dir", type=output_folder, default=None, help="folder for the JSON (default results/)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ from typing import NamedTuple
 import torch
 
 from benchmarks.conditions import ConditionSampler, format_conditions, headline, matmul_probe
+from sparsity_lab.lab.arguments import backend_name, nonnegative_float, nonnegative_int, output_folder, positive_int
 
 
 class Variant(NamedTuple):
@@ -173,15 +174,16 @@ def ratios(records: list[dict]) -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--widths", type=int, nargs="+", default=None, help="model widths (default 2048 4096)")
+    p.add_argument("--widths", type=positive_int, nargs="+", default=None, help="model widths (default 2048 4096)")
     p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"comma-separated, from {list(VARIANTS)}")
-    p.add_argument("--steps", type=int, default=40, help="optimizer steps per run")
-    p.add_argument("--skip-steps", type=int, default=10, help="steps left out of the median (warm-up)")
-    p.add_argument("--log-interval", type=int, default=5)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--backend", default="cusparselt", help="backend of the 2:4 runs (default cusparselt)")
-    p.add_argument("--idle-s", type=float, default=2.0, help="idle GPU seconds before each run")
-    p.add_argument("--out-dir", default=None)
+    p.add_argument("--steps", type=positive_int, default=40, help="optimizer steps per run")
+    p.add_argument("--skip-steps", type=nonnegative_int, default=10, help="steps left out of the median (warm-up)")
+    p.add_argument("--log-interval", type=positive_int, default=5)
+    p.add_argument("--batch", type=positive_int, default=8)
+    p.add_argument("--backend", type=backend_name, default="cusparselt",
+                   help="backend of the 2:4 runs (default cusparselt)")
+    p.add_argument("--idle-s", type=nonnegative_float, default=2.0, help="idle GPU seconds before each run")
+    p.add_argument("--out-dir", type=output_folder, default=None)
     p.add_argument("--name", default=None, help="JSON name (default lab_speed_h100; lab_speed_smoke)")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, backend torch: the plumbing only")
 
@@ -190,6 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks lab-speed", description=__doc__.split("\n")[0])
     add_arguments(p)
     return run(p.parse_args(argv))
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """--variants from VARIANTS (ValueError naming it), checked before any work."""
+    bad = [v.strip() for v in args.variants.split(",") if v.strip() and v.strip() not in VARIANTS]
+    if bad or not args.variants.strip(","):
+        raise ValueError(f"--variants: unknown {bad}; choose from {list(VARIANTS)}")
 
 
 def run(args: argparse.Namespace) -> int:

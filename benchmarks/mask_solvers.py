@@ -23,6 +23,7 @@ from sparsity_lab.masks.patterns import pattern_count_small
 from sparsity_lab.masks.quality import ROWWISE, applicable_solvers, exact_agreement, gaussian_weight, quality_rows
 from sparsity_lab.course.live import time_call
 from sparsity_lab.provenance import write_result
+from sparsity_lab.lab.arguments import nonnegative_int, output_folder, positive_float, positive_int
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,14 @@ AGREEMENT_TOL = 1e-6
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out-dir", default=None, help="where to write mask_solvers_cpu.json (default results/)")
+    parser.add_argument("--out-dir", type=output_folder, default=None,
+                        help="where to write mask_solvers_cpu.json (default results/)")
     parser.add_argument("--quick", action="store_true", help="small matrices (a smoke test, not the figures)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per solver, median reported (default 3)")
-    parser.add_argument("--budget-s", type=float, default=60.0,
+    parser.add_argument("--repeats", type=positive_int, default=3,
+                        help="timed runs per solver, median reported (default 3)")
+    parser.add_argument("--budget-s", type=positive_float, default=60.0,
                         help="stop repeating a solver once its runs took this long (default 60 s; >= 1 run)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the Gaussian weights (default 0)")
+    parser.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the Gaussian weights (default 0)")
     parser.add_argument("--solvers", nargs="+", default=list(SOLVERS), choices=list(SOLVERS),
                         help="solvers to time (default: all)")
 

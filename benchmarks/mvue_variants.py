@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from sparsity_lab.lab.arguments import output_file, positive_int
+
 from benchmarks.mvue_checks import check_support_and_values, groups_of, small_checks
 from benchmarks.timing import Timer, bench_device, copy_ceiling_gbps, sync
 
@@ -83,10 +85,10 @@ PREDICTIONS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, help="path of the JSON to write")
-    parser.add_argument("--rows", type=int, default=8192, help="rows of the bf16 benchmark tensor (default 8192)")
-    parser.add_argument("--cols", type=int, default=8192, help="columns of the bf16 benchmark tensor (default 8192)")
-    parser.add_argument("--rep-ms", type=int, default=40, help="do_bench repetition time per measurement (ms)")
+    parser.add_argument("--out", type=output_file, required=True, help="path of the JSON to write")
+    parser.add_argument("--rows", type=positive_int, default=8192, help="rows of the bf16 benchmark tensor (default 8192)")
+    parser.add_argument("--cols", type=positive_int, default=8192, help="columns of the bf16 benchmark tensor (default 8192)")
+    parser.add_argument("--rep-ms", type=positive_int, default=40, help="do_bench repetition time per measurement (ms)")
     parser.add_argument("--variants", default=None,
                         help="comma-separated subset of benchmarks/baselines/mvue24.VARIANTS (default: all)")
     parser.add_argument("--smoke", action="store_true",
@@ -235,6 +237,17 @@ def time_diagnostics(M, ref: Reference, variants, timer: Timer, results: Results
                            note="u = 0.5 everywhere: deterministic, NOT an MVUE; shows what the RNG costs")
         except Exception as err:
             results.rows.append({"variant": f"{variant} constant u", "dim": dim, "error": f"{type(err).__name__}: {err}"})
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Unknown variant names and sizes the groups of four do not divide: ValueError, before any work."""
+    names = importlib.import_module("benchmarks.baselines.mvue24").VARIANTS
+    if args.variants is not None:
+        unknown = [v for v in (x.strip() for x in args.variants.split(",")) if v not in names]
+        if unknown:
+            raise ValueError(f"--variants: unknown {unknown}; expected names from {names}")
+    if args.rows % 4 or args.cols % 4:
+        raise ValueError(f"--rows and --cols must be divisible by 4, got {args.rows} x {args.cols}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -44,6 +44,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from sparsity_lab.lab.arguments import backend_name, output_folder, positive_float, positive_int
+
 from benchmarks.conditions import ConditionSampler, baseline_check, format_conditions, headline, matmul_probe
 from benchmarks.step_categories import CATEGORIES, LABELS, breakdown
 from benchmarks.step_ceiling import (BLOCK_LINEARS, HEAD, PRODUCTS, SELECTIONS, amdahl, attribution, closeness,
@@ -435,22 +437,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"{OPTIONS} (default {DEFAULT_MODES})")
     p.add_argument("--configs", default=None, help="comma-separated, from dense, ffn24, all24, ffn24_r<k>, all24_r<k> "
                    "(default all; dense is always run first in each mode)")
-    p.add_argument("--refresh-interval", type=int, default=10, help="k of the _r<k> configurations (default 10)")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per run (default 20; 2 with --smoke)")
-    p.add_argument("--warmup", type=int, default=5, help="steps before timing (default 5; 1 with --smoke)")
-    p.add_argument("--profile-steps", type=int, default=3, help="profiled steps after timing, rounded up to whole "
+    p.add_argument("--refresh-interval", type=positive_int, default=10, help="k of the _r<k> configurations (default 10)")
+    p.add_argument("--steps", type=positive_int, default=20, help="timed steps per run (default 20; 2 with --smoke)")
+    p.add_argument("--warmup", type=positive_int, default=5, help="steps before timing (default 5; 1 with --smoke)")
+    p.add_argument("--profile-steps", type=positive_int, default=3, help="profiled steps after timing, rounded up to whole "
                    "refresh cycles (default 3; 1 with --smoke)")
-    p.add_argument("--width", type=int, default=None, help=f"d_model (default {MODEL['d_model']})")
-    p.add_argument("--layers", type=int, default=None, help=f"blocks (default {MODEL['n_layer']})")
-    p.add_argument("--heads", type=int, default=None, help=f"attention heads (default {MODEL['n_head']})")
-    p.add_argument("--context", type=int, default=None, help=f"tokens per sequence (default {MODEL['context']})")
-    p.add_argument("--batch", type=int, default=None, help=f"sequences per step (default {MODEL['batch']})")
-    p.add_argument("--backend", default=None, help="2:4 products' backend (default cusparselt; torch with --smoke)")
-    p.add_argument("--budget-s", type=float, default=330.0, help="no run starts after this many seconds "
+    p.add_argument("--width", type=positive_int, default=None, help=f"d_model (default {MODEL['d_model']})")
+    p.add_argument("--layers", type=positive_int, default=None, help=f"blocks (default {MODEL['n_layer']})")
+    p.add_argument("--heads", type=positive_int, default=None, help=f"attention heads (default {MODEL['n_head']})")
+    p.add_argument("--context", type=positive_int, default=None, help=f"tokens per sequence (default {MODEL['context']})")
+    p.add_argument("--batch", type=positive_int, default=None, help=f"sequences per step (default {MODEL['batch']})")
+    p.add_argument("--backend", type=backend_name, default=None, help="2:4 products' backend (default cusparselt; torch with --smoke)")
+    p.add_argument("--budget-s", type=positive_float, default=330.0, help="no run starts after this many seconds "
                    "(the rest is listed as skipped; default 330)")
-    p.add_argument("--out-dir", default=None, help="folder for the JSON (default results/)")
+    p.add_argument("--out-dir", type=output_folder, default=None, help="folder for the JSON (default results/)")
     p.add_argument("--name", default=None, help="JSON name (default step_profile_<gpu>; step_profile_smoke)")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny GPT, backend torch: the plumbing only")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Options that do not go together, or mode and configuration names that do not exist: ValueError,
+    before any work (``python -m benchmarks`` prints the usage and exits with status 2)."""
+    problems = _problems(args)
+    table = configs(max(2, args.refresh_interval))
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    try:
+        for mode in modes:
+            parse_mode(mode)
+    except ValueError as err:
+        problems.append(f"--modes: {err}")
+    if not modes:
+        problems.append("--modes: none given")
+    chosen = list(table) if args.configs is None else [c.strip() for c in args.configs.split(",") if c.strip()]
+    bad = [c for c in chosen if c not in table]
+    if bad or not chosen:
+        problems.append(f"--configs: unknown {bad}; choose from {list(table)}")
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def _problems(args) -> list[str]:

@@ -24,3 +24,22 @@ def tiny_corpus_file(folder) -> str:
     path = folder / "corpus.txt"
     path.write_text("def f(x):\n    return x * 2\n" * 400)
     return str(path)
+
+
+def cli_code(argv) -> int:
+    """``sparsity_lab.cli.main(argv)``'s exit status, also when argparse refuses the command line
+    (SystemExit: the usage and the error, status 2)."""
+    from sparsity_lab.lab.cli import main
+
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return exit_.code
+
+
+def exit_status(main, argv) -> int:
+    """``main(argv)``'s exit status for any command-line ``main`` (argparse's refusals raise SystemExit(2))."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return exit_.code

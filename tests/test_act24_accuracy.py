@@ -2,6 +2,7 @@
 import json
 
 import pytest
+from _lab_testing import exit_status
 
 from benchmarks.act24_accuracy import SETTINGS_ORDER, main
 from benchmarks.act24_verdicts import judge_act24
@@ -107,7 +108,7 @@ def test_verdicts_not_judged():
 ])
 def test_bad_arguments_name_the_flag(argv, flag, tmp_path, capsys):
     args = [a for a in TINY if a != "--no-progress"]
-    assert main([*args, "--no-progress", "--out-dir", str(tmp_path), *argv]) == 2
+    assert exit_status(main, [*args, "--no-progress", "--out-dir", str(tmp_path), *argv]) == 2
     err = capsys.readouterr().err
     assert flag in err and "error" in err
     assert not list(tmp_path.iterdir())  # nothing written

@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from _lab_testing import exit_status
 
 pytest.importorskip("papermill", reason="papermill is in the test extra")
 import nbformat  # noqa: E402
@@ -58,7 +59,7 @@ def test_sizes_must_be_ci_or_full(capsys):
     (("--notebooks", "/no/such/folder"), "--notebooks"),
 ])
 def test_options_of_the_other_mode_are_named_errors(argv, named, capsys):
-    assert cli.main(["course", *argv]) == 2
+    assert exit_status(cli.main, ["course", *argv]) == 2
     assert named in capsys.readouterr().err
 
 
@@ -91,7 +92,7 @@ def test_options_after_double_dash_go_to_jupyter_lab(monkeypatch, capsys, tmp_pa
 
 
 def test_a_bare_word_for_jupyter_lab_is_an_error(capsys):
-    assert cli.main(["course", "--", "notebook.ipynb"]) == 2
+    assert exit_status(cli.main, ["course", "--", "notebook.ipynb"]) == 2
     assert "after --" in capsys.readouterr().err
 
 
@@ -177,7 +178,7 @@ def test_only_runs_the_named_notebooks(tmp_path, capsys):
 def test_only_names_what_matches_no_notebook(tmp_path, capsys):
     folder = tmp_path / "notebooks"
     tiny_notebook(folder, "01_a.ipynb", body="pass")
-    assert cli.main(["course", "--headless", "--only", "07", "--notebooks", str(folder)]) == 2
+    assert exit_status(cli.main, ["course", "--headless", "--only", "07", "--notebooks", str(folder)]) == 2
     assert "--only 07: no such notebook (there are 01)" in capsys.readouterr().err
 
 

@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from _lab_testing import exit_status
 
 pytest.importorskip("papermill", reason="papermill is in the test extra")
 import nbformat  # noqa: E402
@@ -130,7 +131,7 @@ def test_workdir_errors_are_one_clear_line(tmp_path, monkeypatch, capsys, argv, 
     monkeypatch.setattr(course_command.subprocess, "Popen", lambda *a, **k: pytest.fail("lab started"))
     (tmp_path / "file").write_text("x")
     argv = [a.format(file=tmp_path / "file") for a in argv]
-    assert cli.main(["course", "--notebooks", str(_shipped(tmp_path)), *argv]) == 2
+    assert exit_status(cli.main, ["course", "--notebooks", str(_shipped(tmp_path)), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
 

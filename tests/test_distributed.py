@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _lab_testing import cli_code
 
 from sparsity_lab.lab.cli import main
 from sparsity_lab.distributed import local_batch
@@ -227,12 +228,12 @@ def test_compare_on_two_processes_equals_one_process(records, tmp_path):
 def test_compare_refuses_variants_not_run_across_processes(tmp_path, capsys):
     """Refused before any training or process group: nothing is written, no torchrun needed."""
     out = tmp_path / "refused"
-    assert main(["compare", "--variants", "ste,dyad,prune_regrow", "--steps", "2", "--parallel", "ddp",
-                 "--out", str(out)]) == 2
+    assert cli_code(["compare", "--variants", "ste,dyad,prune_regrow", "--steps", "2", "--parallel", "ddp",
+                     "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "dyad, prune_regrow" in err and "--parallel ddp" in err and "without --parallel" in err
-    assert main(["compare", "--variants", "ste", "--time-budget", "60", "--parallel", "fsdp",
-                 "--out", str(out)]) == 2
+    assert cli_code(["compare", "--variants", "ste", "--time-budget", "60", "--parallel", "fsdp",
+                     "--out", str(out)]) == 2
     assert "--time-budget" in capsys.readouterr().err
     assert not out.exists()
 

@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+from _lab_testing import exit_status
 import torch
 
 import statistics
@@ -338,7 +339,7 @@ def test_spent_budget_skips_everything_and_says_so(tmp_path, capsys):
     (["--idle-s", "-1"], "--idle-s"),
 ])
 def test_bad_arguments_name_the_flag(argv, message, tmp_path, capsys):
-    assert bench_main(["ffn", "--smoke", "--out-dir", str(tmp_path), *argv]) == 2
+    assert exit_status(bench_main, ["ffn", "--smoke", "--out-dir", str(tmp_path), *argv]) == 2
     assert message in capsys.readouterr().err
 
 

@@ -2,7 +2,7 @@
 import json
 
 import pytest
-from _lab_testing import CLI_TINY, tiny_corpus_file
+from _lab_testing import CLI_TINY, cli_code, tiny_corpus_file
 
 from sparsity_lab.lab.cli import main
 from sparsity_lab.lab.runlog import read_log
@@ -38,15 +38,17 @@ def test_train_stop_and_resume_via_cli(tmp_path, text, capsys):
     (["--width", "30", "--heads", "3"], "d_model=30 is not divisible by 4"),
     (["--ffn-hidden", "42", "--transposable"], "FFN hidden width=42 is not divisible by 4"),
     (["--method", "ste", "--decay", "1e-4"], "does not take option"),
-    (["--data", "/no/such/path"], "does not exist"),
-    (["--fp8-sim", "--backend", "foo"], "--fp8-sim with --backend: backend must be one that FP8 simulation wraps"),
+    (["--data", "/no/such/path"], "argument --data: expected an existing file or folder, got '/no/such/path'"),
+    (["--fp8-sim", "--backend", "fp8_dense"],
+     "--fp8-sim with --backend: backend must be one that FP8 simulation wraps"),
+    (["--backend", "foo"], "argument --backend: expected one of"),
 ])
 def test_train_errors_are_one_clear_line(tmp_path, text, capsys, argv, message):
     data = [] if "--data" in argv else ["--data", text]
-    code = main(["train", *TINY, *data, "--steps", "2", "--out", str(tmp_path / "r"), *argv])
+    code = cli_code(["train", *TINY, *data, "--steps", "2", "--out", str(tmp_path / "r"), *argv])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
-    assert err.startswith("sparsity-lab train: error:")
+    assert err.splitlines()[-1].startswith("sparsity-lab train: error:")
 
 
 def test_resume_errors(tmp_path, capsys):
@@ -54,7 +56,7 @@ def test_resume_errors(tmp_path, capsys):
     bad.write_bytes(b"\x00garbage" * 50)
     assert main(["train", "--resume", str(bad)]) == 2
     assert "cannot be read: it is corrupt" in capsys.readouterr().err
-    assert main(["train", "--resume", str(bad), "--lr", "0.1"]) == 2
+    assert cli_code(["train", "--resume", str(bad), "--lr", "0.1"]) == 2
     assert "drop --lr" in capsys.readouterr().err
 
 
@@ -70,7 +72,7 @@ def test_decay_search_prints_evidence_and_says_it_is_our_procedure(tmp_path, tex
     result = json.loads((tmp_path / "decay_search.json").read_text())
     assert [t["decay"] for t in result["trials"]] == [1e-4, 1e-2]
     assert result["chosen"]["decay"] in (1e-4, 1e-2) and "provenance" in result
-    assert main(["decay-search", *TINY, "--data", text, "--grid", "1e-4,x"]) == 2
+    assert cli_code(["decay-search", *TINY, "--data", text, "--grid", "1e-4,x"]) == 2
     assert "--grid" in capsys.readouterr().err
 
 
@@ -86,7 +88,7 @@ def test_compare_without_plotly_writes_tables_and_says_figures_were_skipped(tmp_
     assert result["figures"] == [] and "plotly is not installed" in result["figures_note"]
     assert main(["compare", "--figures-from", str(tmp_path)]) == 2
     assert "plotly is not installed" in capsys.readouterr().err
-    assert main(["compare", *TINY, "--data", text, "--variants", "dense,foo", "--out", str(tmp_path)]) == 2
+    assert cli_code(["compare", *TINY, "--data", text, "--variants", "dense,foo", "--out", str(tmp_path)]) == 2
     assert "foo" in capsys.readouterr().err
 
 
@@ -111,5 +113,5 @@ def test_compare_time_budget_sizing(tmp_path, text, capsys):
     assert main(["compare", *TINY, "--data", text, "--variants", "dense", "--time-budget", "0.01",
                  "--out", str(tmp_path)]) == 2
     assert "allows only" in capsys.readouterr().err
-    assert main(["compare", *TINY, "--data", text, "--time-budget", "5", "--steps", "3"]) == 2
+    assert cli_code(["compare", *TINY, "--data", text, "--time-budget", "5", "--steps", "3"]) == 2
     assert "drop --steps" in capsys.readouterr().err

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import torch
-from _lab_testing import CLI_TINY, tiny_config, tiny_corpus_file, without_speed
+from _lab_testing import CLI_TINY, cli_code, tiny_config, tiny_corpus_file, without_speed
 
 transformers = pytest.importorskip("transformers", reason="--model llama needs the 'hf' extra")
 
@@ -86,7 +86,7 @@ def test_cli_train_resume_and_compare(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["step"] == 4 and summary["config"]["model"]["arch"] == "llama"
     assert summary["config"]["model"]["ffn_kind"] == "swiglu"  # Llama's MLP unless --ffn says otherwise
-    assert main(["train", "--resume", str(out / "checkpoint.pt"), "--model", "gpt"]) == 2
+    assert cli_code(["train", "--resume", str(out / "checkpoint.pt"), "--model", "gpt"]) == 2
     assert "drop --model" in capsys.readouterr().err  # the checkpoint says which model it trained
 
     comp = tmp_path / "compare"

@@ -1,6 +1,7 @@
 """The model options of train/compare/decay-search: a head count that fits any width unless --heads is
 given, and a clear error naming --heads and --width when a given one does not divide the width."""
 import pytest
+from _lab_testing import cli_code
 
 from sparsity_lab.lab.cli import build_parser, main
 from sparsity_lab.lab.options import default_heads, model_options
@@ -32,10 +33,10 @@ def test_help_states_the_head_default(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--width", "128", "--heads", "6"], "--heads 6 does not divide --width 128"),
-    (["--heads", "0"], "--heads must be a positive integer"),
+    (["--heads", "0"], "argument --heads: expected a positive integer, got '0'"),
 ])
 def test_a_given_head_count_that_does_not_fit_is_one_clear_line(tmp_path, capsys, argv, message):
-    code = main(["train", "--steps", "1", "--no-progress", "--out", str(tmp_path / "r"), *argv])
+    code = cli_code(["train", "--steps", "1", "--no-progress", "--out", str(tmp_path / "r"), *argv])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
     assert "leave --heads out" in err or "positive" in err

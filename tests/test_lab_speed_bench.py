@@ -2,6 +2,7 @@
 import json
 
 import pytest
+from _lab_testing import exit_status
 
 from benchmarks.lab_speed import ratios
 from benchmarks.__main__ import main as bench_main
@@ -28,7 +29,7 @@ def test_smoke_run_writes_every_variant(tmp_path, capsys):
 
 
 def test_bad_arguments_name_the_flag(tmp_path, capsys):
-    assert bench_main(["lab-speed", "--smoke", "--variants", "nope", "--out-dir", str(tmp_path)]) == 2
+    assert exit_status(bench_main, ["lab-speed", "--smoke", "--variants", "nope", "--out-dir", str(tmp_path)]) == 2
     assert "--variants" in capsys.readouterr().err
     assert bench_main(["lab-speed", "--smoke", "--steps", "4", "--skip-steps", "4", "--out-dir", str(tmp_path)]) == 2
     assert "--skip-steps" in capsys.readouterr().err

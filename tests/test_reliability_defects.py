@@ -10,6 +10,7 @@ import math
 import os
 
 import pytest
+from _lab_testing import exit_status
 import torch
 from torch import nn
 
@@ -296,7 +297,7 @@ def text(tmp_path):
 def test_train_out_under_a_regular_file(tmp_path, text, capsys, out):
     from sparsity_lab.lab.cli import main
     (tmp_path / "file").write_text("x")
-    assert main(["train", "--data", text, "--steps", "2", "--out", str(tmp_path / out), *TINY]) == 2
+    assert exit_status(main, ["train", "--data", text, "--steps", "2", "--out", str(tmp_path / out), *TINY]) == 2
     err = capsys.readouterr().err
     assert "error:" in err and str(tmp_path / out) in err and "Traceback" not in err
 
@@ -304,8 +305,8 @@ def test_train_out_under_a_regular_file(tmp_path, text, capsys, out):
 @pytest.mark.parametrize("stop_at", ["-3", "0", "3"])
 def test_train_stop_at_out_of_range(tmp_path, text, capsys, stop_at):
     from sparsity_lab.lab.cli import main
-    assert main(["train", "--data", text, "--steps", "2", "--stop-at", stop_at,
-                 "--out", str(tmp_path / "r"), *TINY]) == 2
+    assert exit_status(main, ["train", "--data", text, "--steps", "2", "--stop-at", stop_at,
+                              "--out", str(tmp_path / "r"), *TINY]) == 2
     assert "stop" in capsys.readouterr().err
     assert not (tmp_path / "r" / "log.jsonl").exists()
 

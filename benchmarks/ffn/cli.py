@@ -17,32 +17,38 @@ from benchmarks.ffn.schema import NOTES, RESULT_NAME, SMOKE_NAME
 from benchmarks.ffn.settings import FULL, SMOKE, Settings
 from benchmarks.ffn.targets import judge_targets
 from benchmarks.ffn.variants import build_ffn, train_step
+from sparsity_lab.lab.arguments import (nonnegative_float, nonnegative_int, output_folder, positive_float,
+                                        positive_int)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tokens", type=int, nargs="+", default=None, help="token counts (default 4096 16384)")
-    parser.add_argument("--d-model", type=int, nargs="+", default=None,
+    parser.add_argument("--tokens", type=positive_int, nargs="+", default=None,
+                        help="token counts (default 4096 16384)")
+    parser.add_argument("--d-model", type=positive_int, nargs="+", default=None,
                         help="model widths, ffn = 4 d_model (default 1024 2048 4096 8192)")
-    parser.add_argument("--target-tokens", type=int, default=None, help="the targets' shape (default 16384)")
-    parser.add_argument("--target-d-model", type=int, default=None, help="the targets' shape (default 4096)")
-    parser.add_argument("--reps", type=int, default=10, help="timed calls per measurement (median)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed calls first (algorithm search, compiles)")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="start no new shape after this many seconds")
+    parser.add_argument("--target-tokens", type=positive_int, default=None, help="the targets' shape (default 16384)")
+    parser.add_argument("--target-d-model", type=positive_int, default=None, help="the targets' shape (default 4096)")
+    parser.add_argument("--reps", type=positive_int, default=10, help="timed calls per measurement (median)")
+    parser.add_argument("--warmup", type=nonnegative_int, default=3,
+                        help="untimed calls first (algorithm search, compiles)")
+    parser.add_argument("--budget-s", type=positive_float, default=420.0,
+                        help="start no new shape after this many seconds")
     parser.add_argument("--no-graph", action="store_true", help="skip the eager vs CUDA-graph section")
     parser.add_argument("--masks-in-graph", action=argparse.BooleanOptionalAction, default=True,
                         help="graph section: refresh the masks due every step inside the CUDA graph (default), or "
                              "eagerly before each replay (--no-masks-in-graph); recorded as masks_in_graph")
-    parser.add_argument("--rounds", type=int, default=5,
+    parser.add_argument("--rounds", type=nonnegative_int, default=5,
                         help="rounds of the paired section at the target shape (0 skips it): dense and ours "
                              "built side by side and timed in turn, the speed-up taken per round")
-    parser.add_argument("--idle-s", type=float, default=0.5,
+    parser.add_argument("--idle-s", type=nonnegative_float, default=0.5,
                         help="seconds of idle GPU before each paired turn at the target shape and in the GPT "
                              "rounds, so that every variant starts from the same power and thermal state (0: none)")
     parser.add_argument("--no-gpt", action="store_true", help="skip the GPT training step")
-    parser.add_argument("--gpt-layers", type=int, default=None, help="GPT blocks (default 2)")
-    parser.add_argument("--gpt-batch", type=int, default=None, help="sequences per GPT step (default 16)")
-    parser.add_argument("--gpt-context", type=int, default=None, help="tokens per sequence (default 1024)")
-    parser.add_argument("--out-dir", default=None, help="where to write the JSON (default results/)")
+    parser.add_argument("--gpt-layers", type=positive_int, default=None, help="GPT blocks (default 2)")
+    parser.add_argument("--gpt-batch", type=positive_int, default=None, help="sequences per GPT step (default 16)")
+    parser.add_argument("--gpt-context", type=positive_int, default=None, help="tokens per sequence (default 1024)")
+    parser.add_argument("--out-dir", type=output_folder, default=None,
+                        help="where to write the JSON (default results/)")
     parser.add_argument("--name", default=None,
                         help=f"JSON name without .json (default {RESULT_NAME}; {SMOKE_NAME} with --smoke)")
     parser.add_argument("--smoke", action="store_true",

@@ -28,6 +28,6 @@ function per kernel: ``masks`` (1, 2, 3, 9), ``gradients`` (4, 5), ``activations
 ``compressed`` (8, 10, 11).
 """
 from benchmarks.kernels.report import Report
-from benchmarks.kernels.run import add_arguments, run
+from benchmarks.kernels.run import add_arguments, check_arguments, run
 
-__all__ = ["Report", "add_arguments", "run"]
+__all__ = ["Report", "add_arguments", "check_arguments", "run"]

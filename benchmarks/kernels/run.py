@@ -10,17 +10,20 @@ from benchmarks.timing import Timer, bench_device, copy_ceiling_gbps, sync
 from benchmarks.kernels.bench import BF16, MIB, Bench
 from benchmarks.kernels.checks import section
 from benchmarks.kernels.report import Report
+from sparsity_lab.lab.arguments import output_folder, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out-dir", default=None, help="where to write <name>.json (default results/)")
+    parser.add_argument("--out-dir", type=output_folder, default=None,
+                        help="where to write <name>.json (default results/)")
     parser.add_argument("--name", default=None,
                         help="result file name (default kernels_h100; with --only, kernels_h100_only_<numbers>)")
     parser.add_argument("--only", default=None, metavar="N[,N...]",
                         help="run only the sections with these numbers (e.g. 16, or 6,16); default: every section")
-    parser.add_argument("--mib", type=int, default=128,
+    parser.add_argument("--mib", type=positive_int, default=128,
                         help="size of each kernel's main bf16 tensor in MiB (default 128; the targets need >= 64)")
-    parser.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time per measurement (ms)")
+    parser.add_argument("--rep-ms", type=positive_int, default=100,
+                        help="do_bench repetition time per measurement (ms)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes on the CPU through the Triton interpreter: checks the script, not the figures")
 
@@ -51,6 +54,13 @@ def chosen_sections(only: str | None) -> list[tuple[str, object]] | str:
         return (f"--only {only!r}: expected section numbers from {', '.join(numbers)} separated by commas"
                 + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
     return [numbers[w] for w in numbers if w in wanted]
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """--only names known sections (ValueError), checked before any work."""
+    chosen = chosen_sections(args.only)
+    if isinstance(chosen, str):
+        raise ValueError(chosen)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,15 +31,16 @@ from ..shipped import NOTEBOOK_DIR
 from .book import BookBuildFailed, build_course
 from .running import INSTALL_LAB, SIZES, NotebookFailed, notebooks, run_report, select_notebooks
 from .workdir import DEFAULT_WORKDIR, sync
+from ..lab.arguments import as_path, existing_folder, output_file, output_folder, port_number
 
 FORWARDED_SIGNALS = ("SIGTERM", "SIGHUP")  # Ctrl+C reaches the server already (same process group)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--notebooks", type=Path, default=NOTEBOOK_DIR, metavar="DIR",
+    parser.add_argument("--notebooks", type=as_path(existing_folder), default=NOTEBOOK_DIR, metavar="DIR",
                         help="folder of the course notebooks to copy or run (default: the shipped ones, "
                              f"{NOTEBOOK_DIR})")
-    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, metavar="DIR",
+    parser.add_argument("--workdir", type=as_path(output_folder), default=DEFAULT_WORKDIR, metavar="DIR",
                         help="your working copy: JupyterLab opens the notebooks copied to DIR/notebooks, and runs "
                              "and the headless book are written under DIR (default ./sparsity-lab-course). "
                              "Copies you have edited are never overwritten")
@@ -50,17 +51,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     headless.add_argument("--headless", action="store_true", help="run the notebooks and build the HTML book")
     headless.add_argument("--sizes", choices=SIZES, default=None,
                           help="'ci': the small sizes CI uses (default); 'full': the notebooks' own sizes (GPU)")
-    headless.add_argument("--out", type=Path, default=None, metavar="DIR",
+    headless.add_argument("--out", type=as_path(output_folder), default=None, metavar="DIR",
                           help="book folder; the pages land in DIR/_build/html, executed notebooks and what they "
                                "write in DIR/_build/executed-<sizes> (default WORKDIR/book)")
     headless.add_argument("--only", nargs="+", default=None, metavar="NN",
                           help="run only these notebooks, by number (02) or file name (default: all of them)")
     headless.add_argument("--no-book", action="store_true",
                           help="only execute the notebooks (no Jupyter Book needed); goes on past a failing one")
-    headless.add_argument("--report", type=Path, default=None, metavar="FILE",
+    headless.add_argument("--report", type=as_path(output_file), default=None, metavar="FILE",
                           help="with --no-book: write each notebook's time and status, with provenance, as JSON")
     lab = parser.add_argument_group("JupyterLab")
-    lab.add_argument("--port", type=int, default=None, help="port (default 8888, or a free one if it is taken)")
+    lab.add_argument("--port", type=port_number, default=None, help="port (default 8888, or a free one if it is taken)")
     lab.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     lab.add_argument("--no-browser", action="store_true", help="do not open a browser (open the printed URL)")
     lab.add_argument("lab_args", nargs=argparse.REMAINDER, metavar="-- LAB_ARGS",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -28,17 +29,50 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub.required = True
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(_module=module)
+        p.set_defaults(_module=module, _parser=p)
         if name == command:
             importlib.import_module(module).add_arguments(p)
     return parser
 
 
+_WARNING_COMMAND = [None]  # the command whose DataWarnings are being printed
+
+
+def _one_line_warnings(command: str | None) -> None:
+    """The lab's warnings about the user's input (DataWarning) as one line naming the command, not with a
+    source line; other warnings keep Python's format."""
+    _WARNING_COMMAND[0] = command
+    if getattr(warnings.formatwarning, "sparsity_lab", False):
+        return
+    default = warnings.formatwarning
+
+    def fmt(message, category, filename, lineno, line=None):
+        if category.__name__ == "DataWarning":
+            return f"sparsity-lab {_WARNING_COMMAND[0]}: warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+    fmt.sparsity_lab = True
+    warnings.formatwarning = fmt
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
-    args = build_parser(command).parse_args(argv)
-    return int(importlib.import_module(args._module).run(args) or 0)
+    _one_line_warnings(command)
+    parser = build_parser(command)
+    args = parser.parse_args(argv)
+    if getattr(args, "config", None) is not None:
+        from .config_file import expand  # --config FILE.toml: the file's options first, the flags win
+
+        at = argv.index(command) + 1
+        args = parser.parse_args([*argv[:at], *expand(args._parser, argv[at:], args.config)])
+    module = importlib.import_module(args._module)
+    check = getattr(module, "check_arguments", None)
+    if check is not None:
+        try:
+            check(args)
+        except ValueError as err:
+            args._parser.error(str(err))  # the usage, the message, exit status 2
+    return int(module.run(args) or 0)
 
 
 if __name__ == "__main__":

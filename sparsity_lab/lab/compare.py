@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -30,11 +31,15 @@ from pathlib import Path
 from ..methods.config import MaskedDecay
 from ..provenance import write_result
 from ..backends.fp8_sim import fp8_sim_backend_for
-from .data import load_corpus
-from .options import add_common_arguments, cli_errors, common_method_options, config_from_args, given
+from .arguments import existing_folder, nonnegative_float, output_folder, positive_float
+from .config_file import add_config_argument
+from .options import (add_common_arguments, check_data_options, cli_errors, common_method_options,
+                      config_from_args, given, resolve_tokenizer, token_count)
+from .reporting import (TensorBoardReporter, add_report_argument, attach_reporters, check_report_to, reporters_for,
+                        targets)
 from .runlog import finite_json
 from .structures import STRUCTURES
-from .trainer import TrainConfig, Trainer, TrainingDiverged
+from .trainer import TrainConfig, Trainer, TrainingDiverged, config_corpus
 
 # variant -> (method name, method options). Decays are filled in from the command's options.
 VARIANTS: dict[str, tuple[str, dict]] = {
@@ -297,13 +302,16 @@ def refuse_unparallel(variants: list[str], parallel: str, time_budget: float | N
 def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, decay: float | None = None,
                    srste_decay: float | None = None, common: dict | None = None, command: str | None = None,
                    figures: bool = True, time_budget: float | None = None, max_tokens: float | None = None,
-                   auto_warmup: bool = False, parallel: str = "none", dense_flips: bool = True) -> dict:
+                   auto_warmup: bool = False, parallel: str = "none", dense_flips: bool = True,
+                   report_to=()) -> dict:
     """Train every variant and write the tables (and figures). Returns the results payload.
 
     time_budget: size the steps per variant to fit about this many seconds in all (see
     size_to_time; base.steps is then replaced); auto_warmup then sets warm-up to 5 % of them.
     parallel: "ddp" or "fsdp" to train each variant on the processes torchrun started (the global
     batch split over the ranks, as ``train --parallel``); rank 0 alone prints and writes.
+    report_to: "tensorboard" and/or "wandb" (``reporting.py``): each variant's rows also go there
+    (OUT/tensorboard/<variant>; one W&B run per variant, grouped by the output folder's name).
     """
     out_dir = Path(out_dir)
     common = common or {}
@@ -312,6 +320,12 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
         raise ValueError(f"variants must be a non-empty list from {sorted(VARIANTS)}, got {variants}")
     if parallel not in ("none", "ddp", "fsdp"):
         raise ValueError(f"parallel must be 'none', 'ddp' or 'fsdp', got {parallel!r}")
+    if time_budget is not None and not (isinstance(time_budget, (int, float)) and math.isfinite(time_budget)
+                                        and time_budget > 0):
+        raise ValueError(f"time_budget must be a finite number of seconds > 0, got {time_budget!r}")
+    if max_tokens is not None and (time_budget is None or not max_tokens >= 1):
+        raise ValueError(f"max_tokens caps the steps that time_budget sizes: it needs time_budget and a value "
+                         f">= 1, got max_tokens={max_tokens!r}, time_budget={time_budget!r}")
     refuse_unparallel(variants, parallel, time_budget)
     for variant in variants:  # option errors (e.g. a backend FP8 simulation cannot wrap) before any training
         variant_config(base, variant, common, decay, srste_decay, dense_flips)
@@ -320,7 +334,7 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
         from .distributed_trainer import DistributedTrainer, init_from_torchrun
 
         lead = init_from_torchrun(base.device)[0] == 0
-    corpus = load_corpus(base.data, base.data_max_bytes, min_split_bytes=base.model.context + 1)
+    corpus = config_corpus(base)
     sizing = None
     if time_budget is not None:
         steps, sizing = size_to_time(base, variants, time_budget, corpus, decay, srste_decay, common, max_tokens,
@@ -342,6 +356,8 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
         start = time.perf_counter()
         # under --parallel the other ranks log nothing (DistributedTrainer drops their log path)
         trainer = Trainer(cfg, corpus=corpus) if parallel == "none" else DistributedTrainer(cfg, parallel, corpus)
+        if lead:
+            attach_reporters(trainer, _variant_reporters(report_to, out_dir, variant, cfg))
         status = "ok"
         try:
             trainer.run()
@@ -387,6 +403,17 @@ def run_comparison(base: TrainConfig, variants: list[str], out_dir: str | Path, 
     return payload
 
 
+def _variant_reporters(report_to, out_dir: Path, variant: str, cfg: TrainConfig) -> list:
+    """One variant's reporters: TensorBoard in OUT/tensorboard/<variant>, a W&B run named after it."""
+    reporters = []
+    for target in targets(report_to):
+        if target == "tensorboard":
+            reporters.append(TensorBoardReporter(out_dir / "tensorboard" / variant))
+        else:
+            reporters += reporters_for([target], out_dir, variant, cfg.to_dict(), group=out_dir.name)
+    return reporters
+
+
 def _world_size() -> int:
     import torch.distributed as dist
 
@@ -425,21 +452,24 @@ def print_report(payload: dict) -> None:
 
 # --- command line ---------------------------------------------------------------------------------
 def add_arguments(parser) -> None:
+    add_config_argument(parser)
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help=f"comma-separated, from {sorted(VARIANTS)} (default {','.join(DEFAULT_VARIANTS)})")
-    parser.add_argument("--decay", type=float, default=None, help="masked decay's lambda_W, on gradients "
+    parser.add_argument("--decay", type=nonnegative_float, default=None, help="masked decay's lambda_W, on gradients "
                         "(masked_decay, masked_decay_noft) and on weights (masked_decay_weights) (default 6e-5)")
-    parser.add_argument("--srste-decay", type=float, default=None, help="SR-STE's lambda_W (default 2e-4)")
-    parser.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
-    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--srste-decay", type=nonnegative_float, default=None, help="SR-STE's lambda_W (default 2e-4)")
+    parser.add_argument("--out", type=output_folder, default="runs/compare",
+                        help="output folder (default runs/compare)")
+    parser.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS",
                         help="size the steps per variant (replacing --steps) so that all variants take about "
                              "this long, from a short probe of each")
-    parser.add_argument("--max-tokens", type=float, default=None, help="with --time-budget: at most this many "
+    parser.add_argument("--max-tokens", type=token_count, default=None, help="with --time-budget: at most this many "
                         "tokens per variant")
+    add_report_argument(parser)
     parser.add_argument("--no-dense-flips", action="store_true",
                         help="the dense run as the plain GPT, without its would-be 2:4 masks (faster; claim 1, "
                              "which compares flip-rate curves with dense, then has no dense curve)")
-    parser.add_argument("--figures-from", metavar="DIR", default=None,
+    parser.add_argument("--figures-from", metavar="DIR", type=existing_folder, default=None,
                         help="only (re)draw the figures of an earlier comparison in DIR (needs plotly)")
     add_common_arguments(parser)
     g = parser.add_argument_group("across processes (under torchrun)")
@@ -449,8 +479,27 @@ def add_arguments(parser) -> None:
                    "2:4 variants and dense only")
 
 
+def check_arguments(args) -> None:
+    """Options that do not go together (ValueError naming them), before any probe or training."""
+    if args.figures_from:
+        return
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        raise ValueError(f"--variants must be a comma-separated list from {sorted(VARIANTS)}, got {args.variants!r}")
+    if args.max_tokens is not None and args.time_budget is None:
+        raise ValueError("--max-tokens caps the steps that --time-budget sizes: give --time-budget too, "
+                         "or --tokens for a fixed budget")
+    if args.time_budget is not None and given(args, "steps", "tokens"):
+        raise ValueError("--time-budget sizes the steps itself; drop --steps/--tokens")
+    refuse_unparallel(variants, getattr(args, "parallel", "none"), args.time_budget)
+    check_report_to(args.report_to)
+    check_data_options(args, args.out)
+
+
 @cli_errors("compare")
 def run(args) -> int:
+    check_arguments(args)  # also when run() is called without the command line
     if args.figures_from:
         from .figures import write_figures
         try:
@@ -460,15 +509,19 @@ def run(args) -> int:
         print("\n".join(str(p) for p in paths))
         return 0
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if os.environ.get("RANK", "0") == "0":
+        resolve_tokenizer(args, args.out)
     base = config_from_args(args)
-    if args.time_budget is not None and given(args, "steps", "tokens"):
-        raise ValueError("--time-budget sizes the steps itself; drop --steps/--tokens")
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 alone writes
+        from .train import write_run_config
+        write_run_config(args, Path(args.out), base, "compare",
+                         skip=("steps", "tokens", "warmup_steps") if args.time_budget is not None else ())
     parallel = getattr(args, "parallel", "none")
     started_here = parallel != "none" and not _process_group_running()  # else the caller owns the group
     run_comparison(base, variants, args.out, decay=args.decay, srste_decay=args.srste_decay,
                    common=common_method_options(args), time_budget=args.time_budget, max_tokens=args.max_tokens,
                    auto_warmup=not given(args, "warmup_steps"), parallel=parallel,
-                   dense_flips=not args.no_dense_flips)
+                   dense_flips=not args.no_dense_flips, report_to=args.report_to)
     if started_here:
         import torch.distributed as dist
 

@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass, replace
 
 from ..methods.config import _check_decay
-from .data import ByteCorpus, load_corpus
-from .trainer import TrainConfig, Trainer, TrainingDiverged
+from .data import ByteCorpus
+from .trainer import TrainConfig, Trainer, TrainingDiverged, config_corpus
 
 DECAY_METHODS = ("srste", "masked_decay", "masked_decay_weights")
 LATE_FRACTION = 0.1  # "late" = the last 10 % of the steps
@@ -145,8 +145,7 @@ def run_decay_grid(base: TrainConfig, decays, method: str = "srste", corpus: Byt
     if not decays:
         raise ValueError("decays must hold at least one lambda_W value")
     common = dict(common or {})
-    corpus = corpus if corpus is not None else load_corpus(base.data, base.data_max_bytes,
-                                                           min_split_bytes=base.model.context + 1)
+    corpus = corpus if corpus is not None else config_corpus(base)
     base = replace(base, log_path=None, checkpoint_path=None, checkpoint_interval=0)
     dense = None
     if dense_reference:

@@ -20,15 +20,17 @@ choice is the grid's smallest or largest value (widen the grid).
 """
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import replace
 from pathlib import Path
 
 from ..provenance import write_result
-from .data import load_corpus
-from .options import add_common_arguments, cli_errors, common_method_options, config_from_args
+from .arguments import nonnegative_float, output_folder, positive_float, positive_int
+from .options import (add_common_arguments, check_data_options, cli_errors, common_method_options, config_from_args,
+                      resolve_tokenizer)
 from .runlog import finite_json
-from .trainer import TrainConfig, Trainer, TrainingDiverged
+from .trainer import TrainConfig, Trainer, TrainingDiverged, config_corpus
 
 # Half-decades. The reference constants (6e-5 for GPT-2 124M) sit low in it; small models with
 # Adam-normalised updates may need larger values before the decay term is comparable to dW.
@@ -87,13 +89,16 @@ def search_decay(base: TrainConfig, grid=DEFAULT_GRID, trial_steps: int | None =
     if method not in SEARCH_METHODS:
         raise ValueError(f"method must be one of {SEARCH_METHODS}, got {method!r}")
     grid = sorted(float(g) for g in grid)
-    if not grid or grid[0] <= 0:
+    if not grid or not all(math.isfinite(g) and g > 0 for g in grid):
         raise ValueError(f"grid must hold positive lambda_W values, got {grid}")
-    trial_steps = trial_steps or max(base.warmup_steps, 1)
+    if isinstance(loss_tolerance, bool) or not isinstance(loss_tolerance, (int, float)) \
+            or not math.isfinite(loss_tolerance) or loss_tolerance < 0:
+        raise ValueError(f"loss_tolerance must be a finite number >= 0, got {loss_tolerance!r}")
+    trial_steps = max(base.warmup_steps, 1) if trial_steps is None else trial_steps
     if not 1 <= trial_steps <= base.steps:
         raise ValueError(f"trial_steps must be in [1, steps={base.steps}], got {trial_steps}")
     common = common or {}
-    corpus = load_corpus(base.data, base.data_max_bytes, min_split_bytes=base.model.context + 1)
+    corpus = config_corpus(base)
     dense = _trial(base, "dense", common, trial_steps, corpus)
     if not math.isfinite(dense["val_loss"]):
         raise ValueError(f"the dense reference trial diverged ({dense['status']}); lower the learning rate")
@@ -132,23 +137,40 @@ def print_evidence(result: dict) -> None:
 
 def add_arguments(parser) -> None:
     parser.description = HELP
-    parser.add_argument("--grid", default=",".join(f"{g:g}" for g in DEFAULT_GRID),
+    parser.add_argument("--grid", type=decay_grid, default=",".join(f"{g:g}" for g in DEFAULT_GRID),
                         help="comma-separated lambda_W values (default half-decades 1e-6..1e-1)")
-    parser.add_argument("--trial-steps", type=int, default=None, help="steps per trial (default: the warm-up steps)")
-    parser.add_argument("--loss-tolerance", type=float, default=0.005,
+    parser.add_argument("--trial-steps", type=positive_int, default=None,
+                        help="steps per trial (default: the warm-up steps)")
+    parser.add_argument("--loss-tolerance", type=nonnegative_float, default=0.005,
                         help="acceptable gap to dense <= best gap + this (relative; default 0.005)")
-    parser.add_argument("--out", default=None, help="write the evidence to OUT/decay_search.json")
+    parser.add_argument("--out", type=output_folder, default=None, help="write the evidence to OUT/decay_search.json")
     parser.add_argument("--method", choices=SEARCH_METHODS, default="masked_decay",
                         help="masked decay on gradients (default) or on weights (decoupled)")
     add_common_arguments(parser)
 
 
+def decay_grid(text) -> list[float]:
+    """--grid: comma-separated lambda_W values, each a finite number > 0."""
+    try:
+        grid = [positive_float(g.strip()) for g in str(text).split(",") if g.strip()]
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers > 0, got {text!r} ({err})") from None
+    if not grid:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers > 0, got {text!r}")
+    return grid
+
+
+def check_arguments(args) -> None:
+    """The data options (ValueError naming them), before any trial."""
+    check_data_options(args, args.out)
+
+
 @cli_errors("decay-search")
 def run(args) -> int:
-    try:
-        grid = [float(g) for g in args.grid.split(",") if g.strip()]
-    except ValueError as err:
-        raise ValueError(f"--grid must be comma-separated numbers, got {args.grid!r}") from err
+    check_arguments(args)  # also when run() is called without the command line
+    if args.out:
+        resolve_tokenizer(args, args.out)
+    grid = args.grid if isinstance(args.grid, list) else decay_grid(args.grid)
     result = search_decay(config_from_args(args), grid, args.trial_steps, args.loss_tolerance,
                           common_method_options(args), method=args.method)
     print_evidence(result)

@@ -14,18 +14,28 @@ import time
 
 import torch
 
+from .arguments import command_errors, multiple_of_4, nonnegative_int, output_file, positive_int
 from ..masks import EXACT_SOLVERS, SOLVERS, kept_fraction, nm_mask, transposable_mask
 from ..methods.config import STE, Dense, MaskedDecay, SparsityMethod
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=150, help="training steps per method (default 150)")
-    parser.add_argument("--size", type=int, default=512, help="matrix size for the solver comparison")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--seeds", type=int, default=1, help="part 3 over this many seeds (0, 1, ...) "
+    parser.add_argument("--steps", type=positive_int, default=150, help="training steps per method (default 150)")
+    parser.add_argument("--size", type=multiple_of_4, default=512,
+                        help="matrix size for the solver comparison, a multiple of 4 (default 512)")
+    parser.add_argument("--seed", type=nonnegative_int, default=0)
+    parser.add_argument("--seeds", type=positive_int, default=1, help="part 3 over this many seeds (0, 1, ...) "
                         "for every method, with the spread and the verdicts (default 1: one trace)")
-    parser.add_argument("--record", metavar="PATH", default=None,
+    parser.add_argument("--record", metavar="PATH", type=output_file, default=None,
                         help="with --seeds: write the multi-seed run (and its provenance) to this JSON file")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Options that do not go together (ValueError naming them), before any work."""
+    if args.record and args.seeds < 2:
+        raise ValueError("--record needs --seeds N with N >= 2")
+    if args.record and not args.record.endswith(".json"):
+        raise ValueError(f"--record must name a .json file, got {args.record!r}")
 
 
 def draw_mask(weight: torch.Tensor, mask: torch.Tensor) -> str:
@@ -67,11 +77,9 @@ def sparkline(values: list[float]) -> str:
                    for v in values)
 
 
+@command_errors("demo")
 def run(args: argparse.Namespace) -> int:
-    if args.record and args.seeds < 2:
-        raise SystemExit("sparsity-lab demo: error: --record needs --seeds N with N >= 2")
-    if args.record and not args.record.endswith(".json"):
-        raise SystemExit(f"sparsity-lab demo: error: --record must name a .json file, got {args.record!r}")
+    check_arguments(args)  # also when run() is called without the command line
     torch.manual_seed(args.seed)
     w = torch.randn(4, 8)
     print("1. A 2:4 mask keeps the 2 largest |w| of every 4 consecutive weights in a row:\n")

@@ -13,17 +13,19 @@ import io
 import math
 import os
 import time
+import warnings
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, load_checkpoint
+from .dcp_state import check_corpus, read_dcp_extra, restore_from_dcp
 from .trainer import TrainConfig, Trainer, TrainingDiverged, WarmupCosine
 from .runlog import clean_row
 from ..training_hooks import attach_optimizer
 from ..distributed.batches import local_batch
-from ..distributed.checkpoint import load_distributed, save_distributed
+from ..distributed.checkpoint import save_distributed
 from ..distributed.sharded_layer import ShardedSparseLinear
 from ..distributed.wrap import data_parallel, fully_shard_sparse
 
@@ -178,17 +180,58 @@ class DistributedTrainer(Trainer):
 
     @classmethod
     def resume(cls, path: str | Path, parallel: str, corpus=None, **run_options) -> "DistributedTrainer":
-        """A trainer at the checkpoint's step (a DCP directory written by ``save``, any world size)."""
-        from ..distributed.checkpoint import read_extra
-
-        extra = torch.load(io.BytesIO(read_extra(path)), weights_only=True)
+        """A trainer at the checkpoint's step: a DCP directory written by ``save`` (any world size) or the
+        ``.pt`` file of a one-process run (``Trainer.save``), re-sharded over these processes."""
+        if Path(path).is_file():
+            return cls._resume_from_file(path, parallel, corpus, **run_options)
+        extra = read_dcp_extra(path)
         config = TrainConfig.from_dict({**extra["config"], **run_options})
         trainer = cls(config, parallel, corpus)
-        if extra["corpus"]["sha256"] != trainer.corpus.fingerprint:
-            raise CheckpointError("the data differ from the checkpoint's")
-        load_distributed(path, trainer.gpt, trainer.optimizer)
-        trainer.scheduler.load_state_dict(extra["scheduler"])
-        trainer.sampler.load_state_dict(extra["sampler"])
-        trainer.step = int(extra["step"])
+        restore_from_dcp(trainer, trainer.gpt, path, extra, no_dist=False)
+        return trainer
+
+    @classmethod
+    def _resume_from_file(cls, path: str | Path, parallel: str, corpus=None, **run_options) -> "DistributedTrainer":
+        """Continue a one-process run (its ``.pt`` checkpoint) on these processes: the full tensors of the file
+        are loaded on every rank and sharded like this run's (FSDP2) or copied (DDP)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        state = load_checkpoint(path)
+        config = TrainConfig.from_dict({**state["config"], **run_options})
+        if config.method.lower() == "dense" and not config.track_flips:
+            raise CheckpointError(f"checkpoint {str(path)!r} is a plain dense run (no would-be masks); under "
+                                  "--parallel a dense run keeps its would-be masks: continue it on one process")
+        trainer = cls(config, parallel, corpus)
+        check_corpus(trainer, state["corpus"])
+        try:
+            set_state_dict(trainer.gpt, trainer.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=_optimizer_by_name(trainer.gpt, trainer.optimizer, state["optimizer"]),
+                           options=StateDictOptions(full_state_dict=True))
+            trainer.scheduler.load_state_dict(state["scheduler"])
+            trainer.sampler.load_state_dict(state["sampler"])
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise CheckpointError(f"checkpoint {str(path)!r} does not fit this run: "
+                                  f"{str(err).splitlines()[0][:300]}") from err
+        if trainer.world == 1:
+            torch.set_rng_state(state["torch_rng"])
+        else:
+            warnings.warn(f"checkpoint saved by 1 process, loaded by {trainer.world}: model and optimizer are "
+                          "sharded, the torch RNG state is not restored", stacklevel=2)
+        trainer.step = int(state["step"])
         trainer.log.truncate_after(trainer.step)
         return trainer
+
+
+def _optimizer_by_name(model, optimizer, saved: dict) -> dict:
+    """A one-process optimizer state dict (parameters numbered in the order of the optimizer's groups) with the
+    parameters named instead (the form ``set_state_dict`` loads into any sharding). Both runs build their
+    groups the same way (``Trainer``), so the k-th parameter is the same one."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    ordered = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    numbered = [i for group in saved["param_groups"] for i in group["params"]]
+    if len(numbered) != len(ordered):
+        raise ValueError(f"the checkpoint's optimizer has {len(numbered)} parameters, this run's {len(ordered)}")
+    by_index = dict(zip(numbered, ordered))
+    return {"state": {by_index[i]: value for i, value in saved["state"].items()},
+            "param_groups": [{**group, "params": [by_index[i] for i in group["params"]]}
+                             for group in saved["param_groups"]]}

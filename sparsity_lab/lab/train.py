@@ -17,22 +17,28 @@ from pathlib import Path
 
 from ..backends.fp8_sim import fp8_sim_backend_for
 from .atomic_io import ensure_folder, write_text_atomic
+from .arguments import existing_path, nonnegative_int, output_folder, plural, positive_int
+from .config_file import add_config_argument, resolved_options, write_resolved
+from .reporting import add_report_argument, attach_reporters, check_report_to, reporters_for
 from .options import (TRAJECTORY_OPTIONS, add_common_arguments, add_method_arguments, cli_errors,
-                      common_method_options, config_from_args, given)
+                      check_data_options, common_method_options, config_from_args, given,
+                      resolve_tokenizer, resolved_from_config)
 from .trainer import Trainer
 
 
 def add_arguments(parser) -> None:
+    add_config_argument(parser)
     add_method_arguments(parser)
     add_common_arguments(parser)
     g = parser.add_argument_group("output")
-    g.add_argument("--out", default=None, help="run folder (default runs/<method>)")
-    g.add_argument("--checkpoint-interval", type=int, default=0,
+    g.add_argument("--out", type=output_folder, default=None, help="run folder (default runs/<method>)")
+    g.add_argument("--checkpoint-interval", type=nonnegative_int, default=0,
                    help="steps between checkpoints (default 0: only at the end)")
-    g.add_argument("--resume", metavar="CHECKPOINT", default=None,
+    g.add_argument("--resume", metavar="CHECKPOINT", type=existing_path, default=None,
                    help="continue a run from its checkpoint (its settings come from the checkpoint)")
     g.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
-    g.add_argument("--stop-at", type=int, default=None, metavar="STEP",
+    add_report_argument(g)
+    g.add_argument("--stop-at", type=positive_int, default=None, metavar="STEP",
                    help="stop after this step (the schedule still plans --steps); continue later with --resume")
     g = parser.add_argument_group("across processes (under torchrun)")
     g.add_argument("--parallel", choices=("none", "ddp", "fsdp"), default="none",
@@ -63,25 +69,36 @@ def method_options(args) -> dict:
     return opts
 
 
+def check_arguments(args) -> None:
+    """Options that do not go together (ValueError naming them), before any work."""
+    if args.resume:
+        clash = given(args, *TRAJECTORY_OPTIONS)
+        if clash:
+            raise ValueError(f"--resume takes the run's settings from the checkpoint; drop "
+                             f"{', '.join('--' + c.replace('_', '-') for c in clash)}")
+    check_report_to(args.report_to)
+    if not args.resume:
+        check_data_options(args)
+    steps = getattr(args, "steps", None)
+    if args.stop_at is not None and steps is not None and args.stop_at > steps:
+        raise ValueError(f"--stop-at {args.stop_at} is past --steps {steps}")
+
+
 @cli_errors("train")
 def run(args) -> int:
-    if args.stop_at is not None and args.stop_at < 1:
-        raise ValueError(f"--stop-at must be a step >= 1 (at most --steps), got {args.stop_at}")
+    check_arguments(args)  # also when run() is called without the command line
     if args.out:  # fail now, naming the path, not after the set-up (e.g. a regular file in the way)
         ensure_folder(args.out, "--out run")
     parallel = getattr(args, "parallel", "none")
     if parallel != "none":
         return _run_parallel(args, parallel)
     if args.resume:
-        clash = given(args, *TRAJECTORY_OPTIONS)
-        if clash:
-            raise ValueError(f"--resume takes the run's settings from the checkpoint; drop "
-                             f"{', '.join('--' + c.replace('_', '-') for c in clash)}")
         out = Path(args.out) if args.out else Path(args.resume).parent
         trainer = Trainer.resume(args.resume, log_path=str(out / "log.jsonl"),
                                  checkpoint_path=str(out / "checkpoint.pt"),
                                  checkpoint_interval=args.checkpoint_interval, progress=not args.no_progress)
         print(f"resumed {args.resume} at step {trainer.step} of {trainer.config.steps}")
+        attach_reporters(trainer, reporters_for(args.report_to, out, out.name, trainer.config.to_dict()))
     else:
         method = getattr(args, "method", "ste")
         out = ensure_folder(args.out or f"runs/{method}", "--out run")
@@ -94,21 +111,40 @@ def run(args) -> int:
                 raise ValueError(f"{str(out)!r} already holds a run; pass --resume {out / 'checkpoint.pt'}, "
                                  "--overwrite or another --out")
             log.unlink()
+        resolve_tokenizer(args, out)
         config = config_from_args(args, method=method, method_options=method_options(args), log_path=str(log),
                                   checkpoint_path=str(out / "checkpoint.pt"),
                                   checkpoint_interval=args.checkpoint_interval)
+        write_run_config(args, out, config, "train")
         trainer = Trainer(config)
+        attach_reporters(trainer, reporters_for(args.report_to, out, out.name, config.to_dict()))
         print(f"{trainer.describe()}: {trainer.model.num_params():,} parameters, {config.steps} steps of "
               f"{config.tokens_per_step:,} tokens on {trainer.device}; corpus {trainer.corpus.source} "
-              f"({trainer.corpus.train.numel():,} training bytes)")
+              f"({trainer.corpus.train.numel():,} training "
+              f"{'bytes' if trainer.corpus.tokenizer is None else 'tokens'})")
     summary = trainer.run(stop_at=args.stop_at)
     trainer.close()
     summary.update(config=trainer.config.to_dict(), corpus=trainer.corpus.describe())
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n", "run summary")
     speed = summary["median_tokens_per_s"]
-    print(f"step {summary['step']}: val loss {summary['final_val_loss']}, median "
+    print(f"step {summary['step']}: val loss {_loss(summary['final_val_loss'])}, median "
           f"{'n/a' if speed is None else f'{speed:.0f}'} tokens/s; log {out / 'log.jsonl'}")
     return 0
+
+
+def write_run_config(args, out: Path, config, command: str, skip: tuple[str, ...] = ()) -> None:
+    """OUT/config.toml: every option of the run as resolved (``--config`` reads it back)."""
+    parser = vars(args).get("_parser")
+    if parser is None:  # run() called without the command line: no options to write
+        return
+    options = resolved_options(parser, args, resolved_from_config(config),
+                               skip=("resume", "overwrite", "stop_at", "figures_from", *skip))
+    write_resolved(out, options, command)
+
+
+def _loss(value) -> str:
+    """A loss for people: 4 decimals (the log and summary keep every digit)."""
+    return "n/a" if value is None else f"{value:.4f}"
 
 
 def _run_parallel(args, parallel: str) -> int:
@@ -120,10 +156,6 @@ def _run_parallel(args, parallel: str) -> int:
     started_here = not (dist.is_available() and dist.is_initialized())  # else the caller owns the group
 
     if args.resume:
-        clash = given(args, *TRAJECTORY_OPTIONS)
-        if clash:
-            raise ValueError(f"--resume takes the run's settings from the checkpoint; drop "
-                             f"{', '.join('--' + c.replace('_', '-') for c in clash)}")
         out = Path(args.out) if args.out else Path(args.resume).parent
         trainer = DistributedTrainer.resume(args.resume, parallel, log_path=str(out / "log.jsonl"),
                                             checkpoint_path=str(out / "checkpoint.dcp"),
@@ -131,7 +163,8 @@ def _run_parallel(args, parallel: str) -> int:
                                             progress=not args.no_progress)
         lead = trainer.rank == 0
         if lead:
-            print(f"resumed {args.resume} at step {trainer.step} of {trainer.config.steps} on {trainer.world} processes")
+            print(f"resumed {args.resume} at step {trainer.step} of {trainer.config.steps} on "
+                  f"{plural(trainer.world, 'process', 'processes')}")
     else:
         method = getattr(args, "method", "ste")
         out = Path(args.out or f"runs/{method}")
@@ -144,20 +177,24 @@ def _run_parallel(args, parallel: str) -> int:
                                   checkpoint_interval=args.checkpoint_interval)
         trainer = DistributedTrainer(config, parallel)
         lead = trainer.rank == 0
+        if lead:
+            write_run_config(args, out, config, "train")
         if lead and log.exists():
             log.unlink()  # --overwrite
         dist.barrier()
         if lead:
-            print(f"{trainer.method.describe()} on {trainer.world} processes ({parallel}): "
+            print(f"{trainer.method.describe()} on {plural(trainer.world, 'process', 'processes')} ({parallel}): "
                   f"{trainer.gpt.num_params():,} parameters, {config.steps} steps of {config.tokens_per_step:,} "
                   f"tokens (global batch) on {trainer.device}")
+    if lead:
+        attach_reporters(trainer, reporters_for(args.report_to, out, out.name, trainer.config.to_dict()))
     summary = trainer.run(stop_at=args.stop_at)
     trainer.close()
     if lead:
         summary.update(config=trainer.config.to_dict(), corpus=trainer.corpus.describe())
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         speed = summary["median_tokens_per_s"]
-        print(f"step {summary['step']}: val loss {summary['final_val_loss']}, median "
+        print(f"step {summary['step']}: val loss {_loss(summary['final_val_loss'])}, median "
               f"{'n/a' if speed is None else f'{speed:.0f}'} tokens/s (all processes); log {out / 'log.jsonl'}")
     if started_here:
         dist.destroy_process_group()

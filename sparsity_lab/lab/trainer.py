@@ -96,6 +96,9 @@ class TrainConfig:
     model: GPTConfig = field(default_factory=GPTConfig)
     data: str | None = None  # None: the standard library's .py files
     data_max_bytes: int = DEFAULT_MAX_BYTES
+    tokenizer: str | None = None  # a tokenizers .json file (tokens.py); None: bytes (model.vocab_size 256)
+    data_format: str = "text"  # "text": files read as text; "datasets": Hugging Face datasets (local files)
+    text_field: str = "text"  # with data_format "datasets": the column holding the text
     batch_size: int = 16
     grad_accum: int = 1
     steps: int = 1000  # optimizer steps planned (the schedule and the dense fine-tune switch use it)
@@ -184,6 +187,12 @@ class TrainConfig:
         return cls(**d)
 
 
+def config_corpus(cfg: TrainConfig) -> ByteCorpus:
+    """The corpus a config names (data, cap, tokenizer, format); each split holds a window of the context."""
+    return load_corpus(cfg.data, cfg.data_max_bytes, min_split_bytes=cfg.model.context + 1, tokenizer=cfg.tokenizer,
+                       data_format=cfg.data_format, text_field=cfg.text_field)
+
+
 def _positive_int(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -252,8 +261,11 @@ class Trainer:
         self.device = resolve_device(cfg.device)
         use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.device.type == "cuda")
         self.autocast_dtype = torch.bfloat16 if use_bf16 else None
-        self.corpus = corpus if corpus is not None else load_corpus(
-            cfg.data, cfg.data_max_bytes, min_split_bytes=cfg.model.context + 1)
+        self.corpus = corpus if corpus is not None else config_corpus(cfg)
+        if self.corpus.vocab_size != cfg.model.vocab_size:
+            raise ValueError(f"the model's vocabulary ({cfg.model.vocab_size}) is not the data's "
+                             f"({self.corpus.vocab_size} tokens, tokenizer {self.corpus.tokenizer or 'bytes'}): "
+                             "set model.vocab_size to the tokenizer's size")
 
         is_dense = cfg.method.lower() == "dense"
         self.method = run_method(cfg)
@@ -394,13 +406,20 @@ class Trainer:
         """A trainer at the checkpoint's step, with the checkpoint's settings.
 
         run_options may change only the settings that leave the trajectory alone (log and
-        checkpoint paths, checkpoint interval, progress bar).
+        checkpoint paths, checkpoint interval, progress bar). ``path`` may also be the DCP directory
+        of a run across processes (``train --parallel``), continued here on one process.
         """
-        state = load_checkpoint(path)
         bad = set(run_options) - set(RUN_ONLY_FIELDS)
         if bad:
             raise ValueError(f"resume takes the run's settings from the checkpoint; only {RUN_ONLY_FIELDS} "
                              f"may be changed, got {sorted(bad)}")
+        if Path(path).is_dir():  # the DCP checkpoint of a run across processes, continued on this one
+            from .dcp_state import read_dcp_extra, restore_from_dcp
+            extra = read_dcp_extra(path)
+            trainer = cls(TrainConfig.from_dict({**extra["config"], **run_options}), corpus)
+            restore_from_dcp(trainer, trainer.model, path, extra, no_dist=True)
+            return trainer
+        state = load_checkpoint(path)
         try:
             config = TrainConfig.from_dict({**state["config"], **run_options})
         except (TypeError, ValueError) as err:
