@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.compile_speed import VARIANTS
-from sparsity_lab.lab.cli import main
+from benchmarks.__main__ import main as bench_main
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -33,10 +33,10 @@ def check_export(data):
     assert set(sparse["decode_ms_per_token"]) == {str(b) for b in data["config"]["decode_batches"]}
 
 
-@pytest.mark.parametrize("command,check", [("benchmarks compile", check_compile), ("benchmarks export", check_export)])
+@pytest.mark.parametrize("command,check", [("compile", check_compile), ("export", check_export)])
 def test_smoke_run_writes_its_json(tmp_path, command, check, capsys):
     out = tmp_path / "bench.json"
-    assert main([command, "--smoke", "--out", str(out)]) == 0
+    assert bench_main([command, "--smoke", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["smoke"] is True and data["errors"] == {} and data["provenance"]["command"]
     check(data)
