@@ -6,7 +6,7 @@ or its memory rate allows. The sparse tensor cores double the peak; the compress
 dense bytes (half the values plus 2 bits of metadata per kept value); ``B`` and the output move in full.
 
 The H100 figures are NVIDIA's datasheet values for the H100 SXM5: 132 SMs, 4096 dense bf16 FLOP per SM per
-clock (989 TFLOP/s at 1.83 GHz, 1979 with 2:4 sparsity) and 3.35 TB/s of HBM3. The peak scales with the SM
+clock (the datasheet's dense peak at 1.83 GHz, twice that with 2:4 sparsity) and 3.35 TB/s of HBM3. The peak scales with the SM
 clock, which the 700 W power cap lowers under sustained load (``results/ffn_baseline_NOTES.md``).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ._optional import plotly_go
 
 SMS = 132
 FLOP_PER_CLOCK_PER_SM = 4096       # dense bf16 tensor-core FLOP per SM per clock (H100)
-DATASHEET_CLOCK_GHZ = 1.83         # the clock of the datasheet's 989 TFLOP/s
+DATASHEET_CLOCK_GHZ = 1.83         # the clock of the datasheet's dense bf16 peak
 HBM_TB_PER_S = 3.35                # HBM3 bandwidth, TB/s
 BYTES_PER_VALUE = 2                # bf16
 METADATA_BITS_PER_KEPT = 2         # the index of a kept value inside its group of four
