@@ -19,24 +19,10 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
+from benchmarks.fp8_sparse import _ms
 from sparsity_lab.lab.arguments import output_folder
 
 SHAPES = ((16384, 4096, 16384), (16384, 16384, 4096), (4096, 4096, 16384))
-
-
-def _ms(fn, reps: int = 30, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def measure(tokens: int, d_in: int, d_out: int) -> dict:
