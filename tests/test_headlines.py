@@ -31,10 +31,17 @@ QUOTED_IN = {
 }
 
 
+# the evidence page: it lists every recorded run with that run's own figures (two runs of one benchmark
+# differ), and the figures behind the code's choices; the lessons, the README and the other docs quote
+# the one headline
+EVIDENCE = ("measuring.md",)
+
+
 def documents() -> dict[str, str]:
-    """README.md, docs/*.md and every notebook's markdown cells, by path relative to the root."""
+    """README.md, docs/*.md (but the evidence page) and every notebook's markdown cells, by path relative
+    to the root."""
     docs = {"README.md": (ROOT / "README.md").read_text()}
-    docs.update({f"docs/{p.name}": p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))})
+    docs.update({f"docs/{p.name}": p.read_text() for p in sorted((ROOT / "docs").glob("*.md")) if p.name not in EVIDENCE})
     for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
         cells = json.loads(nb.read_text())["cells"]
         docs[f"notebooks/{nb.name}"] = "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")

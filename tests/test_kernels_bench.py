@@ -34,4 +34,4 @@ def test_bench_kernels_only_runs_the_named_sections_and_names_its_file(tmp_path)
     assert result["sections"] == ["16. squared ReLU"] and {row["kernel"] for row in result["rows"]} == {"16 relu2"}
     assert {row["variant"] for row in result["rows"]} >= {"forward + backward", "backward (read h, dy, write dh)"}
     bad = subprocess.run(cmd + ["--only", "16,99"], capture_output=True, text=True, env=env, timeout=300)
-    assert bad.returncode == 2 and "unknown: 99" in bad.stdout
+    assert bad.returncode == 2 and "unknown: 99" in bad.stderr and "usage:" in bad.stderr  # refused before any work
