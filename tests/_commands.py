@@ -197,6 +197,10 @@ def _shrunk(flag: str, value: str) -> str:
 
 def plan(command: Command, tmp: Path, has_gpu: bool) -> Plan:
     """How the test treats ``command`` (see the module docstring)."""
+    if "-m" in command.argv and command.argv[command.argv.index("-m") + 1:][:1] == ["torchtitan.train"]:
+        return Plan("skip", "torchtitan's own trainer, which needs an accelerator: "
+                            "tests/test_readme_integrations.py parses this command with torchtitan's config parser "
+                            "and tests/test_integrations_torchtitan.py drives the trainer's pieces on the CPU")
     launched = torchrun_split(command.argv)
     launcher, argv = launched if launched else ([], command.argv)
     found = subcommand(argv)

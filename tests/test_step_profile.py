@@ -177,12 +177,11 @@ def test_modes_and_gpu_names():
 
 
 def test_bad_arguments_name_the_flag(tmp_path, capsys):
-    assert bench_main(["step-profile", "--smoke", "--modes", "turbo", "--out-dir", str(tmp_path)]) == 2
-    assert "--modes" in capsys.readouterr().err
-    assert bench_main(["step-profile", "--smoke", "--configs", "dense,ffn48", "--out-dir", str(tmp_path)]) == 2
-    assert "--configs" in capsys.readouterr().err
-    assert bench_main(["step-profile", "--smoke", "--refresh-interval", "1", "--out-dir", str(tmp_path)]) == 2
-    assert "--refresh-interval" in capsys.readouterr().err
+    """Refused while the command line is read (usage, the message, exit status 2), before any work."""
+    for flag, value in (("--modes", "turbo"), ("--configs", "dense,ffn48"), ("--refresh-interval", "1")):
+        with pytest.raises(SystemExit) as exit_:
+            bench_main(["step-profile", "--smoke", flag, value, "--out-dir", str(tmp_path)])
+        assert exit_.value.code == 2 and flag in capsys.readouterr().err
 
 
 def test_smoke_run_writes_every_run_with_its_profile_and_ceiling(tmp_path, capsys):

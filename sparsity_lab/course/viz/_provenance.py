@@ -43,7 +43,7 @@ BENCHMARK_NAMES = {"mask_solvers": "masks", "kernels": "kernels", "ffn.cli": "ff
                    "mvue_variants": "mvue-variants", "fp8_training": "fp8-training", "fp8_sparse": "fp8-sparse",
                    "kernel_configs": "kernel-configs", "ffn_profile": "ffn-profile", "act24_profile": "act24-profile",
                    "cusparselt_probe": "cusparselt-probe", "cusparselt_layout_dump": "cusparselt-layout",
-                   "torchtitan_record": "torchtitan"}
+                   "step_profile": "step-profile", "fp8_scalar_alpha": "fp8-scalar-alpha"}
 _ABSOLUTE = re.compile(r"(?<![\w.])/[^\s'\"]+")
 
 
@@ -67,7 +67,8 @@ def provenance_command(prov: dict) -> str:
         else:
             command = "sparsity-lab " + rest
     elif _TORCHTITAN.match(command):
-        command = _TORCHTITAN.sub("python -m benchmarks torchtitan", command)
+        # the recorder runs under torchtitan's trainer (docs/integrations.md); the module keeps its name
+        command = _TORCHTITAN.sub("python -m benchmarks.torchtitan_record", command)
     else:
         command = _BENCH_FILE.sub(_benchmark_command, command)
     for old, new in _OLD_MODULES.items():
