@@ -8,6 +8,7 @@ The checker itself is tested on small synthetic packages below.
 """
 from __future__ import annotations
 
+import ast
 import sys
 import textwrap
 from pathlib import Path
@@ -210,3 +211,37 @@ def test_checker_finds_an_import_of_a_module_that_moved(tmp_path):
     (pkg / "user.py").write_text("def f():\n    from .old import X\n    from .sub.new import X, Y\n    from .sub import new\n")
     found = unresolved_imports({"pkg": pkg})
     assert len(found) == 2 and "no module pkg.old" in found[0] and "has no Y" in found[1]
+
+
+def imports_through_the_root(roots: dict[str, Path], root: str = "sparsity_lab") -> list[str]:
+    """``from ... import kernels`` inside the package: the import names the root package (whose
+    ``__init__`` imports the layers) instead of the module it wants. Python resolves it, but a reader
+    of the imports, and any tool that draws them, sees the backend depend on the whole package."""
+    from _import_graph import module_files
+    found = []
+    for module, (path, is_package) in module_files(roots).items():
+        if module == root:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[:len(base) - (node.level - 1)]
+                if ".".join(base + ([node.module] if node.module else [])) == root:
+                    found.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{node.lineno}")
+    return found
+
+
+def test_no_module_imports_a_sibling_through_the_package_root():
+    found = imports_through_the_root(ROOTS)
+    assert not found, ("import the module by its own path (import sparsity_lab.kernels as kernels), "
+                       "not through the package root:\n" + "\n".join(found))
+
+
+def test_checker_finds_an_import_through_the_root(tmp_path):
+    pkg = tmp_path / "sparsity_lab"
+    (pkg / "backends").mkdir(parents=True)
+    for f in ("__init__.py", "backends/__init__.py", "kernels.py"):
+        (pkg / f).write_text("X = 1\n")
+    (pkg / "backends" / "use.py").write_text("def f():\n    from .. import kernels\n    from ..kernels import X\n")
+    found = imports_through_the_root({"sparsity_lab": pkg})
+    assert len(found) == 1 and found[0].endswith("use.py:2")

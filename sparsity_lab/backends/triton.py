@@ -55,7 +55,7 @@ class TritonBackend(Backend, BackendReport):
                 "backend 'triton' needs a CUDA GPU, or TRITON_INTERPRET=1 set before triton is imported "
                 "to run its kernels on the CPU through the (slow) interpreter; use backend='torch' otherwise")
         try:
-            from .. import kernels
+            import sparsity_lab.kernels as kernels
         except ImportError as err:  # triton missing or broken
             raise RuntimeError(f"backend 'triton' could not import its kernels: {err}") from err
         self._k = kernels

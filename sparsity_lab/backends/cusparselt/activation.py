@@ -32,7 +32,7 @@ class ActivationProducts:
     """The activation products of one :class:`~.backend.CusparseltBackend` (its ops and algorithm cache)."""
 
     def __init__(self, ops, algorithms: AlgorithmCache) -> None:
-        from ... import kernels  # triton: imported only when an activation product is about to run
+        import sparsity_lab.kernels as kernels  # triton: imported only when an activation product is about to run
         self.ops, self.algorithms = ops, algorithms
         self._forward_kernel, self._backward_kernel = kernels.act24, kernels.act24_backward
         self._tokens_kernel = kernels.prune24_tokens

@@ -147,7 +147,7 @@ class CusparseltBackend(OperandPreparation, Backend, CusparseltReporting):
     # --- masks and weights: Triton kernels on CUDA tensors, the reference elsewhere -----------------
     def _k(self):
         if self._kernels is None:
-            from ... import kernels  # triton: imported only when a CUDA tensor needs it
+            import sparsity_lab.kernels as kernels  # triton: imported only when a CUDA tensor needs it
             self._kernels = kernels
         return self._kernels
 

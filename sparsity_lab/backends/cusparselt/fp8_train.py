@@ -149,7 +149,7 @@ class FP8Engine:
 
     @staticmethod
     def kernels():
-        from ... import kernels  # triton: only when a CUDA tensor needs it
+        import sparsity_lab.kernels as kernels  # triton: only when a CUDA tensor needs it
         return kernels
 
     @property
