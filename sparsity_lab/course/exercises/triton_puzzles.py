@@ -74,6 +74,26 @@ def _ran(r: ExerciseReport, launch, what: str) -> bool:
     return len(r.problems) == before
 
 
+def _launch(r: ExerciseReport, kernel, device: torch.device, grid: tuple[int, ...], tensors, *scalars,
+            what: str = "your kernel", **meta) -> list[torch.Tensor] | None:
+    """Copy ``tensors`` to ``device``, launch ``kernel[grid](*tensors, *scalars, **meta)`` and return the
+    tensors back on the CPU; None when the launch raised (the problem is already recorded)."""
+    args = [t.to(device) for t in tensors]
+    if not _ran(r, _launcher(kernel, grid, *args, *scalars, **meta), what):
+        return None
+    return [t.cpu() for t in args]
+
+
+def _run_puzzle(report: ExerciseReport, kernel, body, show: bool, hint: bool) -> CheckResult:
+    """``run_check`` with the device chosen for ``kernel`` first: ``body(r, device)`` runs only when the
+    kernel is a Triton kernel (else the problem is recorded and the body is skipped)."""
+    def checked(r: ExerciseReport) -> None:
+        device = _device_for(r, kernel)
+        if device is not None:
+            body(r, device)
+    return run_check(report, checked, show, hint)
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -101,22 +121,20 @@ def check_scale_kernel(kernel, show: bool = True, hint: bool = False) -> CheckRe
                             hint="offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK); x = tl.load(x_ptr + offs, "
                                  "mask=offs < n); tl.store(out_ptr + offs, alpha * x, mask=offs < n).")
 
-    def body(r: ExerciseReport) -> None:
-        device = _device_for(r, kernel)
-        if device is None:
-            return
+    def body(r: ExerciseReport, device: torch.device) -> None:
         n, block = 19, 8
-        x = torch.randn(n + 5, generator=_fresh_generator()).to(device)  # 5 guard elements past the end stay untouched
-        out = torch.full_like(x, -7.0)
-        if not _ran(r, _launcher(kernel, (_cdiv(n, block),), x, out, n, 2.5, BLOCK=block), "your kernel"):
+        x = torch.randn(n + 5, generator=_fresh_generator())  # 5 guard elements past the end stay untouched
+        ran = _launch(r, kernel, device, (_cdiv(n, block),), (x, torch.full_like(x, -7.0)), n, 2.5, BLOCK=block)
+        if ran is None:
             return
+        out = ran[1]
         _compare(r, out[:n], 2.5 * x[:n], "out[:19]", block, rtol=1e-6)
         r.expect(bool((out[n:] == -7.0).all()), "your kernel wrote past the end (elements 19..23 must stay untouched): "
                                                 "mask the store with offs < n")
-    return run_check(report, body, show, hint)
+    return _run_puzzle(report, kernel, body, show, hint)
 
 
-def _prune_cases(device: torch.device) -> list[tuple[torch.Tensor, str]]:
+def _prune_cases() -> list[tuple[torch.Tensor, str]]:
     gen = _fresh_generator()
     return [(torch.tensor([[0.9, -0.4, 0.3, -1.2, 1.0, 1.0, 1.0, 1.0]]), "[[0.9, -0.4, 0.3, -1.2, 1, 1, 1, 1]]"),
             (torch.randn(4, 16, generator=gen), "random 4 x 16"),
@@ -132,31 +150,27 @@ def check_prune24_kernel(kernel, show: bool = True, hint: bool = False) -> Check
                             hint="load member j of each group at w_ptr + 4 * g + j (four loads); member i is kept when "
                                  "fewer than 2 members beat it: a_j > a_i, or a_j == a_i with j < i.")
 
-    def body(r: ExerciseReport) -> None:
-        device = _device_for(r, kernel)
-        if device is None:
-            return
+    def body(r: ExerciseReport, device: torch.device) -> None:
         block = 4
-        for w, label in _prune_cases(device):
-            w = w.to(device)
-            out = torch.full_like(w, -7.0)
+        for w, label in _prune_cases():
             n_groups = w.numel() // 4
-            if not _ran(r, _launcher(kernel, (_cdiv(n_groups, block),), w, out, n_groups, BLOCK=block),
-                        f"{label}: your kernel"):
+            ran = _launch(r, kernel, device, (_cdiv(n_groups, block),), (w, torch.full_like(w, -7.0)), n_groups,
+                          what=f"{label}: your kernel", BLOCK=block)
+            if ran is None:
                 continue
-            want = w * nm_mask(w, 2, 4)
+            out, want = ran[1], w * nm_mask(w, 2, 4)
             got_mask = out != 0
             if not torch.equal(out, want) and bool((got_mask.reshape(-1, 4).sum(-1) > 2).any()) and \
                     bool((out != -7.0).all()):
                 r.expect(False, f"{label}: some groups keep more than 2 entries: on ties, keep the lower index only "
                                 "(count a_j == a_i as beating i only when j < i)")
                 continue
-            at = tie_broken_otherwise(out.cpu(), want.cpu(), 4)
+            at = tie_broken_otherwise(out, want, 4)
             if at is not None:
                 r.expect(False, tie_problem(label, at))
                 continue
             _compare(r, out, want, label, 4 * block)
-    return run_check(report, body, show, hint)
+    return _run_puzzle(report, kernel, body, show, hint)
 
 
 def check_soft_threshold24_kernel(kernel, show: bool = True, hint: bool = False) -> CheckResult:
@@ -168,26 +182,20 @@ def check_soft_threshold24_kernel(kernel, show: bool = True, hint: bool = False)
                                  "(tl.where(k_j, 0, |w_j|), then tl.maximum); out_i = beta * sign(w_i) * max(|w_i| - t, 0) "
                                  "where kept, 0 elsewhere.")
 
-    def body(r: ExerciseReport) -> None:
-        device = _device_for(r, kernel)
-        if device is None:
-            return
+    def body(r: ExerciseReport, device: torch.device) -> None:
         block = 4
-        for w, label in _prune_cases(device):
-            w = w.to(device)
-            out = torch.full_like(w, -7.0)
-            n_groups = w.numel() // 4
-            beta = 1.5
-            if not _ran(r, _launcher(kernel, (_cdiv(n_groups, block),), w, out, beta, n_groups, BLOCK=block),
-                        f"{label}: your kernel"):
+        for w, label in _prune_cases():
+            n_groups, beta = w.numel() // 4, 1.5
+            ran = _launch(r, kernel, device, (_cdiv(n_groups, block),), (w, torch.full_like(w, -7.0)), beta, n_groups,
+                          what=f"{label}: your kernel", BLOCK=block)
+            if ran is None:
                 continue
-            want = beta * soft_threshold(w.cpu()).to(device)
-            if torch.allclose(out.cpu(), (beta * w * nm_mask(w, 2, 4)).cpu(), rtol=1e-6) and \
-                    not torch.allclose(want.cpu(), (beta * w * nm_mask(w, 2, 4)).cpu(), rtol=1e-6):
+            out, want, hard = ran[1], beta * soft_threshold(w), beta * w * nm_mask(w, 2, 4)
+            if torch.allclose(out, hard, rtol=1e-6) and not torch.allclose(want, hard, rtol=1e-6):
                 r.expect(False, f"{label}: this is beta * (hard 2:4 pruning): subtract t from the kept magnitudes")
                 continue
             _compare(r, out, want, label, 4 * block, atol=1e-6, rtol=1e-6)
-    return run_check(report, body, show, hint)
+    return _run_puzzle(report, kernel, body, show, hint)
 
 
 # --- puzzles 4 and 5: a random kernel with given random numbers, and a reduction --------------------
@@ -203,10 +211,7 @@ def check_mvue24_kernel(kernel, show: bool = True, hint: bool = False) -> CheckR
                             hint="loop j over tl.static_range(4) keeping a running lo: hi = lo + p_j (2.0 for the "
                                  "last member); picked = (lo <= u < hi) | (lo <= u + 1 < hi); then lo = hi.")
 
-    def body(r: ExerciseReport) -> None:
-        device = _device_for(r, kernel)
-        if device is None:
-            return
+    def body(r: ExerciseReport, device: torch.device) -> None:
         gen, block = _fresh_generator(), 4
         x = torch.randn(9, 4, generator=gen)
         x[0] = torch.tensor([4.0, 0.1, 0.2, 0.1])   # the largest is capped at p = 1
@@ -214,11 +219,10 @@ def check_mvue24_kernel(kernel, show: bool = True, hint: bool = False) -> CheckR
         p = mvue_probabilities(x).float()
         u = torch.rand(9, generator=gen)
         want = torch.where(_systematic_pick(p, u[:, None]), x / p, torch.zeros_like(x))
-        out = torch.full((9, 4), -7.0)
-        args = [t.to(device) for t in (x, p, u, out)]
-        if not _ran(r, _launcher(kernel, (_cdiv(9, block),), *args, 9, BLOCK=block), "your kernel"):
+        ran = _launch(r, kernel, device, (_cdiv(9, block),), (x, p, u, torch.full((9, 4), -7.0)), 9, BLOCK=block)
+        if ran is None:
             return
-        got = args[3].cpu()
+        got = ran[3]
         kept = (got != 0).sum(-1)
         if bool((kept > 2).any()):
             r.expect(False, f"group {int((kept > 2).nonzero()[0])} keeps {int(kept.max())} entries: exactly two of "
@@ -229,7 +233,7 @@ def check_mvue24_kernel(kernel, show: bool = True, hint: bool = False) -> CheckR
                             "draw unbiased)")
             return
         _compare(r, got, want, "out", 4 * block, rtol=1e-6)
-    return run_check(report, body, show, hint)
+    return _run_puzzle(report, kernel, body, show, hint)
 
 
 def check_count_flips_kernel(kernel, show: bool = True, hint: bool = False) -> CheckResult:
@@ -240,21 +244,18 @@ def check_count_flips_kernel(kernel, show: bool = True, hint: bool = False) -> C
                             hint="load both blocks with mask=offs < n (other=0 for both, so the tail counts 0); "
                                  "tl.sum((prev != new).to(tl.int32), axis=0); store it at partial_ptr + pid.")
 
-    def body(r: ExerciseReport) -> None:
-        device = _device_for(r, kernel)
-        if device is None:
-            return
+    def body(r: ExerciseReport, device: torch.device) -> None:
         gen, n, block = _fresh_generator(), 45, 16
         prev = (torch.rand(n, generator=gen) < 0.5).to(torch.int8)
         new = prev.clone()
         flip = torch.randperm(n, generator=gen)[:11]
         new[flip] = 1 - new[flip]
         programs = _cdiv(n, block)
-        partial = torch.full((programs,), -7, dtype=torch.int32)
-        args = [t.to(device) for t in (prev, new, partial)]
-        if not _ran(r, _launcher(kernel, (programs,), *args, n, BLOCK=block), "your kernel"):
+        ran = _launch(r, kernel, device, (programs,), (prev, new, torch.full((programs,), -7, dtype=torch.int32)), n,
+                      BLOCK=block)
+        if ran is None:
             return
-        got = args[2].cpu()
+        got = ran[2]
         pad = torch.zeros(programs * block, dtype=torch.int8)
         per_block = (torch.cat([prev, pad[n:]]) != torch.cat([new, pad[n:]])).reshape(programs, block).sum(1)
         if int(got.sum()) == int(new.sum()) or int(got.sum()) == int(prev.sum()):
@@ -265,7 +266,7 @@ def check_count_flips_kernel(kernel, show: bool = True, hint: bool = False) -> C
                             "runs past n; load with mask=offs < n and the same other= for both masks")
             return
         r.expect_tensor(got, per_block.int(), "partial (one count per program)")
-    return run_check(report, body, show, hint)
+    return _run_puzzle(report, kernel, body, show, hint)
 
 
 # --- puzzles 6-8 (notebook 14): the compressed format ------------------------------------------------
@@ -290,20 +291,16 @@ def check_compress24_kernel(kernel, show: bool = True, hint: bool = False) -> Ch
                             hint="with n_c = (w_c != 0): i = first non-zero of columns 0..2 (0 if none) by nested "
                                  "tl.where, j = the last non-zero after i (3 if none); pick v0 and v1 the same way.")
 
-    def body(r: ExerciseReport) -> None:
-        device = _device_for(r, kernel)
-        if device is None:
-            return
+    def body(r: ExerciseReport, device: torch.device) -> None:
         block = 4
         for w, label in _compress_cases():
             n_groups = w.numel() // 4
-            val = torch.full((2 * n_groups,), -7.0)
-            idx = torch.full((2 * n_groups,), -7, dtype=torch.int32)
-            args = [t.to(device) for t in (w, val, idx)]
-            if not _ran(r, _launcher(kernel, (_cdiv(n_groups, block),), *args, n_groups, BLOCK=block),
-                        f"{label}: your kernel"):
+            blank = (w, torch.full((2 * n_groups,), -7.0), torch.full((2 * n_groups,), -7, dtype=torch.int32))
+            ran = _launch(r, kernel, device, (_cdiv(n_groups, block),), blank, n_groups,
+                          what=f"{label}: your kernel", BLOCK=block)
+            if ran is None:
                 return
-            val, idx = args[1].cpu(), args[2].cpu().long()
+            val, idx = ran[1], ran[2].long()
             pairs = idx.reshape(-1, 2)
             if not r.expect(bool(((pairs >= 0) & (pairs <= 3)).all() and (pairs[:, 0] < pairs[:, 1]).all()),
                             f"{label}: every group needs two different indices in 0..3, the smaller first "
@@ -311,7 +308,7 @@ def check_compress24_kernel(kernel, show: bool = True, hint: bool = False) -> Ch
                 return
             back = decompress24(val.reshape(w.shape[0], -1), idx.reshape(w.shape[0], -1))
             _compare(r, back, w, f"{label}: w rebuilt from your values and indices", 4 * block)
-    return run_check(report, body, show, hint)
+    return _run_puzzle(report, kernel, body, show, hint)
 
 
 def check_decompress24_kernel(kernel, show: bool = True, hint: bool = False) -> CheckResult:
@@ -323,26 +320,23 @@ def check_decompress24_kernel(kernel, show: bool = True, hint: bool = False) -> 
                             hint="load v0, v1, i, j of each group; for c in tl.static_range(4): store "
                                  "tl.where(i == c, v0, tl.where(j == c, v1, 0.0)) at out_ptr + 4 * g + c.")
 
-    def body(r: ExerciseReport) -> None:
-        device = _device_for(r, kernel)
-        if device is None:
-            return
+    def body(r: ExerciseReport, device: torch.device) -> None:
         block = 4
         for w, label in _compress_cases():
             values, indices = compress24(w)
             n_groups = w.numel() // 4
-            out = torch.full((w.numel(),), -7.0)
-            args = [t.to(device) for t in (values.reshape(-1), indices.reshape(-1).int(), out)]
-            if not _ran(r, _launcher(kernel, (_cdiv(n_groups, block),), *args, n_groups, BLOCK=block),
-                        f"{label}: your kernel"):
+            ran = _launch(r, kernel, device, (_cdiv(n_groups, block),),
+                          (values.reshape(-1), indices.reshape(-1).int(), torch.full((w.numel(),), -7.0)), n_groups,
+                          what=f"{label}: your kernel", BLOCK=block)
+            if ran is None:
                 return
-            got = args[2].cpu()
+            got = ran[2]
             if bool((got == -7.0).any()):
                 r.expect(False, f"{label}: some entries were never written (first at {int((got == -7.0).nonzero()[0])}):"
                                 " write all four columns of every group, zeros included")
                 return
             _compare(r, got, w.reshape(-1), label, 4 * block)
-    return run_check(report, body, show, hint)
+    return _run_puzzle(report, kernel, body, show, hint)
 
 
 def check_sparse_dot_kernel(kernel, show: bool = True, hint: bool = False) -> CheckResult:
@@ -357,20 +351,18 @@ def check_sparse_dot_kernel(kernel, show: bool = True, hint: bool = False) -> Ch
                                  "2 * n_groups * row + 2 * groups (+1); x_i = tl.load(x_ptr + 4 * groups + i); "
                                  "tl.sum(v0 * x_i + v1 * x_j, axis=0).")
 
-    def body(r: ExerciseReport) -> None:
-        device = _device_for(r, kernel)
-        if device is None:
-            return
+    def body(r: ExerciseReport, device: torch.device) -> None:
         for w, label in _compress_cases():
             rows, n_groups = w.shape[0], w.shape[1] // 4
             values, indices = compress24(w)
             x = torch.randn(w.shape[1], generator=_fresh_generator())
-            out = torch.full((rows,), -7.0)
-            args = [t.to(device) for t in (values.reshape(-1), indices.reshape(-1).int(), x, out)]
             block_g = 1 << max(n_groups - 1, 0).bit_length()
-            if not _ran(r, _launcher(kernel, (rows,), *args, n_groups, BLOCK_G=block_g), f"{label}: your kernel"):
+            ran = _launch(r, kernel, device, (rows,),
+                          (values.reshape(-1), indices.reshape(-1).int(), x, torch.full((rows,), -7.0)), n_groups,
+                          what=f"{label}: your kernel", BLOCK_G=block_g)
+            if ran is None:
                 return
-            got, want = args[3].cpu(), w @ x
+            got, want = ran[3], w @ x
             ignored = values.reshape(rows, n_groups, 2) * x.reshape(n_groups, 4)[:, :2]
             if not torch.allclose(want, ignored.sum((1, 2)), rtol=1e-5) and torch.allclose(got, ignored.sum((1, 2)),
                                                                                             rtol=1e-5):
@@ -379,4 +371,4 @@ def check_sparse_dot_kernel(kernel, show: bool = True, hint: bool = False) -> Ch
                 return
             if not r.expect_tensor(got, want, f"{label}: out = W x", atol=1e-5, rtol=1e-5):
                 return
-    return run_check(report, body, show, hint)
+    return _run_puzzle(report, kernel, body, show, hint)
