@@ -51,63 +51,31 @@ def _finite(text, expected: str) -> float:
     return value
 
 
-def positive_int(text) -> int:
-    value = _int(text, "a positive integer")
-    if value < 1:
-        raise _fail("a positive integer", text)
-    return value
+def _number(parse, expected: str, ok, name: str):
+    """An argparse ``type=``: ``parse(text, expected)`` then ``ok(value)``, else "expected <expected>"."""
+    def check(text):
+        value = parse(text, expected)
+        if not ok(value):
+            raise _fail(expected, text)
+        return value
+    check.__name__ = check.__qualname__ = name  # argparse names the type in some messages
+    return check
 
 
-def nonnegative_int(text) -> int:
-    value = _int(text, "an integer >= 0")
-    if value < 0:
-        raise _fail("an integer >= 0", text)
-    return value
-
-
-def positive_float(text) -> float:
-    value = _finite(text, "a finite number > 0")
-    if value <= 0:
-        raise _fail("a finite number > 0", text)
-    return value
-
-
-def nonnegative_float(text) -> float:
-    value = _finite(text, "a finite number >= 0")
-    if value < 0:
-        raise _fail("a finite number >= 0", text)
-    return value
-
-
-def fraction(text) -> float:
-    value = _finite(text, "a fraction in (0, 1]")
-    if not 0 < value <= 1:
-        raise _fail("a fraction in (0, 1]", text)
-    return value
-
-
-def closed_fraction(text) -> float:
-    value = _finite(text, "a number in [0, 1]")
-    if not 0 <= value <= 1:
-        raise _fail("a number in [0, 1]", text)
-    return value
+positive_int = _number(_int, "a positive integer", lambda v: v >= 1, "positive_int")
+nonnegative_int = _number(_int, "an integer >= 0", lambda v: v >= 0, "nonnegative_int")
+positive_float = _number(_finite, "a finite number > 0", lambda v: v > 0, "positive_float")
+nonnegative_float = _number(_finite, "a finite number >= 0", lambda v: v >= 0, "nonnegative_float")
+fraction = _number(_finite, "a fraction in (0, 1]", lambda v: 0 < v <= 1, "fraction")
+closed_fraction = _number(_finite, "a number in [0, 1]", lambda v: 0 <= v <= 1, "closed_fraction")
+# a matrix cut into 4x4 tiles
+multiple_of_4 = _number(_int, "a positive multiple of 4", lambda v: v >= 4 and v % 4 == 0, "multiple_of_4")
+port_number = _number(_int, "a port in 1..65535", lambda v: 0 < v < 65536, "port_number")
+_fraction_in_text = _number(_finite, "a fraction in (0, 1] or 'none'", lambda v: 0 < v <= 1, "fraction_or_none")
 
 
 def fraction_or_none(text) -> float | None:
-    if str(text).lower() == "none":
-        return None
-    value = _finite(text, "a fraction in (0, 1] or 'none'")
-    if not 0 < value <= 1:
-        raise _fail("a fraction in (0, 1] or 'none'", text)
-    return value
-
-
-def multiple_of_4(text) -> int:
-    """A positive multiple of 4 (a matrix cut into 4x4 tiles)."""
-    value = _int(text, "a positive multiple of 4")
-    if value < 4 or value % 4:
-        raise _fail("a positive multiple of 4", text)
-    return value
+    return None if str(text).lower() == "none" else _fraction_in_text(text)
 
 
 def existing_file(text) -> str:
@@ -173,13 +141,6 @@ def backend_name(text) -> str:
     if text not in available_backends():
         raise argparse.ArgumentTypeError(f"expected one of {available_backends()}, got {text!r}")
     return text
-
-
-def port_number(text) -> int:
-    value = _int(text, "a port in 1..65535")
-    if not 0 < value < 65536:
-        raise _fail("a port in 1..65535", text)
-    return value
 
 
 def plural(count: int, noun: str, nouns: str | None = None) -> str:
