@@ -27,9 +27,11 @@ import argparse
 import gc
 import statistics
 import time
-from pathlib import Path
 
 import torch
+
+from benchmarks.timing import bench_device, result_path
+from benchmarks.timing import bench_device, result_path
 from torch import nn
 from sparsity_lab.lab.arguments import backend_name, output_file, positive_int
 
@@ -175,9 +177,8 @@ def run(args) -> int:
     from sparsity_lab.provenance import write_result
 
     smoke = args.smoke
-    device = torch.device("cpu" if smoke else "cuda")
-    if not smoke and not torch.cuda.is_available():
-        print("benchmarks compile: error: needs a CUDA GPU (or --smoke for the CPU plumbing check)")
+    device = bench_device(smoke, "python -m benchmarks compile")
+    if device is None:
         return 2
     sizes = SMOKE if smoke else FULL
     warmup, reps = args.warmup or (1 if smoke else 5), args.reps or (2 if smoke else 20)
@@ -189,7 +190,7 @@ def run(args) -> int:
                "dtype": "bfloat16", "backend": backend, "compiler": compiler, "method": method(backend).describe(),
                "warmup": warmup, "reps": reps}
 
-    out = Path(args.out) if args.out else (Path("compile_smoke.json") if smoke else Path("results/compile_h100.json"))
+    out = result_path(args.out, smoke, "compile")
 
     def save():  # after each section: a run stopped later keeps what it measured
         payload["errors"] = errors

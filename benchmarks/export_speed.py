@@ -24,10 +24,10 @@ import argparse
 import statistics
 import time
 import warnings
-from pathlib import Path
 
 import torch
 
+from benchmarks.timing import bench_device, result_path
 from benchmarks.compile_speed import median_ms
 from sparsity_lab.lab.arguments import output_file, positive_int
 
@@ -93,9 +93,8 @@ def run(args) -> int:
     from sparsity_lab.provenance import write_result
 
     smoke = args.smoke
-    device = torch.device("cpu" if smoke else "cuda")
-    if not smoke and not torch.cuda.is_available():
-        print("benchmarks export: error: needs a CUDA GPU (or --smoke for the CPU plumbing check)")
+    device = bench_device(smoke, "python -m benchmarks export")
+    if device is None:
         return 2
     s = SMOKE if smoke else FULL
     warmup, reps = args.warmup or (1 if smoke else 3), args.reps or (2 if smoke else 10)
@@ -143,7 +142,7 @@ def run(args) -> int:
               f"TFLOP/s); decode {({b: round(v, 3) for b, v in sparse['decode_speedup_vs_dense'].items()})}")
     payload["errors"] = errors
     payload["elapsed_s"] = time.perf_counter() - started
-    out = Path(args.out) if args.out else (Path("export_smoke.json") if smoke else Path("results/export_h100.json"))
+    out = result_path(args.out, smoke, "export")
     path = write_result(out.stem, payload, directory=out.parent)
     print(f"wrote {path}")
     return 1 if errors else 0

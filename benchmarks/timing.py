@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -43,8 +44,8 @@ def copy_ceiling_gbps(timer: Timer, numel: int, device: torch.device) -> float:
 
 
 def bench_device(smoke: bool, command: str) -> torch.device | None:
-    """Where a kernel benchmark runs: the CPU through the Triton interpreter for ``--smoke`` (set here,
-    before triton is imported), else the CUDA GPU; None, after saying so, when there is none."""
+    """Where a benchmark runs: the CPU through the Triton interpreter for ``--smoke`` (set here, before
+    triton is imported), else the CUDA GPU; None, after saying so, when there is none."""
     if smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         return torch.device("cpu")
@@ -52,3 +53,9 @@ def bench_device(smoke: bool, command: str) -> torch.device | None:
         print(f"{command} needs a CUDA GPU (use --smoke to check the script on a CPU)")
         return None
     return torch.device("cuda")
+
+
+def result_path(out: str | None, smoke: bool, name: str) -> Path:
+    """The JSON a benchmark writes: ``--out``, else ``<name>_smoke.json`` here for a smoke run, else
+    ``results/<name>_h100.json``."""
+    return Path(out) if out else (Path(f"{name}_smoke.json") if smoke else Path(f"results/{name}_h100.json"))
