@@ -30,9 +30,9 @@ import time
 
 import torch
 
-from benchmarks.timing import bench_device, result_path
-from benchmarks.timing import bench_device, result_path
 from torch import nn
+
+from benchmarks.timing import bench_device, result_path
 from sparsity_lab.lab.arguments import backend_name, output_file, positive_int
 
 VARIANTS = ("dense_eager", "dense_compiled", "sparse_eager", "sparse_compiled")
