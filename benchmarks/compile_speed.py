@@ -29,7 +29,6 @@ import statistics
 import time
 
 import torch
-
 from torch import nn
 
 from benchmarks.timing import bench_device, result_path
