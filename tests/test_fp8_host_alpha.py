@@ -337,3 +337,19 @@ def test_gpu_graph_step_recaptures_when_a_host_scale_changes():
         assert lg == pytest.approx(float(le), rel=1e-3)
         assert model[0].backend.scaling.host_exponents == eager[0].backend.scaling.host_exponents
     assert step.scale_recaptures >= 1 and step.recaptures == 1 + step.scale_recaptures
+
+
+# --- the benchmark's report -----------------------------------------------------------------------------------------
+def test_ffn_benchmark_prints_each_sparse_variant_against_each_dense_with_its_tflops():
+    from benchmarks.fp8_training import FFN_VARIANTS, dense_ratios, main, ratio_lines
+    variants = {"bf16_dense": {"ms": 20.0, "tflops": 660.0}, "fp8_dense": {"ms": 12.0, "tflops": 1100.0},
+                "fp8_24": {"ms": 10.0, "tflops": 1320.0}, "fp8_24_host_alpha": {"ms": 8.0, "tflops": 1650.0}}
+    ratios = dense_ratios(variants)
+    assert set(ratios) == {"fp8_24", "fp8_24_host_alpha"}
+    assert ratios["fp8_24_host_alpha"]["fp8_dense"] == {"speedup": 1.5, "dense_ms": 12.0, "dense_tflops": 1100.0}
+    assert ratios["fp8_24"]["bf16_dense"]["speedup"] == 2.0
+    lines = ratio_lines(variants)
+    assert lines[1].startswith("fp8_24_host_alpha: 8.000 ms") and "x1.50 vs fp8_dense (12.000 ms, 1100 TFLOP/s)" in lines[1]
+    assert "fp8_24_host_alpha" in FFN_VARIANTS
+    with pytest.raises(SystemExit):
+        main(["--ffn-variants", "fp8_24,fp8_fast"])
