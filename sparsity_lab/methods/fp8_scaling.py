@@ -53,9 +53,10 @@ host must know every scale without a device sync, so the recipe changes in two w
       s_t = current scaling (the tensor's own amax, the product's scale applied by the pass)  for t < 2
 
   ``advance`` k keeps ``D_k`` in the buffer ``next_scale`` and copies it device->host (``non_blocking``,
-  into pinned memory, an event recorded); ``advance`` k+1 reads that copy (waiting on its event: the
-  work of the step before the previous one, so the host may run one whole step ahead, never stalls on
-  the step under way) as the host exponents of step k+1, and moves ``next_scale`` into ``scale``. The
+  into pinned memory, an event recorded); ``advance`` k+1 reads that copy (waiting on its event, which
+  follows the previous step's work: the host may queue one whole step ahead of the GPU, never waits for
+  the step it has just queued, and no device-wide sync runs) as the host exponents of step k+1, and moves
+  ``next_scale`` into ``scale``. The
   scale that quantizes an operand (``scale``, on the device) and the alpha the product gets
   (``host_alpha``, from ``host_exponents``) are the same power of two, exactly, so
   ``D = alpha (q(X) q(W))`` is the product of the dequantized operands. On the CPU the copy is a plain
@@ -326,7 +327,7 @@ class FP8ScalingState(nn.Module):
             self._pending = (self.next_scale.clone(), None)
 
     def _receive_next_scale(self) -> None:
-        """Host exponents <- the copy the previous advance sent (its event waited on: work one step old), or
+        """Host exponents <- the copy the previous advance sent (its event waited on: the previous step's work), or
         next_scale read now (one sync) when that copy is gone (a load, a move, a deep copy)."""
         if self._pending is None:
             values = self.next_scale.tolist()
