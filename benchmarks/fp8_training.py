@@ -16,7 +16,15 @@ that dense's TFLOP/s beside it.
    paired rounds: bf16 dense, FP8 dense recipe (``FP8DenseLinear``: the same scaling recipe,
    ``torch._scaled_mm``, no mask), bf16 2:4 ("cusparselt"), FP8 2:4 ("cusparselt_fp8", kernels 18 and 19
    fusing the casts into the weight's compression and into MVUE(dZ)'s) and the same FP8 2:4 with the
-   unfused kernels ("fp8_24_unfused": what the fusion saves, measured in the same rounds).
+   unfused kernels ("fp8_24_unfused": what the fusion saves, measured in the same rounds), and FP8 2:4
+   with ``FP8Recipe(scale_in_product="host_alpha")`` ("fp8_24_host_alpha": power-of-two scales held by the
+   host one step late, applied inside each sparse product as cuSPARSELt's scalar alpha, no scale pass;
+   its graph is recaptured when a host scale changes, counted in ``scale_recaptures``). ``--ffn-variants``
+   picks the variants; every 2:4 variant is printed with its ratio to dense FP8 and to dense bf16, each
+   with that dense's achieved TFLOP/s (``dense_ratios``).
+
+The products section times the forward product with the host alpha too ("fp8_24_host_alpha_ms", where the
+algorithm search found the scalar alpha honoured).
 """
 from __future__ import annotations
 
@@ -37,7 +45,12 @@ PRODUCT_SHAPES = ((16384, 4096, 16384), (16384, 16384, 4096), (4096, 4096, 16384
                   (16384, 8192, 32768), (4096, 1024, 4096))  # (tokens, in, out)
 TARGET = (16384, 4096, 16384)
 FFN_SHAPE = (16384, 4096)  # tokens, d_model (ffn = 4 d)
-TARGETS = {"forward_fp8_24_vs_fp8_dense": 1.35, "ffn_fp8_24_vs_fp8_dense": 1.25, "ffn_fp8_24_vs_bf16_dense": 1.9}
+TARGETS = {"forward_fp8_24_vs_fp8_dense": 1.35, "ffn_fp8_24_vs_fp8_dense": 1.25, "ffn_fp8_24_vs_bf16_dense": 1.9,
+           "forward_fp8_24_host_alpha_vs_fp8_dense": 1.35, "ffn_fp8_24_host_alpha_vs_fp8_dense": 1.25,
+           "ffn_fp8_24_host_alpha_vs_bf16_dense": 1.9}
+FFN_VARIANTS = ("bf16_dense", "fp8_dense", "bf16_24", "fp8_24", "fp8_24_unfused", "fp8_24_host_alpha")
+DENSE_BASELINES = ("fp8_dense", "bf16_dense")
+SPARSE_FP8 = ("fp8_24", "fp8_24_host_alpha", "fp8_24_unfused")
 
 
 def tflops(flop: float, ms: float) -> float:
@@ -136,6 +149,18 @@ def product_row(tokens: int, d_in: int, d_out: int, sparse) -> dict:
                                                                / (ref / (s_x * s_w)).norm())
     except Exception as err:  # noqa: BLE001 - recorded, not fatal
         row["fp8_24_product_only_error"] = f"{type(err).__name__}: {err}"[:300]
+    # the scale inside the product: cuSPARSELt's scalar alpha as a host float (no pass), where the search found it
+    # honoured; the scales here are not powers of two, so the result may differ from the pass's by a bf16 rounding
+    if choice.host_alpha_ok:
+        alpha = float((s_w * s_x).item())
+        z_host = sparse.mm(comp, q_x.t(), s_w, s_x, choice, alpha=alpha)
+        row["fp8_24_host_alpha_rel_err"] = float((z_host.float() - ref).norm() / ref.norm())
+        row["fp8_24_host_alpha_ms"] = graph_ms(lambda: sparse.mm(comp, q_x.t(), s_w, s_x, choice, alpha=alpha))
+        row["fp8_24_host_alpha_tflops"] = tflops(flop, row["fp8_24_host_alpha_ms"])
+        row["fp8_24_host_alpha_vs_fp8_dense"] = row["fp8_dense_ms"] / row["fp8_24_host_alpha_ms"]
+        row["fp8_24_host_alpha_vs_bf16_dense"] = row["bf16_dense_ms"] / row["fp8_24_host_alpha_ms"]
+    else:
+        row["fp8_24_host_alpha_error"] = f"host alpha not honoured by the chosen algorithm: {choice.host_alpha}"
     for k in ("bf16_dense", "fp8_dense", "fp8_24"):
         row[f"{k}_tflops"] = tflops(flop, row[f"{k}_ms"])  # dense-equivalent FLOPs for the 2:4 product
     row["fp8_24_vs_fp8_dense"] = row["fp8_dense_ms"] / row["fp8_24_ms"]
@@ -250,10 +275,14 @@ def build_ffn(variant: str, d: int):
     model = FFN(d, 4 * d, torch.device("cuda"), torch.bfloat16)
     if variant == "fp8_dense":
         model.up, model.down = FP8DenseLinear(model.up), FP8DenseLinear(model.down)
-    elif variant in ("bf16_24", "fp8_24", "fp8_24_unfused"):
+    elif variant in ("bf16_24", "fp8_24", "fp8_24_unfused", "fp8_24_host_alpha"):
         backend = "cusparselt" if variant == "bf16_24" else "cusparselt_fp8"
         sl.sparsify(model, sl.STE(transposable=True, mvue=True, backend=backend), select=["up", "down"])
         sl.attach_optimizer(model, torch.optim.SGD(model.parameters(), lr=0.0))
+        if variant == "fp8_24_host_alpha":  # the same engine (algorithm choices shared), scales on the host
+            from sparsity_lab.backends.cusparselt.fp8_train import set_fp8_recipe
+            from sparsity_lab.methods.fp8_scaling import FP8Recipe
+            set_fp8_recipe(model, FP8Recipe(scale_in_product="host_alpha"))
         if variant == "fp8_24_unfused":  # the same engine without kernels 18 and 19 (same algorithm choices)
             from sparsity_lab.backends import get_backend
             from sparsity_lab.backends.cusparselt.fp8_train import FP8Engine
@@ -297,11 +326,37 @@ def time_steps(step, n: int) -> float:
     return start.elapsed_time(end) / n
 
 
-def ffn_speed(tokens: int, d: int, rounds: int = 5, n: int = 10) -> dict:
+def dense_ratios(variants: dict) -> dict:
+    """{sparse variant: {dense baseline: {"speedup", "dense_ms", "dense_tflops"}}}: each FP8 2:4 variant's
+    time against each dense baseline measured in the same run, with that baseline's achieved TFLOP/s.
+    variants: {name: {"ms", "tflops"}} (``ffn_speed``'s "variants")."""
+    out = {}
+    for v in SPARSE_FP8:
+        if v not in variants:
+            continue
+        out[v] = {base: {"speedup": variants[base]["ms"] / variants[v]["ms"], "dense_ms": variants[base]["ms"],
+                         "dense_tflops": variants[base]["tflops"]} for base in DENSE_BASELINES if base in variants}
+    return out
+
+
+def ratio_lines(variants: dict) -> list[str]:
+    """One printed line per FP8 2:4 variant: its time, then x(speed-up) against each dense with that dense's TFLOP/s."""
+    lines = []
+    for v, bases in dense_ratios(variants).items():
+        parts = [f"x{r['speedup']:.2f} vs {base} ({r['dense_ms']:.3f} ms, {r['dense_tflops']:.0f} TFLOP/s)"
+                 for base, r in bases.items()]
+        lines.append(f"{v}: {variants[v]['ms']:.3f} ms ({variants[v]['tflops']:.0f} TFLOP/s dense-equivalent); "
+                     + ", ".join(parts))
+    return lines
+
+
+def ffn_speed(tokens: int, d: int, rounds: int = 5, n: int = 10, variants: tuple[str, ...] = FFN_VARIANTS) -> dict:
+    unknown = [v for v in variants if v not in FFN_VARIANTS]
+    if unknown:
+        raise ValueError(f"ffn variants must be among {FFN_VARIANTS}, got {unknown}")
     gen = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(tokens, d, device="cuda", generator=gen, dtype=torch.bfloat16)
     dy = torch.randn(tokens, d, device="cuda", generator=gen, dtype=torch.bfloat16)
-    variants = ("bf16_dense", "fp8_dense", "bf16_24", "fp8_24", "fp8_24_unfused")
     steps, errors = {}, {}
     for v in variants:
         try:
@@ -318,16 +373,27 @@ def ffn_speed(tokens: int, d: int, rounds: int = 5, n: int = 10) -> dict:
            "variants": {}}
     for v, ts in times.items():
         ms = statistics.median(ts)
-        out["variants"][v] = {"ms": ms, "ms_rounds": ts, "tflops": tflops(flop, ms)}
+        graphed = steps[v][1]
+        out["variants"][v] = {"ms": ms, "ms_rounds": ts, "tflops": tflops(flop, ms), "recaptures": graphed.recaptures,
+                              "scale_recaptures": graphed.scale_recaptures}
+        if v == "fp8_24_host_alpha":  # did the host scales reach the products? (None: still the first two steps)
+            from sparsity_lab.training_hooks import sparse_layers
+            out["variants"][v]["host_exponents"] = {name: layer.backend.scaling.host_exponents
+                                                    for name, layer in sparse_layers(graphed.model)}
     ms = {v: r["ms"] for v, r in out["variants"].items()}
-    if "fp8_24" in ms:
-        for base in ("fp8_dense", "bf16_dense", "bf16_24", "fp8_24_unfused"):
-            if base in ms:
-                out[f"fp8_24_vs_{base}"] = ms[base] / ms["fp8_24"]
+    for sparse in ("fp8_24", "fp8_24_host_alpha"):
+        if sparse not in ms:
+            continue
+        for base in ("fp8_dense", "bf16_dense", "bf16_24", "fp8_24_unfused", "fp8_24"):
+            if base in ms and base != sparse:
+                out[f"{sparse}_vs_{base}"] = ms[base] / ms[sparse]
                 # paired per round: the spread of the ratio
-                out[f"fp8_24_vs_{base}_rounds"] = [b / s for b, s in zip(times[base], times["fp8_24"])]
+                out[f"{sparse}_vs_{base}_rounds"] = [b / s for b, s in zip(times[base], times[sparse])]
+    out["dense_ratios"] = dense_ratios(out["variants"])
     from sparsity_lab.backends import get_backend
-    out["fp8_backend_stats"] = dict(get_backend("cusparselt_fp8").stats)  # x_requantized: expected absent (0)
+    # x_requantized: expected absent (0); sparse_products_host_alpha / _pass: products called each way (a captured
+    # product counts once per capture); host_alpha_refused: products whose alpha cuSPARSELt did not apply
+    out["fp8_backend_stats"] = dict(get_backend("cusparselt_fp8").stats)
     for _, g in steps.values():
         g.release()
     return out
@@ -341,7 +407,13 @@ def main(argv=None) -> int:
     p.add_argument("--name", default="fp8_training_h100")
     p.add_argument("--budget-s", type=float, default=240.0, help="no new section starts after this many seconds")
     p.add_argument("--sections", default="probe,dx_error,products,ffn,ffn_parts")
+    p.add_argument("--ffn-variants", default=",".join(FFN_VARIANTS),
+                   help=f"comma-separated FFN variants of the ffn section, among {','.join(FFN_VARIANTS)}")
     args = p.parse_args(argv)
+    ffn_variants = tuple(v for v in args.ffn_variants.split(",") if v)
+    unknown = [v for v in ffn_variants if v not in FFN_VARIANTS]
+    if unknown or not ffn_variants:
+        p.error(f"--ffn-variants: each must be one of {', '.join(FFN_VARIANTS)}, got {args.ffn_variants!r}")
     t0 = time.perf_counter()
     result = {"targets": TARGETS, "errors": {}, "skipped": []}
     sparse = FP8SparseProducts()
@@ -376,10 +448,13 @@ def main(argv=None) -> int:
                 result["ffn_parts"] = ffn_parts(*FFN_SHAPE, sparse)
                 print("ffn parts:", result["ffn_parts"], flush=True)
             elif section == "ffn":
-                result["ffn"] = ffn_speed(*FFN_SHAPE)
+                result["ffn"] = ffn_speed(*FFN_SHAPE, variants=ffn_variants)
                 f = result["ffn"]
                 print("ffn:", {v: round(r["ms"], 3) for v, r in f["variants"].items()},
-                      {k: v for k, v in f.items() if k.startswith("fp8_24_vs") and not k.endswith("rounds")}, flush=True)
+                      {k: v for k, v in f.items() if k.startswith("fp8_24") and "_vs_" in k and not k.endswith("rounds")},
+                      flush=True)
+                for line in ratio_lines(f["variants"]):
+                    print("ffn", line, flush=True)
             else:
                 raise ValueError(f"unknown section {section!r}")
         except Exception:
@@ -399,8 +474,11 @@ def judge(result: dict) -> dict:
     target_row = next((r for r in result.get("products", []) if (r["tokens"], r["in"], r["out"]) == TARGET), None)
     if target_row:
         out["forward_fp8_24_vs_fp8_dense"] = target_row["fp8_24_vs_fp8_dense"]
+        if "fp8_24_host_alpha_vs_fp8_dense" in target_row:
+            out["forward_fp8_24_host_alpha_vs_fp8_dense"] = target_row["fp8_24_host_alpha_vs_fp8_dense"]
     ffn = result.get("ffn") or {}
-    for key in ("ffn_fp8_24_vs_fp8_dense", "ffn_fp8_24_vs_bf16_dense"):
+    for key in ("ffn_fp8_24_vs_fp8_dense", "ffn_fp8_24_vs_bf16_dense", "ffn_fp8_24_host_alpha_vs_fp8_dense",
+                "ffn_fp8_24_host_alpha_vs_bf16_dense"):
         if key[4:] in ffn:
             out[key] = ffn[key[4:]]
     return {k: {"measured": v, "threshold": TARGETS[k], "met": v >= TARGETS[k]} for k, v in out.items()}

@@ -53,6 +53,12 @@ the reference backend draws on the host). Under autocast, use
 ``torch.autocast(..., cache_enabled=False)`` inside ``loss_fn`` (PyTorch's rule for graphs). A change
 of phase (the dense fine-tune switch) or of the set of layers refreshed inside the graph recaptures.
 ``recaptures`` counts captures.
+
+Host constants: a product that takes a host value (an FP8 2:4 product with
+``FP8Recipe(scale_in_product="host_alpha")`` takes ``alpha = s_a s_b`` as a host float) holds it in a
+captured graph as a constant. Before each replay the step asks every layer's backend for those values
+(``Backend.graph_constants``) and recaptures, without an eager step, when one changed since the capture
+(a power-of-two scale that moved: rare); ``scale_recaptures`` counts those captures (also in ``recaptures``).
 """
 from __future__ import annotations
 
@@ -203,6 +209,8 @@ class CudaGraphStep:
         self.masks_in_graph = masks_in_graph
         self.steps = 0
         self.recaptures = 0
+        self.scale_recaptures = 0  # captures because a backend's host constants changed (module docstring)
+        self._constants: tuple = ()  # the backends' host constants the latest capture holds
         self.eager_steps = 0  # warm-up, a new state's first step, a step whose in-graph masks were not due
         self._layers = dict(sparse_layers(model))
         self._plan: dict[str, str | None] | None = None  # the latest capture's mask_refresh_plan
@@ -268,6 +276,9 @@ class CudaGraphStep:
             return self._eager(inputs)
         if self.graph is None or key != self._key:
             self._capture(inputs, device, key, plan)
+        elif self._graph_constants() != self._constants:  # a host alpha the graph holds has changed
+            self.scale_recaptures += 1
+            self._capture(inputs, device, key, plan)
         for static, given in zip(self._static_inputs, inputs):
             static.copy_(given)
         refresh_due_masks(self.model, skip=self._graph_refresh)
@@ -293,8 +304,13 @@ class CudaGraphStep:
         torch.cuda.current_stream().wait_stream(side)
         return loss.detach()
 
+    def _graph_constants(self) -> tuple:
+        """Every layer's backend's host constants (``Backend.graph_constants``), in layer order."""
+        return tuple(layer.backend.graph_constants() for layer in self._layers.values())
+
     def _capture(self, inputs: tuple, device: torch.device, key: tuple, plan: dict[str, str | None]) -> None:
         self.graph = None  # free the previous graph's memory pool first
+        self._constants = self._graph_constants()
         self._graph_refresh = []
         torch.cuda.synchronize()
         use_device_seeds(self._mvue, device)

@@ -477,7 +477,7 @@ def test_fp8_algorithm_search_checks_every_id_then_split_k_and_skips_wrong_ones(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["bf16_dense", "fp8_dense", "fp8_24", "fp8_24_unfused"])
+@pytest.mark.parametrize("variant", ["bf16_dense", "fp8_dense", "fp8_24", "fp8_24_unfused", "fp8_24_host_alpha"])
 def test_gpu_graphed_ffn_benchmark_step_runs_all_six_products(variant):
     """The benchmark's graphed FFN step gives its input a gradient (CudaGraphStep detaches the tensors a
     step is given: passed as an input, the first layer's dX product would silently not run)."""
@@ -486,7 +486,8 @@ def test_gpu_graphed_ffn_benchmark_step_runs_all_six_products(variant):
     dy = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
     model = build_ffn(variant, 64)
     if variant.startswith("fp8_24"):  # the unfused variant has an engine of its own, the same kernels otherwise
-        assert model.up.backend.engine.fused == (variant == "fp8_24")
+        assert model.up.backend.engine.fused == (variant != "fp8_24_unfused")
+        assert model.up.backend.scaling.recipe.scale_in_product == ("host_alpha" if variant.endswith("alpha") else "pass")
     step, graphed = graphed_step(model, x, dy)
     step()
     torch.cuda.synchronize()

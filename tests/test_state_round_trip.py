@@ -54,7 +54,7 @@ def host_state(module: nn.Module) -> dict:
     if isinstance(module, sl.SparseLinear):
         return {"method": module.method, "backend": module.backend.name, **module.counters()}
     if isinstance(module, FP8ScalingState):
-        return {"recipe": module.recipe, "updates": module.updates}
+        return {"recipe": module.recipe, "updates": module.updates, "host_exponents": module.host_exponents}
     if isinstance(module, Act24MLP):  # host copies of its buffers (no device sync per forward)
         return {"step": module._step, "dense_from": module._dense_from, "token_seed": module._token_seed,
                 "token_draws": module._token_draws, "weight_grads": module.weight_grads}
@@ -198,6 +198,21 @@ def test_hf_brings_back_the_fp8_recipe_the_state_was_saved_with(tmp_path):
     assert all(m.recipe == OTHER_RECIPE for m in loaded.modules() if isinstance(m, FP8ScalingState))
     assert_same_state(saved, loaded)
     torch.testing.assert_close(logits(loaded), logits(saved), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("path", ["hf", "dcp"])
+def test_host_alpha_scales_survive_a_round_trip(path, tmp_path):
+    """FP8Recipe(scale_in_product="host_alpha"): the host exponents of the scales in use (extra state) and
+    next_scale (a buffer) come back, and the loaded model's next step is the saved one's."""
+    recipe = FP8Recipe(scale_in_product="host_alpha")
+    saved, loaded, logits = PATHS[path](sl.STE(backend="fp8_reference"), tmp_path, recipe=recipe)
+    states = [m for m in loaded.modules() if isinstance(m, FP8ScalingState)]
+    assert states and all(m.recipe == recipe and m.host_exponents is not None for m in states)  # STEPS = 2: in use
+    assert_same_state(saved, loaded)
+    torch.testing.assert_close(logits(loaded), logits(saved), rtol=0, atol=0)
+    train_llama(saved, 1)
+    train_llama(loaded, 1)
+    assert_same_state(saved, loaded)
 
 
 def test_fp8_state_into_a_layer_of_another_recipe_is_refused():

@@ -159,6 +159,12 @@ class Backend(abc.ABC):
         """End of an optimizer step of the layer that holds this backend (``SparseLinear.advance_step``).
         Default: nothing; a backend with per-step state updates it here (the FP8 recipe's amax history)."""
 
+    def graph_constants(self) -> tuple:
+        """Host values that this backend's products take as constants (a captured CUDA graph keeps them as
+        they were at the capture): ``CudaGraphStep`` recaptures when they change. Default: none. The FP8
+        backends with ``FP8Recipe(scale_in_product="host_alpha")`` return their scales' host exponents."""
+        return ()
+
     def device_seed_value(self, generator: torch.Generator) -> int:
         """The int this backend's MVUE draw would take from ``generator`` in eager mode: what a layer in
         CUDA-graph mode writes into its device seed tensor before a replay, so that the replay draws what

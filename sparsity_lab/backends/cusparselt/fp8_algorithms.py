@@ -7,6 +7,10 @@ fastest ids, each checked against the float32 product of the same FP8 values (so
 results: https://github.com/pytorch/pytorch/issues/155333) and timed; the fastest correct one is
 kept with the whole table (``summary``). Never inside a CUDA-graph capture: the first (eager) step of
 each shape chooses.
+
+Where the chosen product scales by a pass after it ("multiply_after"), the search also checks, with the
+same algorithm and layout, whether a scalar host alpha scales it ("host_alpha", ``FP8Choice.host_alpha``):
+a recipe with host-side scales uses it only where that check passed (``host_alpha_ok``).
 """
 from __future__ import annotations
 
@@ -31,6 +35,12 @@ class FP8Choice:
     ms: float
     rel_err: float
     tried: list[dict] = field(default_factory=list)
+    host_alpha: dict = field(default_factory=dict)  # the host-alpha check: {"rel_err", "ok"} or {"error"}
+
+    @property
+    def host_alpha_ok(self) -> bool:
+        """True when a scalar host alpha scaled this choice's product correctly (checked by the search)."""
+        return bool(self.host_alpha.get("ok"))
 
 
 class FP8SparseProducts:
@@ -129,8 +139,25 @@ class FP8SparseProducts:
             raise RuntimeError(f"no cuSPARSELt FP8 algorithm computed A({m}x{k}) @ B({k}x{n}) correctly in layouts "
                                f"{layouts}: {tried[:4]}")
         best.tried = tried
+        best.host_alpha = self._check_host_alpha(m, k, n, best, device)
         self.choices[key] = best
         return best
+
+    def _check_host_alpha(self, m, k, n, choice: FP8Choice, device) -> dict:
+        """Does the chosen algorithm, with alpha = s_a s_b given as a host float, return the scaled product?
+        (Only asked where the scales are not applied inside already: "multiply_after".)"""
+        if choice.mode != "multiply_after":
+            return {"ok": False, "error": f"not checked: the scales reach the product by {choice.mode!r}"}
+        b_t, tr = choice.layout
+        comp, b, (s_a, s_b), ref = self._synthetic(m, k, n, b_t, device)
+        ref = ref.t() if tr else ref
+        alpha = float((s_a * s_b).item())
+        try:
+            out = self.ops.mm(comp, b, s_a, s_b, tr, choice.config, "host_alpha", alpha=alpha)
+        except Exception as err:  # refused: the recipe falls back to the pass (with a warning)
+            return {"ok": False, "error": f"{type(err).__name__}: {err}"[:200]}
+        rel = float((out.float() - ref).norm() / ref.norm())
+        return {"ok": rel < self.tolerance, "rel_err": rel}
 
     @staticmethod
     def _time(fn, reps: int = 3) -> float:
@@ -143,13 +170,17 @@ class FP8SparseProducts:
         sync()
         return (time.perf_counter() - t0) * 1e3 / reps
 
-    def mm(self, compressed, b, s_a, s_b, choice: FP8Choice):
+    def mm(self, compressed, b, s_a, s_b, choice: FP8Choice, alpha: float | None = None):
+        """The chosen product; with ``alpha`` (s_a s_b as a host float) the scalar alpha scales it inside
+        (mode "host_alpha": the caller checks ``choice.host_alpha_ok`` first)."""
+        if alpha is not None:
+            return self.ops.mm(compressed, b, s_a, s_b, choice.layout[1], choice.config, "host_alpha", alpha=alpha)
         return self.ops.mm(compressed, b, s_a, s_b, choice.layout[1], choice.config, choice.mode)
 
     def summary(self) -> list[dict]:
         return [{"m": k[0], "k": k[1], "n": k[2], "alg": c.config.alg_id, "split_k": c.config.split_k,
                  "split_k_mode": c.config.split_k_mode, "layout": list(c.layout), "mode": c.mode, "ms": c.ms,
-                 "rel_err": c.rel_err, "refused": [t for t in c.tried if "error" in t][:6],
+                 "rel_err": c.rel_err, "host_alpha": c.host_alpha, "refused": [t for t in c.tried if "error" in t][:6],
                  "timed": sorted(({kk: t[kk] for kk in ("alg", "split_k", "split_k_mode", "ms") if kk in t}
                                   for t in c.tried if "ms" in t), key=lambda t: t["ms"])[:12],
                  "split_k": self._split_k_summary(c.tried)}

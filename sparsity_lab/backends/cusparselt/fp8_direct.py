@@ -15,6 +15,12 @@ are accepted but the products come out unscaled (wrong: rejected by the check); 
 alpha 1 and one elementwise pass multiplies D by ``s_a s_b`` afterwards ("multiply_after": a read and a
 write of D by ``kernels/scale_product.py``, part of the time the recorded products take).
 
+A *scalar host* alpha is honoured, though (``results/fp8_scalar_alpha_h100.json``): "host_alpha" passes
+``s_a s_b`` as a host float, which a training recipe can give only where the host knows its scales
+(``FP8Recipe(scale_in_product="host_alpha")``: power-of-two scales read one step late). It runs on the
+plan of "multiply_after" (the same descriptors; only the alpha at the call differs), so switching to it
+builds no plan, inside a CUDA-graph capture or not.
+
 Layouts are the ones ``direct`` describes (B contiguous, or the ``.t()`` of a contiguous
 (n, k); D row-major, or with ``transpose_result`` the (n, m) row-major memory of a column-major D).
 Enum values from cuSPARSELt's header (``cusparseLt.h``; ``library_types.h`` for the CUDA types):
@@ -40,9 +46,10 @@ A_SCALE_MODE, B_SCALE_MODE, A_SCALE_POINTER, B_SCALE_POINTER, SCALE_SCALAR_32F =
 # "alpha_vector": alpha as a device vector of m floats (refused for FP8 by cuSPARSELt 0.8 on the H100);
 # "multiply_after": alpha 1, then one elementwise pass over D (bfloat16 product by the fp32 scale)
 SCALE_MODES = ("scale_pointers", "alpha_vector", "multiply_after")
-# "host_alpha": alpha = s_a s_b passed as cuSPARSELt's scalar alpha, read from the host at the call (a sync when
-# the scales live on the device; a CUDA graph would bake the value in). Not tried by training: probed only
-# (benchmarks/fp8_scalar_alpha.py), to learn whether a scalar alpha scales an E4M3 product on SM90.
+# "host_alpha": alpha = s_a s_b passed as cuSPARSELt's scalar alpha, a host float (``mm(..., alpha=)``; without it
+# read from the device scales at the call, a sync: the probe's form, benchmarks/fp8_scalar_alpha.py). A CUDA graph
+# holds the value as a constant. Not in the search's order: training asks for it when its recipe holds the scales
+# on the host, and the search checks it numerically per product key (``FP8Choice.host_alpha``)
 PROBE_MODES = ("host_alpha",)
 FP8_MULTIPLE = 32  # both dimensions of an fp8 sparse operand (cuSPARSELt's minimum, as PyTorch checks)
 
@@ -129,9 +136,12 @@ class FP8DirectOps:
         return plan
 
     def mm(self, compressed: torch.Tensor, b: torch.Tensor, s_a: torch.Tensor, s_b: torch.Tensor,
-           transpose_result: bool, config: AlgConfig, mode: str = "scale_pointers") -> torch.Tensor:
+           transpose_result: bool, config: AlgConfig, mode: str = "scale_pointers",
+           alpha: float | None = None) -> torch.Tensor:
         """``s_a s_b (A @ B)`` as bfloat16 (m, n), or its transpose (n, m) contiguous. s_a, s_b: float32
-        one-element tensors on b's device (the per-tensor dequantization scales of A and B)."""
+        one-element tensors on b's device (the per-tensor dequantization scales of A and B). alpha: mode
+        "host_alpha" only, s_a s_b as a host float (the caller vouches that it equals the device scales'
+        product; None reads it from them, a sync)."""
         m, k, n, b_t = fp8_operand_shape(compressed, b)
         if mode not in SCALE_MODES + PROBE_MODES:
             raise ValueError(f"mode must be one of {SCALE_MODES + PROBE_MODES}, got {mode!r}")
@@ -140,7 +150,10 @@ class FP8DirectOps:
         for t in (compressed, b):
             if t.data_ptr() % ALIGNMENT:
                 raise ValueError("fp8 operands must be 16-byte aligned (a fresh tensor, not a view into another)")
-        plan = self.plan(m, k, n, b_t, transpose_result, config, mode, b.device)
+        if alpha is not None and mode != "host_alpha":
+            raise ValueError(f"alpha is given to mode 'host_alpha' only, got mode {mode!r}")
+        plan_mode = "multiply_after" if mode == "host_alpha" else mode  # the same descriptors, alpha at the call
+        plan = self.plan(m, k, n, b_t, transpose_result, config, plan_mode, b.device)
         alpha_host = ctypes.c_float(1.0)
         if mode == "scale_pointers":
             plan.scales[0:2].copy_(torch.stack((s_a.float().reshape(()), s_b.float().reshape(()))))
@@ -149,7 +162,7 @@ class FP8DirectOps:
             alpha = (s_a.float() * s_b.float()).reshape(1).expand(m).contiguous()
             alpha_p = alpha.data_ptr()
         elif mode == "host_alpha":
-            alpha_host = ctypes.c_float(float((s_a.float() * s_b.float()).item()))
+            alpha_host = ctypes.c_float(float((s_a.float() * s_b.float()).item()) if alpha is None else float(alpha))
             alpha_p = ctypes.addressof(alpha_host)
         else:
             alpha_p = ctypes.addressof(alpha_host)
@@ -163,7 +176,7 @@ class FP8DirectOps:
             workspace.data_ptr() if workspace is not None else None, ctypes.byref(stream), 1)
         self.lib.check(status, f"cusparseLtMatmul fp8 {plan.key}")
         self.stats["products"] += 1
-        if mode == "multiply_after":
+        if mode == "multiply_after":  # (a plan's mode is "multiply_after" under "host_alpha" too: not this test)
             from ...kernels import scale_product_  # one pass at the copy bandwidth (kernels/scale_product.py)
             scale_product_(out, s_a.float(), s_b.float())
         return out

@@ -31,8 +31,18 @@ Compared with the simulation "torch_fp8sim" (S-STE's recipe: current scaling, dZ
 ``FP8Recipe(scaling="current", grad_format="e5m2")`` the forward and input-gradient products equal
 the simulation's.
 
-Each sparse product's two scales are applied by one pass over its output (``kernels/scale_product.py``):
-cuSPARSELt 0.8 applies none inside an FP8 2:4 product on the H100 (``fp8_direct``).
+Where each sparse product's two scales are applied is the recipe's ``scale_in_product``: "pass" (the
+default) multiplies its output in one pass of its own (``kernels/scale_product.py``): cuSPARSELt 0.8 applies
+neither device scale inside an FP8 2:4 product on the H100 (``fp8_direct``). "host_alpha" gives the product
+``alpha = s_a s_b`` as a host float (power-of-two scales the host holds one step late,
+``methods/fp8_scaling``), applied inside the product: no pass. Each operand keeps the host exponent of the
+scale it was quantized with (``FP8Operand.host_exp``, ``_ForwardX.host_exp``), so the alpha of a product is
+always the product of its operands' quantization scales. Where the algorithm search found that a scalar
+alpha does not scale a product (``FP8Choice.host_alpha``), that product runs with the pass instead, said
+once in a ``BackendFallbackWarning`` and counted (``stats["host_alpha_refused"]``); ``stats`` also counts
+the sparse products called each way ("sparse_products_host_alpha", "sparse_products_pass"; a product
+captured in a CUDA graph counts once per capture). The reference engine computes the same: its products
+multiply by the host alpha (a Python float) where the recipe gives one.
 
 q(X) is made once, in the forward, by one cast kernel that also writes q(X)^T (the layout the weight
 gradient's product reads, ``kernels/fp8_cast_transpose.py``): the backward reuses both (no second
@@ -47,6 +57,7 @@ of one backend name share (the cuSPARSELt plans and algorithm choices, counters)
 """
 from __future__ import annotations
 
+import math
 import weakref
 import warnings
 from collections import Counter
@@ -92,8 +103,9 @@ class FP8Operand:
     def __init__(self, weight: torch.Tensor | None, q: torch.Tensor | None, scale: torch.Tensor, dense: bool = False,
                  shape: tuple[int, int] | None = None, compressed: torch.Tensor | None = None,
                  compressed_t: torch.Tensor | None = None, make_transposed=None,
-                 amax: torch.Tensor | None = None) -> None:
+                 amax: torch.Tensor | None = None, host_exp: int | None = None) -> None:
         self.weight, self.q, self.scale = weight, q, scale
+        self.host_exp = host_exp  # log2 of ``scale`` on the host ("host_alpha" recipes), else None
         self.amax = amax  # amax(S(W)), recorded in the history by the backward of a forward that used it
         self.dense = dense  # a dense phase's W (no 2:4 pattern): dense FP8 products whatever the engine
         self.shape: tuple[int, int] = tuple(q.shape) if shape is None else tuple(shape)
@@ -116,6 +128,12 @@ class _ForwardX:
     amax: torch.Tensor
     w_amax: torch.Tensor | None = None
     recorded: bool = False
+    host_exp: int | None = None  # log2 of ``scale`` on the host ("host_alpha" recipes)
+
+
+def _alpha(e_a: int | None, e_b: int | None) -> float | None:
+    """s_a s_b as a host float from the two scales' host exponents (exact), None if either is on the device only."""
+    return None if e_a is None or e_b is None else math.ldexp(1.0, e_a + e_b)
 
 
 class FP8Engine:
@@ -134,6 +152,7 @@ class FP8Engine:
         self._triton = None
         self._sparse = None
         self.stats: Counter = Counter()  # "x_requantized": backward calls that could not reuse the forward's q(X)
+        self._refused_keys: set = set()  # product keys whose host-alpha refusal was already warned about
 
     def __deepcopy__(self, memo):
         return self  # one per process (plans, algorithm choices): a deep-copied model shares it
@@ -183,8 +202,41 @@ class FP8Engine:
         from ...methods.mvue import mvue24
         return mvue24(dz, dim=0, generator=generator_on(dz.device, seed), check=False)
 
-    def sparse_grad_weight(self, a, s_g, q_x, q_x_t, s_x, rows: int, grad_out: torch.Tensor) -> torch.Tensor:
-        """dW = s_g s_x A q(X) on sparse FP8 tensor cores, A = q(MVUE(dZ))^T compressed (out, rows)."""
+    def mvue_compressed(self, dz: torch.Tensor, seed: MvueSeed | None, state: FP8ScalingState
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(compressed q(MVUE(dZ))^T, its scale) by kernel 19 under ``state``'s recipe, amax recorded: one pass
+        with delayed scaling, after an amax pass of the same draw with current scaling. The draw is ``mvue``'s."""
+        k, kseed = self.kernels(), kernel_seed(seed)
+        observed = None if state.uses_history else k.mvue24_amax(dz, kseed)
+        scale, inv_scale, _ = state.scales_for("dz_mvue", None, observed_amax=observed)
+        a, amax = k.mvue_compress24_fp8(dz, kseed, inv_scale)
+        state.record("dz_mvue", amax)
+        return a, scale
+
+    def sparse_mm(self, a, b, s_a, s_b, choice, alpha: float | None) -> torch.Tensor:
+        """The chosen sparse product, scaled inside by ``alpha`` (a host float) where one is given and the
+        search found the scalar alpha honoured; else as ``choice.mode`` says (the pass), counted, and where
+        an alpha was refused, said once per product in a warning."""
+        if alpha is not None and choice.mode == "multiply_after" and not choice.host_alpha_ok:
+            self.stats["host_alpha_refused"] += 1
+            key = (tuple(a.shape), tuple(b.shape), choice.layout)
+            if key not in self._refused_keys:
+                self._refused_keys.add(key)
+                from .backend import BackendFallbackWarning
+                warnings.warn(f"backend {self.name!r}: the recipe gives this FP8 2:4 product (A {tuple(a.shape)}, B "
+                              f"{tuple(b.shape)}) a host alpha, but cuSPARSELt did not apply a scalar alpha to it in "
+                              f"the algorithm search ({choice.host_alpha}): its scales are applied by the pass after "
+                              "it instead", BackendFallbackWarning, stacklevel=4)
+            alpha = None
+        elif choice.mode != "multiply_after":  # the scales reach the product inside already
+            alpha = None
+        self.stats["sparse_products_host_alpha" if alpha is not None else "sparse_products_pass"] += 1
+        return self.sparse.mm(a, b, s_a, s_b, choice, alpha=alpha)
+
+    def sparse_grad_weight(self, a, s_g, q_x, q_x_t, s_x, rows: int, grad_out: torch.Tensor,
+                           alpha: float | None = None) -> torch.Tensor:
+        """dW = s_g s_x A q(X) on sparse FP8 tensor cores, A = q(MVUE(dZ))^T compressed (out, rows); alpha:
+        s_g s_x as a host float ("host_alpha" recipes) or None."""
         out_f, in_f = grad_out.shape[1], q_x.shape[1]
         choice = self.sparse.choose(out_f, rows, in_f, [(False, False), (True, True)], grad_out.device)
         b_transposed, transpose_result = choice.layout
@@ -192,7 +244,7 @@ class FP8Engine:
             b = (q_x_t if q_x_t is not None else q_x.t().contiguous()).t()
         else:
             b = q_x
-        dw = self.sparse.mm(a, b, s_g, s_x, choice)
+        dw = self.sparse_mm(a, b, s_g, s_x, choice, alpha)
         return (dw.t() if transpose_result else dw).to(grad_out.dtype)
 
 
@@ -236,6 +288,13 @@ class FP8Backend(Backend, BackendReport, nn.Module):
     def advance_step(self) -> None:
         """End of an optimizer step (``SparseLinear.advance_step``): the recipe's update."""
         self.scaling.advance()
+
+    def graph_constants(self) -> tuple:
+        """The host exponents a captured sparse product holds as its alpha ("host_alpha" recipes on the
+        sparse engine; None before they exist), else nothing: ``CudaGraphStep`` recaptures when they change."""
+        if not self.scaling.recipe.lag or self.engine.engine != "cusparselt":
+            return ()
+        return (self.scaling.host_exponents,)
 
     def product_plan(self, out_features: int, in_features: int, mvue: bool) -> dict[str, str]:
         kind = {"reference": "float32 products of FP8 operands (reference)",
@@ -323,7 +382,7 @@ class FP8Backend(Backend, BackendReport, nn.Module):
         # zeros stay zeros: the 2:4 pattern survives the cast. The amax is recorded by a backward that
         # uses the operand (``_record_forward``): an evaluation forward records nothing
         q, _, scale, a = self._cast("w", w, transpose=False)
-        return FP8Operand(w, q, scale, amax=a)
+        return FP8Operand(w, q, scale, amax=a, host_exp=self.scaling.host_exponent("w"))
 
     def prepare_masked(self, weight, mask, beta, n, m, dtype, backward: bool = True) -> FP8Operand:
         """The step's operand from the master W and the mask. On the sparse engine (CUDA, 2:4, a
@@ -340,7 +399,8 @@ class FP8Backend(Backend, BackendReport, nn.Module):
         def make_transposed():  # the same S(W) and scale (nothing advances before this step's backward)
             return k.prepare24_fp8(weight, mask, beta, inv_scale, dtype, forward=False)[1]
         return FP8Operand(None, None, scale, shape=tuple(weight.shape), compressed=fwd, compressed_t=bwd,
-                          make_transposed=None if backward else make_transposed, amax=a)
+                          make_transposed=None if backward else make_transposed, amax=a,
+                          host_exp=state.host_exponent("w"))
 
     def prepare_dense(self, weight: torch.Tensor, dtype: torch.dtype) -> FP8Operand:
         """q(W) of the dense W (out, in) for a dense phase: the products run on dense FP8 tensor cores
@@ -355,16 +415,18 @@ class FP8Backend(Backend, BackendReport, nn.Module):
         rows = _padded_rows(tokens, x)
         # one pass: q(X) for this product and q(X)^T for the weight gradient's (GPU engines)
         q_x, q_x_t, s_x, a_x = self._cast("x", _pad_rows(x, rows), transpose=engine != "reference")
-        self._forward_x = _ForwardX(weakref.ref(x), x._version, q_x, q_x_t, s_x, a_x, w_amax=operand.amax)
+        e_x = self.scaling.host_exponent("x")
+        self._forward_x = _ForwardX(weakref.ref(x), x._version, q_x, q_x_t, s_x, a_x, w_amax=operand.amax, host_exp=e_x)
+        alpha = _alpha(e_x, operand.host_exp)
         if engine == "reference":
-            z = reference.reference_forward(q_x, s_x, operand.q, operand.scale, x.dtype)
+            z = reference.reference_forward(q_x, s_x, operand.q, operand.scale, x.dtype, alpha=alpha)
         elif engine == "scaled_mm":
             z = dense.scaled_mm_forward(q_x, s_x, operand.q, operand.scale)
         else:
             if operand.compressed is None:
                 operand.compressed = self.engine.kernels().compress24(operand.q)
             choice = self.engine.sparse.choose(operand.shape[0], operand.shape[1], rows, [(True, True)], x.device)
-            z = self.engine.sparse.mm(operand.compressed, q_x.t(), operand.scale, s_x, choice)
+            z = self.engine.sparse_mm(operand.compressed, q_x.t(), operand.scale, s_x, choice, alpha)
         z = z[:tokens].to(x.dtype)
         return z if bias is None else z + bias.to(z.dtype)
 
@@ -384,8 +446,9 @@ class FP8Backend(Backend, BackendReport, nn.Module):
         tokens, engine = grad_out.shape[0], self.engine.engine_for(operand)
         rows = _padded_rows(tokens, grad_out)
         q_dz, s_dz = self.quantize("dz", _pad_rows(grad_out, rows))
+        alpha = _alpha(self.scaling.host_exponent("dz"), operand.host_exp)
         if engine == "reference":
-            dx = reference.reference_grad_input(q_dz, s_dz, operand.q, operand.scale, grad_out.dtype)
+            dx = reference.reference_grad_input(q_dz, s_dz, operand.q, operand.scale, grad_out.dtype, alpha=alpha)
         elif engine == "scaled_mm":
             if operand.q_t is None:
                 operand.q_t = operand.q.t().contiguous()
@@ -396,55 +459,46 @@ class FP8Backend(Backend, BackendReport, nn.Module):
                                         else self.engine.kernels().compress24(operand.q.t()))
             choice = self.engine.sparse.choose(operand.shape[1], operand.shape[0], rows, [(True, True)],
                                                grad_out.device)
-            dx = self.engine.sparse.mm(operand.compressed_t, q_dz.t(), operand.scale, s_dz, choice)
+            dx = self.engine.sparse_mm(operand.compressed_t, q_dz.t(), operand.scale, s_dz, choice, alpha)
         return dx[:tokens].to(grad_out.dtype)
 
     def _x_for_backward(self, x: torch.Tensor, rows: int):
-        """(q(X), q(X)^T or None, s_x) of the forward when this is its x (same tensor, unchanged), else
-        X cast again with the same scale (nothing advanced in between), counted in ``stats``."""
+        """(q(X), q(X)^T or None, s_x, host exponent of s_x or None) of the forward when this is its x (same
+        tensor, unchanged), else X cast again with the same scale (nothing advanced in between), counted in
+        ``stats``."""
         self._record_forward()
         fx, self._forward_x = self._forward_x, None
         if fx is not None and fx.x() is x and fx.version == x._version and fx.q.shape[0] == rows:
-            return fx.q, fx.q_t, fx.scale
+            return fx.q, fx.q_t, fx.scale, fx.host_exp
         self.engine.stats["x_requantized"] += 1
         q, q_t, scale, a = self._cast("x", _pad_rows(x, rows), transpose=self.engine.engine != "reference")
         if fx is None:  # no forward recorded this X's amax
             self.scaling.record("x", a)
-        return q, q_t, scale
+        return q, q_t, scale, self.scaling.host_exponent("x")
 
     def grad_weight(self, grad_out, x, mvue, seed):
         self.engine.check(grad_out, "grad_out")
         tokens, engine = grad_out.shape[0], self.engine.engine
         rows = _padded_rows(tokens, grad_out)
         dz = _pad_rows(grad_out, rows)
-        q_x, q_x_t, s_x = self._x_for_backward(x, rows)
+        q_x, q_x_t, s_x, e_x = self._x_for_backward(x, rows)
+        g = "dz_mvue" if mvue else "dz"
+        alpha = _alpha(self.scaling.host_exponent(g), e_x)
         if (mvue and engine == "cusparselt" and self.engine.fused and dz.is_cuda
                 and self.scaling.recipe.format_of("dz_mvue") == "e4m3"):
-            a, s_g = self._mvue_compressed(dz.contiguous(), seed)
-            return self.engine.sparse_grad_weight(a, s_g, q_x, q_x_t, s_x, rows, grad_out)
-        if mvue:
-            q_g, s_g = self.quantize("dz_mvue", self.engine.mvue(dz, seed))
-        else:
-            q_g, s_g = self.quantize("dz", dz)
+            a, s_g = self.engine.mvue_compressed(dz.contiguous(), seed, self.scaling)
+            return self.engine.sparse_grad_weight(a, s_g, q_x, q_x_t, s_x, rows, grad_out, alpha)
+        q_g, s_g = self.quantize(g, self.engine.mvue(dz, seed) if mvue else dz)
         if engine == "reference":
-            return reference.reference_grad_weight(q_g, s_g, q_x, s_x, grad_out.dtype)
+            return reference.reference_grad_weight(q_g, s_g, q_x, s_x, grad_out.dtype, alpha=alpha)
         if engine == "scaled_mm" or not mvue:
             return dense.scaled_mm_grad_weight(q_g, s_g, q_x, s_x, q_x_t).to(grad_out.dtype)
         a = self.engine.kernels().compress24(q_g.t())  # q(MVUE(dZ))^T (out, rows), 2:4 along the tokens
-        return self.engine.sparse_grad_weight(a, s_g, q_x, q_x_t, s_x, rows, grad_out)
-
-    def _mvue_compressed(self, dz: torch.Tensor, seed: MvueSeed | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(compressed q(MVUE(dZ))^T, its scale) by kernel 19, amax recorded: one pass with delayed
-        scaling, after an amax pass of the same draw with current scaling. The draw is ``FP8Engine.mvue``'s."""
-        k, state, kseed = self.engine.kernels(), self.scaling, kernel_seed(seed)
-        observed = None if state.uses_history else k.mvue24_amax(dz, kseed)
-        scale, inv_scale, _ = state.scales_for("dz_mvue", None, observed_amax=observed)
-        a, amax = k.mvue_compress24_fp8(dz, kseed, inv_scale)
-        state.record("dz_mvue", amax)
-        return a, scale
+        return self.engine.sparse_grad_weight(a, s_g, q_x, q_x_t, s_x, rows, grad_out, alpha)
 
     def summary(self) -> dict:
         out = super().summary()
+        out["scale_in_product"] = self.scaling.recipe.scale_in_product
         if self.engine._sparse is not None:
             out["algorithms"] = self.engine.sparse.summary()
         return out
