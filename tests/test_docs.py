@@ -125,6 +125,18 @@ def test_relative_links_resolve(page):
     assert not missing, f"{page.name} links to missing files: {missing}"
 
 
+@pytest.mark.parametrize("page", [*DOCS, ROOT / "README.md"], ids=lambda p: p.name)
+def test_no_control_characters(page):
+    """A TeX command written through a Python string without r"" loses its backslash: \\top becomes a
+    tab + "op", \\frac a form feed + "rac", \\nabla a new line + "abla"."""
+    text = page.read_text()
+    bad = [f"line {text.count(chr(10), 0, k) + 1}: {text[k]!r}" for k, ch in enumerate(text)
+           if ch in "\t\f\v\b\r"]
+    bad += [f"line {text.count(chr(10), 0, m.start()) + 1}: a line starting 'abla'"
+            for m in re.finditer(r"\nabla", text)]
+    assert not bad, f"{page.name}: {bad[:5]}"
+
+
 @pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
 def test_no_internal_words(page):
     found = internal_words(page.read_text())
