@@ -4,8 +4,8 @@ The idea
     With bf16 weights and float32 masters (``sparsity_lab.lab.master_weights``) an optimizer step made of
     PyTorch's parts is three passes over every lowered weight: copy the bf16 gradient into a float32
     master gradient, run the fused AdamW on the masters, copy the masters back into the bf16 weights.
-    The two copies move 12 bytes per weight on top of AdamW's 28 (on the H100 profile of the lab GPT at
-    width 4096, results/step_profile_h100.json: 7.3 ms of a 24.5 ms optimizer step). Here one program
+    The two copies move 12 bytes per weight on top of AdamW's 28 (about a third of the optimizer's time
+    in the H100 profile of the lab GPT, results/step_profile_h100.json). Here one program
     reads a block of the bf16 gradient, the master and both moments, updates them in float32 and
     writes the master, the moments and the master rounded to bf16: 28 bytes per weight, what AdamW over
     float32 weights moves, and the bf16 weight is written where a float32 run would cast it again in

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 LOW_DTYPES = (torch.bfloat16, torch.float16)
+INTERPRETER_BLOCK = 1 << 16  # weights per program of the fused update on the CPU
 
 
 def linear_weights(model: nn.Module) -> list[nn.Parameter]:
@@ -201,11 +202,15 @@ class MasterWeights(torch.optim.Optimizer):
                 m.grad = None  # the inner step must skip it
                 by_step.setdefault(self._steps[id(m)], []).append((p, m, st))
             beta1, beta2 = group["betas"]
+            # the interpreter (CPU) pays per program: few large blocks there; the GPU's default elsewhere
+            longest = max(p.numel() for p, _ in live)
+            block = ({"block": min(INTERPRETER_BLOCK, max(16, 1 << (longest - 1).bit_length()))}
+                     if live[0][0].device.type == "cpu" else {})
             for step, items in by_step.items():
                 adamw_master_([p.data for p, _, _ in items], [p.grad for p, _, _ in items], [m for _, m, _ in items],
                               [st["exp_avg"] for _, _, st in items], [st["exp_avg_sq"] for _, _, st in items],
                               step=step, lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2),
-                              eps=float(group["eps"]), weight_decay=float(group["weight_decay"]))
+                              eps=float(group["eps"]), weight_decay=float(group["weight_decay"]), **block)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
