@@ -10,7 +10,10 @@ linear of every block 2:4); ``ffn24_r<k>`` / ``all24_r<k>``: the same with ``mas
 
 modes (``--modes``, "+"-joined options; ``baseline`` has none): bf16 autocast and AdamW (fused on CUDA)
 always, plus ``bf16w`` (the linear weights held in bf16, float32 masters in the optimizer:
-``sparsity_lab.lab.master_weights``), ``compile`` (``torch.compile`` of the model: Inductor fuses the norms,
+``sparsity_lab.lab.master_weights``, updated by its fused kernel: one pass from the bf16 gradients to the
+masters, moments and bf16 weights; under ``--smoke`` through Triton's interpreter when TRITON_INTERPRET=1),
+``unfused`` (with bf16w: the masters updated by copy, PyTorch's fused AdamW, copy, as before the kernel),
+``compile`` (``torch.compile`` of the model: Inductor fuses the norms,
 residual adds, GELU and casts; the dense products stay cuBLAS calls and each 2:4 layer one custom op) and
 ``graph`` (forward and backward replayed by ``CudaGraphStep``; not with compile).
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import gc
 import math
+import os
 import re
 import statistics
 import sys
@@ -53,7 +57,7 @@ from benchmarks.step_ceiling import (BLOCK_LINEARS, HEAD, PRODUCTS, SELECTIONS, 
 
 MODEL = dict(d_model=4096, n_layer=8, n_head=32, context=1024, batch=8)
 SMOKE_MODEL = dict(d_model=64, n_layer=2, n_head=2, context=32, batch=2)
-OPTIONS = ("bf16w", "compile", "graph")
+OPTIONS = ("bf16w", "unfused", "compile", "graph")
 DEFAULT_MODES = "baseline,bf16w+compile,bf16w"
 LR = 3e-4  # constant: the loss and flip rate over a few dozen steps, not a schedule
 
@@ -81,6 +85,8 @@ def parse_mode(mode: str) -> frozenset[str]:
     bad = [p for p in parts if p not in OPTIONS]
     if bad or not parts or len(set(parts)) != len(parts):
         raise ValueError(f"--modes: {mode!r} is not 'baseline' or a '+'-joined set of {OPTIONS}")
+    if "unfused" in parts and "bf16w" not in parts:
+        raise ValueError(f"--modes: {mode!r}: unfused is a form of the bf16w master update; write bf16w+unfused")
     if {"compile", "graph"} <= set(parts):
         raise ValueError(f"--modes: {mode!r}: compile and graph do not combine (the compiled model's custom ops "
                          "keep host-side state that a CUDA-graph replay skips); choose one")
@@ -237,7 +243,9 @@ def build(config: Config, options: frozenset, args, batches: list, device: torch
     cuda = device.type == "cuda"
     kwargs = dict(lr=LR, betas=(0.9, 0.95), weight_decay=0.1, fused=True if cuda else None)
     if "bf16w" in options:
-        opt = lower_linear_weights(model, torch.optim.AdamW, **kwargs)
+        # the fused update: CUDA's default; on the CPU only through the interpreter (the smoke run under pytest)
+        fused = False if "unfused" in options else (None if cuda else os.environ.get("TRITON_INTERPRET") == "1")
+        opt = lower_linear_weights(model, torch.optim.AdamW, fused_update=fused, **kwargs)
     else:
         opt = torch.optim.AdamW(model.parameters(), **kwargs)
     if config.select is not None:
@@ -309,7 +317,8 @@ def run_one(config: Config, mode: str, args, batches: list, sampler: ConditionSa
             mask_computations_timed=(computed1 - computed0), profiled_steps=prof_steps,
             breakdown_ms=parts, kernel_ms=kernel_ms, idle_ms=ms - kernel_ms,
             top_kernels=[{"name": n[:160], "ms": v, "calls": c} for n, v, c in kernels[:25]],
-            params=built.model.num_params())
+            params=built.model.num_params(),
+            master_update=None if "bf16w" not in options else ("fused" if built.optimizer.fused_update else "copies"))
         if config.select:
             record["two4_work_share"] = parts["two4_work"] / ms
         if built.graph_step is not None:

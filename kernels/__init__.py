@@ -24,10 +24,12 @@ package (named in its docstring) and a test against it (tests/test_kernels_*.py)
     prune24_tokens    17. permuted tokens of chosen features gathered, 2:4 along the tokens, compressed, one pass
     prepare24_fp8     18. q(S(W)) and q(S(W))^T in FP8 (kernel 11 casting before its stores), and amax(S(W))
     mvue_compress24   19. mvue_compress24_fp8: kernel 10 casting MVUE(dZ) to FP8 before its store, and its amax
+    adamw_master      20. AdamW on float32 masters from bf16 gradients, the bf16 weights written back, one pass
 
 Importing this package imports triton: set TRITON_INTERPRET=1 first to run on a CPU.
 """
 from .act24 import act24
+from .adamw_master import adamw_master_
 from .act24_backward import act24_backward
 from .compress24 import compress24
 from .count_flips import count_flips
@@ -47,7 +49,7 @@ from .soft_threshold24 import soft_threshold24
 from .transposable24 import transposable_mask24
 
 __all__ = [
-    "act24", "act24_backward", "amax", "compress24", "count_flips", "dequantize_fp8", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "mvue24_amax", "mvue_compress24", "mvue_compress24_fp8", "pack_mask24",
+    "act24", "act24_backward", "adamw_master_", "amax", "compress24", "count_flips", "dequantize_fp8", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "mvue24_amax", "mvue_compress24", "mvue_compress24_fp8", "pack_mask24",
     "prepare24", "prepare24_amax", "prepare24_fp8", "prune24", "prune24_tokens", "quantize_fp8", "quantize_fp8_transposed", "quantize_fp8_with_scale", "relu2_backward",
     "relu2_forward", "scale_product_",
     "soft_threshold24", "transposable_mask24",

@@ -138,6 +138,93 @@ def test_2to4_layers_train_on_their_bf16_weights():
     assert torch.equal(w.grad, (0.5 * (~decayed[0].mask) * w.detach()).to(torch.bfloat16))
 
 
+# --- the fused update (kernel 20, through Triton's interpreter on the CPU) -------------------------------------
+def _bf16_ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """How many bf16 values lie between a and b (both bf16, finite, of one sign per entry)."""
+    return (a.view(torch.int16).int() - b.view(torch.int16).int()).abs()
+
+
+def test_fused_update_equals_float32_adamw_on_the_masters_then_cast():
+    """The reference is plain PyTorch: AdamW over float32 weights fed the bf16 gradients, then the cast."""
+    model, reference = _model(), _model()
+    opt = lower_linear_weights(model, torch.optim.AdamW, fused_update=True, lr=1e-2, weight_decay=0.1)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
+    assert opt.fused_update
+    low = {id(p) for p in linear_weights(model)}
+    for step in range(4):
+        _step_both(model, opt, reference, ref_opt, step)
+        for p, r in zip(model.parameters(), reference.parameters()):
+            if id(p) not in low:  # float32 parameters: the inner AdamW, as without the wrapper
+                assert torch.equal(p.detach(), r.detach())
+                continue
+            master = opt.master(p)
+            # float32 rounding of the update's few operations (PyTorch's own AdamW orders them otherwise): a few
+            # ulps of the weight's size before the step, |w| + 2 lr (an Adam update is at most about lr)
+            bound = 4 * torch.finfo(torch.float32).eps * (r.detach().abs() + 2 * 1e-2)
+            assert bool(((master - r.detach()).abs() <= bound).all())
+            assert torch.equal(p.detach(), master.to(torch.bfloat16))  # the working weight: its master rounded
+            assert int(_bf16_ulps_apart(p.detach(), r.detach().to(torch.bfloat16)).max()) <= 1
+            state = opt.inner.state[master]  # the inner AdamW's state, as AdamW keeps it
+            assert int(state["step"]) == step + 1 and state["exp_avg"].dtype == torch.float32
+            assert torch.allclose(state["exp_avg_sq"], ref_opt.state[r]["exp_avg_sq"], rtol=1e-6, atol=0)
+
+
+def test_fused_update_resumes_bit_for_bit_and_shares_the_state_format():
+    def grads_into(model, step):
+        for p, g in zip(model.parameters(), _grads(model, step)):
+            p.grad = g.clone()
+
+    model = _model()
+    opt = lower_linear_weights(model, torch.optim.AdamW, fused_update=True, lr=1e-2)
+    for step in range(2):
+        grads_into(model, step)
+        opt.step()
+    saved_model, saved_opt = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+    resumed = _model(seed=1)
+    resumed_opt = lower_linear_weights(resumed, torch.optim.AdamW, fused_update=True, lr=1e-2)
+    resumed.load_state_dict(saved_model)
+    resumed_opt.load_state_dict(saved_opt)
+    for step in range(2, 4):
+        for m, o in ((model, opt), (resumed, resumed_opt)):
+            grads_into(m, step)
+            o.step()
+    for p, q in zip(model.parameters(), resumed.parameters()):
+        assert torch.equal(p, q) and torch.equal(opt.master(p), resumed_opt.master(q))
+    # the unfused update reads the same state: it continues from step 4, not from scratch
+    plain = _model(seed=2)
+    plain_opt = lower_linear_weights(plain, torch.optim.AdamW, fused_update=False, lr=1e-2)
+    plain.load_state_dict(model.state_dict())
+    plain_opt.load_state_dict(opt.state_dict())
+    grads_into(plain, 4)
+    plain_opt.step()
+    assert int(plain_opt.inner.state[plain_opt.master(plain[0].weight)]["step"]) == 5
+
+
+def test_fused_update_leaves_a_weight_without_gradient_alone_and_refuses_what_it_cannot_do():
+    model = _model()
+    opt = lower_linear_weights(model, torch.optim.AdamW, fused_update=True, lr=1e-2)
+    before, master_before = model[2].weight.detach().clone(), opt.master(model[2].weight).clone()
+    first = model[0].weight.detach().clone()
+    for p, g in zip(model.parameters(), _grads(model, 0)):
+        p.grad = g
+    model[2].weight.grad = None
+    opt.step()
+    assert torch.equal(model[2].weight, before) and torch.equal(opt.master(model[2].weight), master_before)
+    assert not torch.equal(model[0].weight, first)
+    assert opt.master(model[2].weight) not in opt.inner.state  # no state made for it
+    with pytest.raises(ValueError, match="fused_update=True: the fused update is AdamW's"):
+        lower_linear_weights(_model(), torch.optim.SGD, fused_update=True, lr=1e-2)
+    with pytest.raises(ValueError, match="fused_update=True: the fused update has no amsgrad"):
+        lower_linear_weights(_model(), torch.optim.AdamW, fused_update=True, amsgrad=True)
+    with pytest.raises(ValueError, match="fused_update must be None, True or False"):
+        lower_linear_weights(_model(), torch.optim.AdamW, fused_update="yes")
+    untouched = _model()
+    with pytest.raises(ValueError, match="fused_update=True: the fused update writes bf16"):
+        lower_linear_weights(untouched, torch.optim.AdamW, dtype=torch.float16, fused_update=True)
+    assert untouched[0].weight.dtype == torch.float32  # refused before any weight was lowered
+    assert not lower_linear_weights(_model(), torch.optim.AdamW).fused_update  # by default: only on CUDA
+
+
 def test_decay_on_weights_after_the_step_is_refused():
     model = nn.Sequential(nn.Linear(16, 16, bias=False))
     sl.sparsify(model, sl.MaskedDecayOnWeights(decay=0.1, total_steps=10), select="all")
@@ -233,18 +320,26 @@ def test_cli_flags_reach_the_config():
 
 @pytest.mark.gpu
 def test_cuda_fused_adamw_masters_match_float32_training_and_2to4_layers_run():
-    """On the GPU: the masters under the fused AdamW follow a float32 fused AdamW fed the same gradients bit for
-    bit, and S-STE + MVUE on the cusparselt backend trains on the bf16 weights (the Triton kernels take them)."""
-    model, reference = _model().cuda(), _model().cuda()
-    opt = lower_linear_weights(model, torch.optim.AdamW, lr=1e-2, fused=True)
+    """On the GPU: with the unfused update the masters under the fused AdamW follow a float32 fused AdamW fed the
+    same gradients bit for bit; the fused update (the default on CUDA) follows it to float32 rounding, its bf16
+    weights the masters rounded; and S-STE + MVUE on the cusparselt backend trains on the bf16 weights."""
+    model, fused_model, reference = _model().cuda(), _model().cuda(), _model().cuda()
+    opt = lower_linear_weights(model, torch.optim.AdamW, fused_update=False, lr=1e-2, fused=True)
+    fused_opt = lower_linear_weights(fused_model, torch.optim.AdamW, lr=1e-2, fused=True)
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, fused=True)
+    assert fused_opt.fused_update and not opt.fused_update
     for step in range(3):
-        for p, r, g in zip(model.parameters(), reference.parameters(), _grads(model, step)):
-            p.grad, r.grad = g.cuda(), g.float().cuda()
+        for p, q, r, g in zip(model.parameters(), fused_model.parameters(), reference.parameters(),
+                              _grads(model, step)):
+            p.grad, q.grad, r.grad = g.cuda(), g.cuda(), g.float().cuda()
         opt.step()
+        fused_opt.step()
         ref_opt.step()
-    for p, r in zip(model.parameters(), reference.parameters()):
+    for p, q, r in zip(model.parameters(), fused_model.parameters(), reference.parameters()):
         assert torch.equal(opt.master(p), r.detach()) and torch.equal(p.detach(), r.detach().to(p.dtype))
+        bound = 4 * torch.finfo(torch.float32).eps * (r.detach().abs() + 2 * 1e-2)
+        assert bool(((fused_opt.master(q) - r.detach()).abs() <= bound).all())
+        assert torch.equal(q.detach(), fused_opt.master(q).to(q.dtype))
 
     torch.manual_seed(0)
     ffn = nn.Sequential(nn.Linear(256, 1024, bias=False), nn.GELU(), nn.Linear(1024, 256, bias=False)).cuda()

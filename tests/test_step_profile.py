@@ -169,11 +169,21 @@ def test_summarize_uses_the_fastest_dense_for_the_headline_and_the_same_mode_for
 def test_modes_and_gpu_names():
     assert parse_mode("baseline") == frozenset()
     assert parse_mode("bf16w+compile") == {"bf16w", "compile"}
-    for bad in ("fast", "bf16w+bf16w", "compile+graph"):
+    assert parse_mode("bf16w+unfused") == {"bf16w", "unfused"}
+    for bad in ("fast", "bf16w+bf16w", "compile+graph", "unfused", "unfused+compile"):
         with pytest.raises(ValueError, match="--modes"):
             parse_mode(bad)
     assert gpu_tag("NVIDIA H100 80GB HBM3") == "h100" and gpu_tag("NVIDIA H200") == "h200"
     assert gpu_tag("NVIDIA A100-SXM4-80GB") == "a100" and gpu_tag(None) == "gpu"
+
+
+def test_smoke_run_of_the_unfused_master_update(tmp_path):
+    status = bench_main(["step-profile", "--smoke", "--modes", "bf16w+unfused", "--configs", "dense",
+                         "--out-dir", str(tmp_path), "--name", "unfused"])
+    assert status == 0
+    (record,) = json.loads((tmp_path / "unfused.json").read_text())["records"]
+    assert "error" not in record, record.get("traceback")
+    assert record["master_update"] == "copies" and record["options"] == ["bf16w", "unfused"]
 
 
 def test_bad_arguments_name_the_flag(tmp_path, capsys):
@@ -211,6 +221,9 @@ def test_smoke_run_writes_every_run_with_its_profile_and_ceiling(tmp_path, capsy
         assert runs[(mode, "all24_r2")]["timing"].startswith("mean over whole cycles of 2")
         assert runs[(mode, "all24_r2")]["profiled_steps"] == 2 and runs[(mode, "ffn24")]["profiled_steps"] == 1
     assert runs[("bf16w+compile", "dense")]["options"] == ["bf16w", "compile"]
+    # bf16 weights take the fused master update (here through the interpreter), dense and 2:4 alike
+    assert {runs[("bf16w+compile", c)]["master_update"] for c in result["configs"]} == {"fused"}
+    assert runs[("baseline", "dense")]["master_update"] is None
     assert "CUDA GPU" in runs[("graph", "ffn24")]["error"]  # recorded, the run went on
     summary = result["summary"]
     assert summary["fastest_dense"] in ("baseline", "bf16w+compile")

@@ -20,6 +20,16 @@ The wrapper is a ``torch.optim.Optimizer`` over the model's own parameters: sche
 the model's weights (masked decay lands on the bf16 gradient before the step). A weight changed after
 the step (``MaskedDecayOnWeights``'s decoupled decay) would be overwritten from its master at the next
 step: ``lower_linear_weights`` refuses such a method.
+
+The fused update (``fused_update``; on by default for AdamW with bf16 weights on CUDA): the three passes
+above become one kernel launch (``sparsity_lab.kernels.adamw_master_``) that reads each bf16 gradient, the
+master and the moments, and writes the master, the moments and the bf16 weight, 28 bytes per weight as
+AdamW over float32 weights (the separate copies add 12). The moments and step counts stay the inner
+AdamW's state (``inner.state``, same keys and dtypes), so ``state_dict`` and resuming are unchanged and a
+run may switch between the two updates at a checkpoint. The fused update computes AdamW in float32 in
+the order of PyTorch's fused kernel, not bit for bit as the inner ``AdamW`` does: the masters agree with
+it to float32 rounding (``tests/test_master_weights.py``), and the bf16 weights are the masters rounded to
+nearest, exactly. The float32 parameters (norms, position embedding) are still stepped by the inner one.
 """
 from __future__ import annotations
 
@@ -29,6 +39,7 @@ import torch
 from torch import nn
 
 LOW_DTYPES = (torch.bfloat16, torch.float16)
+INTERPRETER_BLOCK = 1 << 16  # weights per program of the fused update on the CPU
 
 
 def linear_weights(model: nn.Module) -> list[nn.Parameter]:
@@ -58,10 +69,13 @@ class MasterWeights(torch.optim.Optimizer):
     params: the model's parameters or param groups (as for any optimizer). lower: the parameters to hold
     in ``dtype`` (each must be in ``params``; float32 now: its value becomes the master). Every other
     parameter is stepped in place. defaults: the inner optimizer's keyword arguments (lr, betas, fused, ...).
+    fused_update: update the lowered weights with one kernel launch (``sparsity_lab.kernels.adamw_master_``)
+    instead of copy, inner step, copy; None (default): where it applies (AdamW, bf16, CUDA tensors, no
+    amsgrad / maximize / capturable / differentiable); True where it does not is refused, naming why.
     """
 
     def __init__(self, params, lower: Iterable[torch.Tensor], dtype: torch.dtype = torch.bfloat16,
-                 optimizer_class: type = torch.optim.AdamW, **defaults) -> None:
+                 optimizer_class: type = torch.optim.AdamW, fused_update: bool | None = None, **defaults) -> None:
         if dtype not in LOW_DTYPES:
             raise ValueError(f"dtype must be one of {LOW_DTYPES}, got {dtype!r}")
         super().__init__(params, defaults)
@@ -75,6 +89,7 @@ class MasterWeights(torch.optim.Optimizer):
             raise ValueError(f"lower: the parameters to hold in {dtype} must be float32 now (their value becomes the "
                              f"master), got {len(bad)} of another dtype (shapes {bad[:3]})")
         self.low_dtype = dtype
+        self.fused_update = self._choose_fused(fused_update, optimizer_class, lower)  # before anything changes
         self._master: dict[int, torch.Tensor] = {}
         with torch.no_grad():
             for p in lower:
@@ -83,6 +98,42 @@ class MasterWeights(torch.optim.Optimizer):
                     p.data = p.data.to(dtype)  # the same Parameter object: modules and hooks keep it
         self.inner = optimizer_class([self._inner_group(g) for g in self.param_groups], **defaults)
         self._pairs = [(p, self._master[id(p)]) for g in self.param_groups for p in g["params"] if id(p) in self._master]
+        self._steps: dict[int, int] = {}  # id(master) -> its AdamW step count, a host mirror of state["step"]
+        # per param group, its lowered (working weight, master) pairs: what one fused launch serves
+        self._group_pairs = [[(p, self._master[id(p)]) for p in g["params"] if id(p) in self._master]
+                             for g in self.param_groups]
+
+    def _choose_fused(self, fused_update, optimizer_class: type, lower: list) -> bool:
+        """Whether the lowered weights take the fused update; ValueError for True where it cannot."""
+        if fused_update not in (None, True, False):
+            raise ValueError(f"fused_update must be None, True or False, got {fused_update!r}")
+        on_cuda = bool(lower) and all(p.device.type == "cuda" for p in lower)
+        if fused_update is None:  # by default only on CUDA (on the CPU the kernel runs in Triton's slow interpreter)
+            return on_cuda and not self._fused_refusal(optimizer_class, on_cuda)
+        why_not = self._fused_refusal(optimizer_class, on_cuda) if fused_update else ""
+        if why_not:
+            raise ValueError(f"fused_update=True: {why_not}")
+        return fused_update
+
+    def _fused_refusal(self, optimizer_class: type, on_cuda: bool) -> str:
+        """Why the fused update cannot serve this optimizer ("" when it can)."""
+        if optimizer_class is not torch.optim.AdamW:
+            return f"the fused update is AdamW's; optimizer_class is {optimizer_class.__name__}"
+        if self.low_dtype != torch.bfloat16:
+            return f"the fused update writes bf16 weights; dtype is {self.low_dtype}"
+        if not on_cuda:
+            from sparsity_lab.kernels._common import is_interpreted  # imports triton: only off CUDA
+            from sparsity_lab.kernels.adamw_master import _adamw_master_kernel
+
+            if not is_interpreted(_adamw_master_kernel):
+                return "the lowered weights are not on CUDA (the kernel runs on the CPU only under TRITON_INTERPRET=1)"
+        for g in self.param_groups:
+            for flag in ("amsgrad", "maximize", "capturable", "differentiable"):
+                if g.get(flag):
+                    return f"the fused update has no {flag} (a param group sets it)"
+            if isinstance(g.get("lr"), torch.Tensor):
+                return "the fused update takes the learning rate as a number, not a tensor"
+        return ""
 
     def _inner_group(self, group: dict) -> dict:
         return {**{k: v for k, v in group.items() if k != "params"},
@@ -100,6 +151,10 @@ class MasterWeights(torch.optim.Optimizer):
                 loss = closure()
         for group, inner in zip(self.param_groups, self.inner.param_groups):
             inner.update({k: v for k, v in group.items() if k != "params"})  # a scheduler's lr, ...
+        if self.fused_update:
+            self._fused_lowered_step()
+            self.inner.step()  # the float32 parameters; the lowered masters have no gradient there
+            return loss
         lows, masters = [], []
         for p, m in self._pairs:
             if p.grad is None:
@@ -116,6 +171,46 @@ class MasterWeights(torch.optim.Optimizer):
         if updated:
             torch._foreach_copy_([p.data for p, _ in updated], [m for _, m in updated])  # round to nearest
         return loss
+
+    def _adamw_state(self, master: torch.Tensor, group: dict) -> dict:
+        """The inner AdamW's state of ``master``, created as AdamW creates it (step 0, zero moments)."""
+        state = self.inner.state[master]
+        if not state:
+            on_device = group.get("fused") or group.get("capturable")
+            state["step"] = (torch.zeros((), dtype=torch.float32, device=master.device) if on_device
+                             else torch.tensor(0.0, dtype=torch.float32))
+            state["exp_avg"] = torch.zeros_like(master, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(master, memory_format=torch.preserve_format)
+        if id(master) not in self._steps:  # after a load: read once (one host sync), then counted here
+            self._steps[id(master)] = int(state["step"].item())
+        return state
+
+    def _fused_lowered_step(self) -> None:
+        """AdamW on the lowered masters of each param group: one kernel launch per group and step count
+        (one in a plain run), the step tensors advanced with one foreach add."""
+        from sparsity_lab.kernels.adamw_master import adamw_master_
+
+        for pairs, group in zip(self._group_pairs, self.inner.param_groups):
+            live = [(p, m) for p, m in pairs if p.grad is not None]
+            if not live:
+                continue
+            states = [self._adamw_state(m, group) for _, m in live]
+            torch._foreach_add_([st["step"] for st in states], 1.0)
+            by_step: dict[int, list] = {}
+            for (p, m), st in zip(live, states):
+                self._steps[id(m)] += 1
+                m.grad = None  # the inner step must skip it
+                by_step.setdefault(self._steps[id(m)], []).append((p, m, st))
+            beta1, beta2 = group["betas"]
+            # the interpreter (CPU) pays per program: few large blocks there; the GPU's default elsewhere
+            longest = max(p.numel() for p, _ in live)
+            block = ({"block": min(INTERPRETER_BLOCK, max(16, 1 << (longest - 1).bit_length()))}
+                     if live[0][0].device.type == "cpu" else {})
+            for step, items in by_step.items():
+                adamw_master_([p.data for p, _, _ in items], [p.grad for p, _, _ in items], [m for _, m, _ in items],
+                              [st["exp_avg"] for _, _, st in items], [st["exp_avg_sq"] for _, _, st in items],
+                              step=step, lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2),
+                              eps=float(group["eps"]), weight_decay=float(group["weight_decay"]), **block)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
@@ -147,19 +242,22 @@ class MasterWeights(torch.optim.Optimizer):
         for group, saved in zip(self.param_groups, state["param_groups"]):
             group.update(saved)
         self.inner.load_state_dict(state["inner"])
+        self._steps.clear()  # the step counts are read again from the loaded state
 
 
 def lower_linear_weights(model: nn.Module, optimizer_class: type = torch.optim.AdamW,
-                         dtype: torch.dtype = torch.bfloat16, param_groups=None, **defaults) -> MasterWeights:
+                         dtype: torch.dtype = torch.bfloat16, param_groups=None, fused_update: bool | None = None,
+                         **defaults) -> MasterWeights:
     """``MasterWeights`` for ``model``: its linear weights (``linear_weights``) held in ``dtype`` from now on.
 
     Call after ``sparsify`` (masks and S-STE's beta come from the float32 weights) and before
-    ``attach_optimizer``. param_groups: the optimizer's groups (default: ``model.parameters()``)."""
+    ``attach_optimizer``. param_groups: the optimizer's groups (default: ``model.parameters()``).
+    fused_update: as ``MasterWeights``'s."""
     check_lowerable(model)
     from ..training_hooks import sparse_layers
 
     opt = MasterWeights(param_groups if param_groups is not None else model.parameters(), linear_weights(model),
-                        dtype=dtype, optimizer_class=optimizer_class, **defaults)
+                        dtype=dtype, optimizer_class=optimizer_class, fused_update=fused_update, **defaults)
     for _, layer in sparse_layers(model):
         layer.operand_cache.clear()  # prepared from the float32 weight, if any was
     return opt

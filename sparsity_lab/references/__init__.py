@@ -5,6 +5,7 @@
     cusparselt_layout  cuSPARSELt's compressed 2:4 layout on sm90 (values + metadata), packed and unpacked
     act24              squared ReLU pruned to 2:4 along the hidden dimension, its straight-through gradient
     relu2              squared ReLU relu(h)^2 and its gradient, as autograd computes them for F.relu(h).square()
+    adamw_master       AdamW on a float32 master fed a bf16 gradient, the bf16 weight written back rounded
 
 Each module imports only torch and the standard library, so a kernel may import it (and nothing
 else from the package) without pulling in the layers or the backends.

@@ -1,0 +1,76 @@
+"""Kernel 20 (AdamW on float32 masters from bf16 gradients, bf16 weights written back) against its reference."""
+import pytest
+import torch
+from _kernel_testing import DEVICE, assert_close_ulp
+
+from sparsity_lab.kernels.adamw_master import adamw_master_
+from sparsity_lab.references.adamw_master import adamw_master_step_
+
+HYPER = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+
+
+def _state(shapes, seed):
+    gen = torch.Generator().manual_seed(seed)
+    masters = [torch.randn(s, generator=gen) for s in shapes]
+    return {"masters": masters, "lows": [m.to(torch.bfloat16) for m in masters],
+            "exp_avgs": [torch.zeros(s) for s in shapes], "exp_avg_sqs": [torch.zeros(s) for s in shapes]}
+
+
+def _to(state, device):
+    return {k: [x.to(device) for x in v] for k, v in state.items()}
+
+
+@pytest.mark.parametrize("block", [16, 1024])
+def test_three_steps_of_tensors_of_several_sizes_equal_the_reference(block):
+    shapes = [(7,), (33, 5), (16, 12), (3, 40)] if block == 16 else [(7,), (64, 48), (3, 1000)]
+    ref, got = _state(shapes, 0), _to(_state(shapes, 0), DEVICE)
+    for step in (1, 2, 3):
+        gen = torch.Generator().manual_seed(10 + step)
+        grads = [torch.randn(s, generator=gen).to(torch.bfloat16) for s in shapes]
+        for i in range(len(shapes)):
+            adamw_master_step_(ref["lows"][i], grads[i], ref["masters"][i], ref["exp_avgs"][i], ref["exp_avg_sqs"][i],
+                               step=step, **HYPER)
+        adamw_master_(got["lows"], [g.to(DEVICE) for g in grads], got["masters"], got["exp_avgs"],
+                      got["exp_avg_sqs"], step=step, block=block, **HYPER)
+    for name in ("masters", "exp_avgs", "exp_avg_sqs"):
+        for a, e in zip(got[name], ref[name]):
+            if DEVICE.type == "cpu":  # the interpreter computes in numpy float32, op for op as the reference
+                assert torch.equal(a, e), name
+            else:  # the GPU may contract a * b + c into one fused multiply-add
+                assert_close_ulp(a.cpu(), e, ulps=4, atol=1e-12)
+    for low, master in zip(got["lows"], got["masters"]):
+        assert torch.equal(low, master.to(torch.bfloat16))  # the bf16 weight: its own master, rounded
+
+
+def test_the_bf16_weight_is_the_master_rounded_to_nearest_even_ties_nan_and_inf_included():
+    one = torch.tensor(1.0).view(torch.int32).item()
+    ties = torch.tensor([one + 0x8000, one + 0x18000, -(2**31) + one + 0x8000], dtype=torch.int32).view(torch.float32)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 3.0e38, 1e-40, -1e-40])
+    master = torch.cat([ties, special, torch.randn(50)])
+    low = torch.zeros(master.shape, dtype=torch.bfloat16, device=DEVICE)
+    zeros = [torch.zeros(master.shape, device=DEVICE) for _ in range(2)]
+    adamw_master_([low], [torch.zeros_like(low)], [master.to(DEVICE)], zeros[:1], zeros[1:],
+                  step=1, lr=0.0, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0)  # lr 0: the master unchanged
+    low = low.cpu()
+    expected = master.to(torch.bfloat16)
+    nan = expected.isnan()
+    assert torch.equal(low.isnan(), nan)
+    assert torch.equal(low[~nan].view(torch.int16), expected[~nan].view(torch.int16))  # bit for bit, -0 included
+
+
+def test_bad_inputs_name_the_argument():
+    s = _to(_state([(8, 4)], 0), DEVICE)
+    g = [torch.zeros(8, 4, dtype=torch.bfloat16, device=DEVICE)]
+    kw = dict(step=1, **HYPER)
+    with pytest.raises(ValueError, match="one entry per weight"):
+        adamw_master_(s["lows"], g + g, s["masters"], s["exp_avgs"], s["exp_avg_sqs"], **kw)
+    with pytest.raises(TypeError, match=r"grads\[0\] must be torch.bfloat16"):
+        adamw_master_(s["lows"], [g[0].float()], s["masters"], s["exp_avgs"], s["exp_avg_sqs"], **kw)
+    with pytest.raises(ValueError, match=r"exp_avgs\[0\] must be contiguous"):
+        adamw_master_(s["lows"], g, s["masters"], [torch.zeros(4, 8, device=DEVICE).t()], s["exp_avg_sqs"], **kw)
+    with pytest.raises(ValueError, match=r"grads\[0\] has shape"):
+        adamw_master_(s["lows"], [g[0][:4]], s["masters"], s["exp_avgs"], s["exp_avg_sqs"], **kw)
+    with pytest.raises(ValueError, match="step must be >= 1"):
+        adamw_master_(s["lows"], g, s["masters"], s["exp_avgs"], s["exp_avg_sqs"], **{**kw, "step": 0})
+    with pytest.raises(ValueError, match="power of two"):
+        adamw_master_(s["lows"], g, s["masters"], s["exp_avgs"], s["exp_avg_sqs"], block=100, **HYPER | {"step": 1})
