@@ -11,9 +11,10 @@ The idea
     float32 weights moves, and the bf16 weight is written where a float32 run would cast it again in
     every forward.
 
-    Every lowered tensor is served by one launch: the host passes a table of addresses (gradient,
-    master, moments, bf16 weight) and element counts, program (c, t) takes block c of tensor t
-    (programs past a tensor's end store nothing). The rounding to bf16 is done on the bits (round to
+    One launch per lowered tensor (a few dozen per step, a few microseconds each): a first version
+    served every tensor from one launch through a table of addresses and measured slower on the H100
+    than the three passes it replaced (docs/measuring.md), probably because loads through pointers
+    read from memory are not vectorised. The rounding to bf16 is done on the bits (round to
     nearest even, NaN kept a NaN), so it is the same on the GPU and in the CPU interpreter (whose own
     float32 -> bf16 cast truncates). Square root and division are the IEEE ones (``sqrt_rn``,
     ``div_rn``). Reference: ``sparsity_lab.references.adamw_master.adamw_master_step_``.
@@ -35,26 +36,11 @@ from ._common import MAX_NUMEL, check_device
 
 DEFAULT_BLOCK = 2048  # weights per program
 DEFAULT_WARPS = 4
-ALIGN = 16  # bytes: every address in the table is a multiple of this (the kernel tells the compiler so)
-ROWS = ("grad", "master", "exp_avg", "exp_avg_sq", "low")
 
 
 @triton.jit
-def _address(table_ptr, row, n_tensors, t, DTYPE: tl.constexpr):
-    ptr = tl.load(table_ptr + row * n_tensors + t).to(tl.pointer_type(DTYPE))
-    return tl.multiple_of(ptr, 16)
-
-
-@triton.jit
-def _adamw_master_kernel(table_ptr, n_tensors, keep, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size,
-                         bc2_sqrt, eps, BLOCK: tl.constexpr):
-    t = tl.program_id(1)
-    n = tl.load(table_ptr + 5 * n_tensors + t)
-    g_ptr = _address(table_ptr, 0, n_tensors, t, tl.bfloat16)
-    p_ptr = _address(table_ptr, 1, n_tensors, t, tl.float32)
-    m_ptr = _address(table_ptr, 2, n_tensors, t, tl.float32)
-    v_ptr = _address(table_ptr, 3, n_tensors, t, tl.float32)
-    low_ptr = _address(table_ptr, 4, n_tensors, t, tl.int16)  # the bf16 weight, written as its bits
+def _adamw_master_kernel(g_ptr, p_ptr, m_ptr, v_ptr, low_ptr, n, keep, beta1, one_minus_beta1, beta2,
+                         one_minus_beta2, step_size, bc2_sqrt, eps, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
     g = tl.load(g_ptr + offs, mask=ok, other=0.0).to(tl.float32)
@@ -94,9 +80,6 @@ def _check_lists(lists: dict[str, Sequence[torch.Tensor]]) -> int:
                 raise ValueError(f"{name}[{i}] has shape {tuple(x.shape)}, masters[{i}] {tuple(lists['masters'][i].shape)}")
             if x.numel() == 0 or x.numel() > MAX_NUMEL:
                 raise ValueError(f"{name}[{i}] has {x.numel()} elements; expected 1 to {MAX_NUMEL} (int32 offsets)")
-            if x.device.type == "cuda" and x.data_ptr() % ALIGN:
-                raise ValueError(f"{name}[{i}] starts at an address that is not a multiple of {ALIGN} bytes "
-                                 "(a view into another tensor?); the kernel reads 16-byte vectors")
     return next(iter(counts.values()))
 
 
@@ -104,7 +87,7 @@ def adamw_master_(lows: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], m
                   exp_avgs: Sequence[torch.Tensor], exp_avg_sqs: Sequence[torch.Tensor], *, step: int, lr: float,
                   beta1: float, beta2: float, eps: float, weight_decay: float, block: int = DEFAULT_BLOCK,
                   num_warps: int = DEFAULT_WARPS) -> None:
-    """One AdamW step of every weight i, in place, in one launch: masters[i], exp_avgs[i], exp_avg_sqs[i]
+    """One AdamW step of every weight i, in place, one launch per weight: masters[i], exp_avgs[i], exp_avg_sqs[i]
     (float32) from grads[i] (bf16), then lows[i] (bf16) <- masters[i] rounded to nearest. Each weight's
     five tensors share a shape; every tensor contiguous, all on one device. step: the step count after
     this update (>= 1), the same for every weight here."""
@@ -117,12 +100,9 @@ def adamw_master_(lows: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], m
     device = check_device(_adamw_master_kernel, **{f"{name}[{i}]": x for name, ts in lists.items()
                                                    for i, x in enumerate(ts)})
     s = adamw_scalars(step, lr, beta1, beta2, weight_decay)
-    rows = [[x.data_ptr() for x in ts] for ts in (grads, masters, exp_avgs, exp_avg_sqs, lows)]
-    rows.append([x.numel() for x in masters])
-    table = torch.tensor(rows, dtype=torch.int64)
-    if device.type == "cuda":  # pinned, so the copy is queued behind the work that fills the gradients
-        table = table.pin_memory().to(device, non_blocking=True)
-    longest = max(x.numel() for x in masters)
-    grid = (triton.cdiv(longest, block), count)
-    _adamw_master_kernel[grid](table, count, s["keep"], beta1, 1.0 - beta1, beta2, 1.0 - beta2, s["step_size"],
-                               s["bc2_sqrt"], eps, BLOCK=block, num_warps=num_warps)
+    for g, p, m, v, low in zip(grads, masters, exp_avgs, exp_avg_sqs, lows):
+        n = p.numel()
+        # plain pointer arguments: triton sees their 16-byte alignment and reads whole vectors
+        _adamw_master_kernel[(triton.cdiv(n, block),)](
+            g, p, m, v, low.view(torch.int16), n, s["keep"], beta1, 1.0 - beta1, beta2, 1.0 - beta2,
+            s["step_size"], s["bc2_sqrt"], eps, BLOCK=block, num_warps=num_warps)
