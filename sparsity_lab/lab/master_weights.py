@@ -22,7 +22,7 @@ the step (``MaskedDecayOnWeights``'s decoupled decay) would be overwritten from 
 step: ``lower_linear_weights`` refuses such a method.
 
 The fused update (``fused_update``; on by default for AdamW with bf16 weights on CUDA): the three passes
-above become one kernel launch (``sparsity_lab.kernels.adamw_master_``) that reads each bf16 gradient, the
+above become one kernel pass (``sparsity_lab.kernels.adamw_master_``) that reads each bf16 gradient, the
 master and the moments, and writes the master, the moments and the bf16 weight, 28 bytes per weight as
 AdamW over float32 weights (the separate copies add 12). The moments and step counts stay the inner
 AdamW's state (``inner.state``, same keys and dtypes), so ``state_dict`` and resuming are unchanged and a
@@ -69,7 +69,7 @@ class MasterWeights(torch.optim.Optimizer):
     params: the model's parameters or param groups (as for any optimizer). lower: the parameters to hold
     in ``dtype`` (each must be in ``params``; float32 now: its value becomes the master). Every other
     parameter is stepped in place. defaults: the inner optimizer's keyword arguments (lr, betas, fused, ...).
-    fused_update: update the lowered weights with one kernel launch (``sparsity_lab.kernels.adamw_master_``)
+    fused_update: update the lowered weights with one kernel pass (``sparsity_lab.kernels.adamw_master_``)
     instead of copy, inner step, copy; None (default): where it applies (AdamW, bf16, CUDA tensors, no
     amsgrad / maximize / capturable / differentiable); True where it does not is refused, naming why.
     """
@@ -186,7 +186,7 @@ class MasterWeights(torch.optim.Optimizer):
         return state
 
     def _fused_lowered_step(self) -> None:
-        """AdamW on the lowered masters of each param group: one kernel launch per group and step count
+        """AdamW on the lowered masters of each param group: one kernel pass (a launch per weight) per group and step count
         (one in a plain run), the step tensors advanced with one foreach add."""
         from sparsity_lab.kernels.adamw_master import adamw_master_
 
