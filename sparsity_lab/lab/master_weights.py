@@ -186,8 +186,8 @@ class MasterWeights(torch.optim.Optimizer):
         return state
 
     def _fused_lowered_step(self) -> None:
-        """AdamW on the lowered masters of each param group: one kernel pass (a launch per weight) per group and step count
-        (one in a plain run), the step tensors advanced with one foreach add."""
+        """AdamW on the lowered masters of each param group: one kernel pass (a launch per weight) per group
+        and step count (one in a plain run), the step tensors advanced with one foreach add."""
         from sparsity_lab.kernels.adamw_master import adamw_master_
 
         for pairs, group in zip(self._group_pairs, self.inner.param_groups):
