@@ -57,17 +57,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", type=backend_name, default=None,
                         help="2:4 products (default cusparselt on cuda, torch on cpu)")
     parser.add_argument("--steps", type=positive_int, default=300, help="training steps per method (default 300)")
-    parser.add_argument("--dim", type=positive_int, default=2048, help="model width (default 2048)")
+    parser.add_argument("--dim", type=positive_int, default=4096, help="model width (default 4096)")
     parser.add_argument("--layers", type=positive_int, default=8, help="transformer blocks (default 8)")
-    parser.add_argument("--heads", type=positive_int, default=16, help="attention heads (default 16)")
+    parser.add_argument("--heads", type=positive_int, default=32, help="attention heads (default 32)")
     parser.add_argument("--seq-len", type=positive_int, default=2048, help="tokens per sequence (default 2048)")
-    parser.add_argument("--batch", type=positive_int, default=8, help="sequences per GPU per step (default 8)")
+    parser.add_argument("--batch", type=positive_int, default=4, help="sequences per GPU per step (default 4)")
     parser.add_argument("--vocab", type=positive_int, default=8192,
                         help="BPE vocabulary, <|endoftext|> included (default 8192; at least 258)")
     parser.add_argument("--max-corpus-mb", type=positive_int, default=64,
                         help="cap on the standard-library text written (default 64)")
-    parser.add_argument("--run-timeout", type=positive_int, default=300,
-                        help="seconds one method's job may run before it is stopped (default 300)")
+    parser.add_argument("--run-timeout", type=positive_int, default=240,
+                        help="seconds one method's job may run before it is stopped (default 240)")
     parser.add_argument("--work-dir", type=output_folder, default="runs/torchtitan_gpus",
                         help="corpus, tokenizer, logs and the jobs' records (default runs/torchtitan_gpus)")
     parser.add_argument("--name", default=None,
@@ -199,7 +199,8 @@ def log_tail(log: Path, lines: int = 30) -> str:
 
 
 def summarize(runs: dict[str, dict]) -> dict:
-    """Per method: the recorder's medians, peak memory, first and last loss; and tokens/s against dense."""
+    """Per method: the recorder's medians after the first two steps (torchtitan's tokens/s per GPU, and the
+    same from the synchronised step time), peak reserved memory, first and last loss; tokens/s against dense."""
     summary = {}
     for method, run in runs.items():
         rec = run.get("record")
@@ -207,8 +208,10 @@ def summarize(runs: dict[str, dict]) -> dict:
             summary[method] = {"failed": True}
             continue
         losses = [x for x in rec["losses"] if x is not None]
+        step_s, tokens = rec["median_step_s_after_2"], rec["tokens_per_step_per_device"]
         summary[method] = {"tokens_per_s_per_gpu": rec["median_tokens_per_s_per_device_after_2"],
-                           "median_step_s": rec["median_step_s_after_2"],
+                           "tokens_per_s_per_gpu_from_step_time": tokens / step_s if step_s else None,
+                           "median_step_s": step_s,
                            "max_reserved_gib": rec["max_reserved_gib"],
                            "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                            "two_four_every_step": rec["two_four_every_step"]}
@@ -230,9 +233,28 @@ def result_name(args, nproc: int, gpu: str | None) -> str:
     return f"{RESULT_PREFIX}_{tag}x{nproc}"
 
 
-def run(args) -> int:
+def write_report(args, nproc: int, vocab: int, data: dict, runs: dict[str, dict]) -> tuple[Path, dict]:
+    """results/<name>.json (``--out-dir``) with provenance, the settings, the data, each job and the summary."""
     from sparsity_lab.provenance import provenance, write_result
 
+    summary = summarize(runs)
+    info = provenance()
+    settings = {k: getattr(args, k) for k in ("device", "methods", "mvue", "transposable", "steps", "dim", "layers",
+                                              "heads", "seq_len", "batch")}
+    settings.update(backend=args.backend or ("cusparselt" if args.device == "cuda" else "torch"), model_vocab=vocab,
+                    tokens_per_step_per_gpu=args.batch * args.seq_len, warmup_steps=max(1, args.steps // 10))
+    payload = {"world_size": nproc, "gpu": info.get("gpu"), "env": MULTICAST_OFF, "settings": settings, "data": data,
+               "summary": summary, "runs": runs}
+    try:
+        import torchtitan
+        payload["torchtitan"] = torchtitan.__version__
+    except ImportError:
+        payload["torchtitan"] = None
+    path = write_result(result_name(args, nproc, info.get("gpu")), payload, directory=args.out_dir)
+    return path, summary
+
+
+def run(args) -> int:
     nproc = world_size(args)
     work = Path(args.work_dir).resolve()
     vocab_guess = model_vocab(args.vocab)
@@ -265,20 +287,7 @@ def run(args) -> int:
             print(f"{method}: FAILED ({entry['error']}) after {outcome['wall_s']} s; end of {log}:\n"
                   f"{entry['log_tail']}", flush=True)
         runs[method] = entry
-    summary = summarize(runs)
-    info = provenance()
-    settings = {k: getattr(args, k) for k in ("device", "methods", "mvue", "transposable", "steps", "dim", "layers",
-                                              "heads", "seq_len", "batch")}
-    settings.update(backend=args.backend or ("cusparselt" if args.device == "cuda" else "torch"), model_vocab=vocab,
-                    tokens_per_step_per_gpu=args.batch * args.seq_len, warmup_steps=max(1, args.steps // 10))
-    payload = {"world_size": nproc, "gpu": info.get("gpu"), "env": MULTICAST_OFF, "settings": settings, "data": data,
-               "summary": summary, "runs": runs}
-    try:
-        import torchtitan
-        payload["torchtitan"] = torchtitan.__version__
-    except ImportError:
-        payload["torchtitan"] = None
-    path = write_result(result_name(args, nproc, info.get("gpu")), payload, directory=args.out_dir)
+        path, summary = write_report(args, nproc, vocab, data, runs)  # after each job: a later one may be cut off
     for method, row in summary.items():
         if row.get("failed"):
             print(f"{method:<22} failed")
