@@ -17,6 +17,12 @@ is the dense baseline through the same trainer. Around each ``train_step`` it
   input dimension (the mask of this rank's rows under FSDP2),
 
 and rank 0 writes them to ``$SPARSITY_LAB_RECORD``.
+
+Beside torchtitan's ``llama3_*`` configs it offers ``llama3_sized``: a Llama 3 whose sizes come from
+``$SPARSITY_LAB_TITAN_MODEL`` (``dim=2048,layers=8,heads=16,vocab=8192``; those are the defaults), with
+causal SDPA attention (no compilation), reading a local JSON-lines text file through the dataset
+``jsonl_text`` (``--dataloader.dataset_path FILE.jsonl``, one ``{"text": ...}`` document a line) and a
+tokenizer folder (``--hf_assets_path``). ``python -m benchmarks torchtitan-gpus`` prepares both and runs it.
 """
 import dataclasses
 import json
@@ -28,13 +34,16 @@ from dataclasses import dataclass
 
 import torch
 from torch.distributed.tensor import DTensor
-from torchtitan.tools.utils import device_module
+from torchtitan.tools import utils as titan_utils  # its device_module read at each use (the CPU smoke run swaps it)
 
 from sparsity_lab.integrations import torchtitan as tt
 from sparsity_lab.provenance import provenance
 from sparsity_lab.training_hooks import sparse_layers
 
 RECORD_ENV = "SPARSITY_LAB_RECORD"
+MODEL_ENV = "SPARSITY_LAB_TITAN_MODEL"
+DEFAULT_SIZES = {"dim": 2048, "layers": 8, "heads": 16, "vocab": 8192}
+JSONL_DATASET = "jsonl_text"
 
 
 def nonzeros_per_group(weight: torch.Tensor, m: int = 4) -> torch.Tensor:
@@ -71,10 +80,10 @@ class RecordingTrainer(tt.Sparsity24Trainer):
         self.metrics_processor.logger.log = keep
 
     def train_step(self, data_iterator):
-        device_module.synchronize()
+        titan_utils.device_module.synchronize()
         start = time.perf_counter()
         super().train_step(data_iterator)
-        device_module.synchronize()
+        titan_utils.device_module.synchronize()
         self.record["step_s"][self.step] = time.perf_counter() - start
         self.record["checks"][self.step] = check_24(self.model_parts)
 
@@ -131,3 +140,85 @@ def _offer_llama3_configs() -> list[str]:
 
 
 LLAMA3_CONFIGS = _offer_llama3_configs()
+
+
+def parse_sizes(text: str) -> dict[str, int]:
+    """``"dim=2048,layers=8"`` -> DEFAULT_SIZES with those replaced (``$SPARSITY_LAB_TITAN_MODEL``)."""
+    sizes = dict(DEFAULT_SIZES)
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, _, value = item.partition("=")
+        if key not in sizes or not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"{MODEL_ENV}: expected KEY=POSITIVE_INT with KEY in {', '.join(sizes)}, got {item!r}")
+        sizes[key] = int(value)
+    if sizes["dim"] % sizes["heads"] or (sizes["dim"] // sizes["heads"]) % 2:
+        raise ValueError(f"{MODEL_ENV}: dim ({sizes['dim']}) must be heads ({sizes['heads']}) times an even head size")
+    return sizes
+
+
+def sized_model(dim: int, layers: int, heads: int, vocab: int):
+    """torchtitan's Llama 3 model config at these sizes (its initialisers, FFN hidden 8/3 dim rounded up to
+    256), every layer's attention causal SDPA: flash attention without compilation, over the whole packed
+    sequence (documents are not masked from each other; RoPE positions restart at each document)."""
+    from torchtitan.models import llama3
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm, compute_ffn_hidden_dim
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    layer_configs = llama3._build_llama3_layers(
+        n_layers=layers, dim=dim, n_heads=heads, hidden_dim=compute_ffn_hidden_dim(dim, multiple_of=256),
+        rope=ComplexRoPE.Config(dim=dim // heads, max_seq_len=131072, theta=500000, scaling="llama"),
+        fuse_qkv=True, attn_backend="flex")
+    for layer in layer_configs:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    return llama3.Llama3Model.Config(
+        dim=dim, vocab_size=vocab,
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=llama3._EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=dim, param_init=llama3._NORM_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=llama3._output_linear_init(dim)),
+        layers=layer_configs)
+
+
+def read_jsonl_text(path: str):
+    """A ``datasets.Dataset`` of the ``text`` field of each line of a JSON-lines file (read in memory: no
+    dataset builder, cache or hub involved)."""
+    import json
+
+    from datasets import Dataset
+
+    if not path or not os.path.isfile(path):
+        raise FileNotFoundError(f"--dataloader.dataset_path {path!r}: dataset {JSONL_DATASET!r} reads a JSON-lines "
+                                "file (one {\"text\": ...} a line)")
+    with open(path, encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line in f if line.strip()]
+    if not texts:
+        raise ValueError(f"--dataloader.dataset_path {path!r} holds no documents")
+    return Dataset.from_dict({"text": texts})
+
+
+def _register_jsonl_dataset() -> None:
+    """Add ``jsonl_text`` to torchtitan's table of text datasets (its documented extension point)."""
+    from torchtitan.hf_datasets import DatasetConfig
+    from torchtitan.hf_datasets import text_datasets
+
+    text_datasets.DATASETS[JSONL_DATASET] = DatasetConfig(path="", loader=read_jsonl_text,
+                                                          sample_processor=lambda sample: sample["text"])
+
+
+def llama3_sized():
+    """``llama3_debugmodel``'s job (optimizer, schedule, logging) with the model of ``$SPARSITY_LAB_TITAN_MODEL``,
+    the ``jsonl_text`` dataset and an unchunked cross-entropy; validation and checkpoints off."""
+    from torchtitan.components.loss import CrossEntropyLoss
+
+    sizes = parse_sizes(os.environ.get(MODEL_ENV, ""))
+    config = globals()["llama3_debugmodel"]()
+    config.model_spec.model = sized_model(**sizes)
+    config.model_spec.flavor = "sized(" + ",".join(f"{k}={v}" for k, v in sizes.items()) + ")"
+    # the whole logits at once (small at these vocabularies): the debug config's ChunkedLossWrapper crashed in
+    # backward (SIGSEGV) with torch 2.11 on the CPU, and chunking saves little here
+    config.loss = CrossEntropyLoss.Config(global_vocab_size=sizes["vocab"])
+    config.dataloader.dataset = JSONL_DATASET
+    config.validator.enable = False
+    config.checkpoint.enable = False
+    return config
+
+
+_register_jsonl_dataset()
