@@ -13,7 +13,7 @@ import sys
 
 # name -> (module, one-line help). Modules with add_arguments/run get a sub-parser; the others take
 # their own arguments (main(argv)). The torchtitan recorder runs under torchtitan's own trainer:
-# torchrun ... -m torchtitan.train --module benchmarks.torchtitan_record (docs/integrations.md).
+# torchrun ... -m benchmarks.torchtitan_train --module benchmarks.torchtitan_record (docs/integrations.md).
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "masks": ("benchmarks.mask_solvers", "the transposable-mask solvers timed and compared (CPU)"),
     "kernels": ("benchmarks.kernels", "the Triton kernels against the copy ceiling and their baselines (GPU)"),

@@ -2,7 +2,7 @@
 flip rate, step times, 2:4 checks, with the run's provenance, as JSON. Run from the clone's root (the
 benchmarks are not installed):
 
-    SPARSITY_LAB_RECORD=results/run.json torchrun --standalone --nproc-per-node 4 -m torchtitan.train \\
+    SPARSITY_LAB_RECORD=results/run.json torchrun --standalone --nproc-per-node 4 -m benchmarks.torchtitan_train \\
         --module benchmarks.torchtitan_record --config llama3_debugmodel \\
         --sparsity24.method sste --sparsity24.mvue --training.steps 300 --metrics.log_freq 1
 

@@ -1,4 +1,5 @@
 """The README's "Use it with your model" blocks run as they are (in a temporary directory)."""
+import importlib.util
 import re
 import shlex
 from pathlib import Path
@@ -44,9 +45,11 @@ def test_readme_torchtitan_command_parses():
 
     text = (ROOT / "README.md").read_text()
     section = text.split("## Use it with your model", 1)[1].split("\n## ", 1)[0]
-    (command,) = [c for c in re.findall(r"```bash\n(.+?)\n```", section, re.S) if "torchtitan.train" in c]
+    (command,) = [c for c in re.findall(r"```bash\n(.+?)\n```", section, re.S) if "torchtitan_train" in c]
     args = shlex.split(command.replace("\\\n", " "))
-    config = ConfigManager().parse_args(args[args.index("torchtitan.train") + 1:])
+    launcher = "sparsity_lab.integrations.torchtitan_train"
+    assert importlib.util.find_spec(launcher), f"the README's launcher {launcher} is not a module"
+    config = ConfigManager().parse_args(args[args.index(launcher) + 1:])
     assert isinstance(config, tt.Sparsity24Trainer.Config) and config.training.steps == 300
     method = tt.method_from_config(config.sparsity24, config.training.steps)
     assert method.describe() == "sste 2:4, row-wise, MVUE dW"

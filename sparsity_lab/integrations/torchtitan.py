@@ -6,7 +6,7 @@ torchtitan 0.3 builds a model from a tree of configs (``Module.Config``) on the 
 extension point is the job's ``--module``/``--config`` pair (a function returning ``Trainer.Config``)
 and ``ModelConfigConverter``, which rewrites the model's config tree before the build. Here:
 
-    torchrun --nproc-per-node 4 -m torchtitan.train \\
+    torchrun --nproc-per-node 4 -m sparsity_lab.integrations.torchtitan_train \\
         --module sparsity_lab.integrations.torchtitan --config llama3_8b \\
         --sparsity24.method sste --sparsity24.mvue
 
