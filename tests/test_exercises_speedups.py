@@ -35,14 +35,47 @@ def test_tflops_wrong_answers():
     assert gflops.status == FAILED and "expected" in gflops.message
 
 
-def test_step_speedup_wrong_answers():
-    mean = check_step_speedup(lambda parts: sum(s for _, s in parts) / len(parts), show=False)
-    assert mean.status == FAILED and "averages the speed-ups" in mean.message
-    assert "weighted by time" not in mean.message  # a plain mean is told it is one, not a weighted one
-    # the harmonic mean of the speed-ups equals Amdahl's answer when every part takes the same time
-    harmonic = check_step_speedup(lambda parts: len(parts) / sum(1 / s for _, s in parts), show=False)
-    assert harmonic.status == FAILED and "how long each part takes" in harmonic.message
-    weighted = check_step_speedup(lambda parts: sum(m * s for m, s in parts) / sum(m for m, _ in parts), show=False)
-    assert weighted.status == FAILED and "weighted by time" in weighted.message
-    products_only = check_step_speedup(lambda parts: parts[0][1], show=False)
-    assert products_only.status == FAILED
+@pytest.mark.parametrize("wrong, named", [
+    (lambda f, s: (s + 1) / 2, "mean of the speed-ups s and 1 at equal weights"),
+    (lambda f, s: f * s + (1 - f), "weighted by time"),
+    (lambda f, s: 2 / (1 / s + 1), "right only when the products take half the step"),
+    (lambda f, s: s, "the products' speed-up alone"),
+    (lambda f, s: (1 - f) + f / s, "the speed-up is its inverse"),
+    (lambda f, s: 1 / ((1 - f) + f * s), "f / s, not f * s"),
+    (lambda f, s: 1 / (1 - f), "infinitely fast products"),
+])
+def test_step_speedup_names_each_classic_mistake(wrong, named):
+    result = check_step_speedup(wrong, show=False)
+    assert result.status == FAILED and named in result.message, result.message
+    assert result.message.count(" (that") + result.message.count(" (the") == 1  # one mistake named, not several
+
+
+def test_step_speedup_inputs_tell_the_mean_from_amdahl():
+    """The mean of the speed-ups equals Amdahl's answer at f = s / (s + 1): the check's first inputs are
+    far from it, so a mean is caught there, not after a lucky pass."""
+    from sparsity_lab.course.exercises.speedups import reference_step_speedup
+
+    seen = []
+    check_step_speedup(lambda f, s: seen.append((f, s)) or reference_step_speedup(f, s), show=False)
+    f, s = seen[0]
+    assert abs((s + 1) / 2 - reference_step_speedup(f, s)) > 0.1
+    assert abs(2 / (1 / s + 1) - reference_step_speedup(f, s)) > 0.1
+
+
+def test_step_speedup_other_wrong_answers():
+    anything = check_step_speedup(lambda f, s: 1.0, show=False)
+    assert anything.status == FAILED and "expected 1.81818" in anything.message and " (th" not in anything.message
+    text = check_step_speedup(lambda f, s: "1.8x", show=False)
+    assert text.status == FAILED and "'1.8x'" in text.message
+    raises = check_step_speedup(lambda f, s: [f, s][2], show=False)
+    assert raises.status == FAILED and "IndexError" in raises.message
+
+
+def test_step_speedup_hint_only_after_a_failed_attempt():
+    from sparsity_lab.course.exercises import checking
+
+    checking._failures.clear()
+    assert "Hint:" not in check_step_speedup(_stub, show=False).message
+    first = check_step_speedup(lambda f, s: (s + 1) / 2, show=False)
+    second = check_step_speedup(lambda f, s: (s + 1) / 2, show=False)
+    assert "Hint:" not in first.message and "Hint:" in second.message and "old time over the new" in second.message

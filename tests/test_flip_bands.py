@@ -37,6 +37,10 @@ def test_verdicts_follow_the_per_seed_late_rates():
     assert [c["holds"] for c in judge_flip_bands(overlap)][:3] == [True, False, True]
     text = verdict_lines(judge_flip_bands(overlap))
     assert "[FAILS] 2." in text and "3 seeds" in text
+    narrow = verdict_lines(judge_flip_bands(overlap), width=60)
+    assert max(map(len, narrow.splitlines())) <= 60 and " ".join(narrow.split()) == " ".join(text.split())
+    with pytest.raises(ValueError, match="width"):
+        verdict_lines([], width=10)
 
 
 @pytest.mark.parametrize("seeds,steps", [((0, 1), 200), ((0, 1, 2), 40)])

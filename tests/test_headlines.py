@@ -112,3 +112,18 @@ def test_key_facts_are_quoted(doc, facts):
     missing = [k for k in QUOTED_IN[doc]
                if not any(re.search(facts[k].cue, c, re.IGNORECASE) and facts[k].text in c for c in clauses(text))]
     assert not missing, f"{doc} does not quote {[str(facts[k]) for k in missing]}"
+
+
+def test_step_profile_parts_are_the_runs_own_amdahl_figures(facts):
+    """Notebook 08's Amdahl exercise reads the step profile's parts: with them, Amdahl's law gives the
+    ceiling that the benchmark recorded for the same run, and the quoted step is that run's measured one."""
+    from sparsity_lab.provenance import read_result
+
+    run = read_result(headlines.STEP_PROFILE_RUN)
+    parts = headlines.step_profile_parts(run)
+    recorded = run["summary"]["runs"][f"{parts['mode']} {parts['config']}"]
+    f, s = facts["profiled_products_share"].value, facts["profiled_products_speedup"].value
+    assert 1 / ((1 - f) + f / s) == pytest.approx(recorded["ceiling"]["ceiling_speedup"], rel=1e-9)
+    assert facts["profiled_step_speedup"].value == pytest.approx(recorded["speedup_vs_fastest_dense"], rel=1e-9)
+    assert parts["mode"] == run["summary"]["fastest_dense"] and parts["sparse_ms"] < parts["dense_ms"]
+    assert facts["profiled_products_share"].text == f"{f:.2f}"

@@ -103,3 +103,18 @@ def test_verdicts_need_a_run_large_enough():
     large = judge_claims(rows, tokens_per_variant=MIN_JUDGE_TOKENS, seeds=(0,))
     assert small[0]["outcome"] is True and small[0]["holds"] is None and small[0]["too_small"]
     assert large[0]["holds"] is True and not large[0]["too_small"]
+
+
+def test_the_report_table_fits_its_width():
+    """compare's console table is split into blocks no wider than the column, each repeating the variant."""
+    from sparsity_lab.lab.compare import table_lines
+
+    cols = ("variant", *(f"column_number_{i}" for i in range(8)))
+    rows = [{"variant": v, **{c: 1234.5678 * i for i, c in enumerate(cols[1:])}} for v in ("dense", "masked_decay")]
+    lines = table_lines(rows, cols, width=60)
+    assert max(map(len, lines)) <= 60
+    headers = [line for line in lines if "variant" in line]
+    assert len(headers) > 1 and all(line.split()[0] == "variant" for line in headers)
+    assert sum(line.split().count(c) for line in headers for c in cols[1:]) == len(cols) - 1  # each column once
+    assert [line.split()[0] for line in lines if line.strip().startswith("masked")] == ["masked_decay"] * len(headers)
+    assert "1235" in lines[1]  # numbers as compare prints them (4 significant digits)

@@ -135,16 +135,19 @@ def test_claims_as_recorded(results):
     assert list(fig.data[0].cells.fill.color[1]) == ["#f9d6d5", "#eeeeee", "#eeeeee", "#f9d6d5", "#d9f2d9"]
     text = claims_text(payload)
     assert text.splitlines()[0] == "[FAILS] 1. flips" and "evidence 4" in text
+    assert max(len(line) for line in claims_text(payload, width=20).splitlines()) <= 20
 
 
 def test_describe_and_overview(results):
     found = find_comparisons(results)
-    text = describe(found[0], html=False)
+    wrapped = describe(found[0], html=False)
+    assert max(len(line) for line in wrapped.splitlines()) <= 96
+    text = " ".join(wrapped.split())  # the words, as wrapped to the column
     assert "newest: 5 variants" in text and "1,000 tokens each (10 steps)" in text
     assert "2 of the 5 claims it tests hold" in text
     assert provenance_line(found[0].payload["provenance"]) in text
     assert "GPT 2 layers, width 32" in text
-    assert "tests none of the five claims" in describe(found[-1], html=False)
+    assert "tests none of the five claims" in describe(found[-1])  # the HTML form: not wrapped
     folders = overview_figure(found).data[0].cells.values[0]
     assert list(folders) == ["newest", "short", "long", "structures"]
 

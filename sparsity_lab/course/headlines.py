@@ -32,17 +32,21 @@ CALLS_RUN = "cusparselt_calls_h100"           # benchmarks cslt-calls: one produ
 MASKS_RUN = "mask_solvers_cpu"                # benchmarks masks: the exact transposable solvers on a CPU
 FP8_SPEED_RUN = "fp8_training_h100_fused"     # benchmarks fp8_training: the FP8 2:4 FFN step, casts fused
 FP8_LOSS_RUN = "lab_compare_h100_fp8"         # sparsity-lab compare: FP8 against bf16 training, seed 0
+STEP_PROFILE_RUN = "step_profile_h100"        # benchmarks step-profile: where a whole step's time goes
+STEP_PROFILE_CONFIG = "all24"                 # its 2:4 step quoted: every block linear 2:4, mask every step
 
 SOURCES = {FFN_RUN: f"results/{FFN_RUN}.json", KERNELS_RUN: f"results/{KERNELS_RUN}.json",
            CALLS_RUN: f"results/{CALLS_RUN}.json", MASKS_RUN: f"results/{MASKS_RUN}.json",
-           FP8_SPEED_RUN: f"results/{FP8_SPEED_RUN}.json", FP8_LOSS_RUN: f"results/{FP8_LOSS_RUN}/results.json"}
+           FP8_SPEED_RUN: f"results/{FP8_SPEED_RUN}.json", FP8_LOSS_RUN: f"results/{FP8_LOSS_RUN}/results.json",
+           STEP_PROFILE_RUN: f"results/{STEP_PROFILE_RUN}.json"}
 
 
 @dataclass(frozen=True)
 class Headline:
     """One quoted figure. ``cue`` is a regular expression (case-insensitive) that a sentence quoting
     this fact matches; ``unit`` is how the figure is written (``"x"``, ``"fraction"``, ``"s"``, ``"ms"``,
-    ``"%"``), which tells the agreement test which numbers of such a sentence to compare."""
+    ``"%"``), which tells the agreement test which numbers of such a sentence to compare. ``value`` is
+    the figure unrounded where it is one number (a calculation starts from it; ``text`` is what is quoted)."""
 
     key: str
     concept: str
@@ -52,6 +56,7 @@ class Headline:
     source: str
     cue: str
     unit: str
+    value: float | None = None
 
     def __str__(self) -> str:
         return f"{self.concept}: {self.text} {self.baseline} ({self.where}; {self.source})"
@@ -164,9 +169,48 @@ def _fp8_facts() -> list[Headline]:
     ]
 
 
+def step_profile_parts(run: dict | None = None) -> dict:
+    """The quoted 2:4 step of the step profile (results/step_profile_h100.json), in the parts Amdahl's law
+    needs, all in ms per step of the same run: ``dense_ms`` (the dense step), ``products_ms`` (its time in
+    the products of the linears the 2:4 step makes sparse), ``product_speedup`` (those products timed alone,
+    dense sum / 2:4 sum), ``sparse_ms`` (the 2:4 step), ``two4_ms`` (its 2:4 work: masks, soft threshold,
+    compression, MVUE), ``mode`` and ``config`` (which run of the file)."""
+    run = run if run is not None else read_result(STEP_PROFILE_RUN)
+    mode = run["summary"]["fastest_dense"]  # the fastest dense step of the file, as every speed-up here
+    records = {(r["mode"], r["config"]): r for r in run["records"]}
+    dense, sparse = records[(mode, "dense")], records[(mode, STEP_PROFILE_CONFIG)]
+    summary = run["summary"]["runs"][f"{mode} {STEP_PROFILE_CONFIG}"]
+    return {"dense_ms": dense["ms"], "products_ms": summary["ceiling"]["gemm_ms_made_sparse"],
+            "product_speedup": summary["attribution"]["product_speedup"], "sparse_ms": sparse["ms"],
+            "two4_ms": sparse["breakdown_ms"]["two4_work"], "mode": mode, "config": STEP_PROFILE_CONFIG}
+
+
+def _step_profile_facts() -> list[Headline]:
+    run = read_result(STEP_PROFILE_RUN)
+    where, src, parts, m = _where(run["provenance"]), SOURCES[STEP_PROFILE_RUN], step_profile_parts(run), run["model"]
+    share = parts["products_ms"] / parts["dense_ms"]
+    step = parts["dense_ms"] / parts["sparse_ms"]
+    cue = r"profiled (whole )?step|step profile"
+    return [
+        Headline("profiled_products_share", f"the products that 2:4 makes sparse, in the profiled dense step of the "
+                 f"lab GPT (width {m['d_model']}, {m['n_layer']} layers, {m['batch']} x {m['context']} tokens)",
+                 f"{share:.2f}", f"of the dense step ({parts['products_ms']:.1f} of {parts['dense_ms']:.1f} ms)",
+                 where, src, cue, "fraction", share),
+        Headline("profiled_products_speedup", "those products with every block linear 2:4, each timed alone at "
+                 "the step's shapes", _ratio(parts["product_speedup"]), "against the same products dense",
+                 where, src, cue, "x", parts["product_speedup"]),
+        Headline("profiled_step_speedup", "the profiled step with every block linear 2:4 (S-STE + MVUE, mask "
+                 "every step)", _ratio(step), f"against the dense step of the same run ({parts['dense_ms']:.1f} ms)",
+                 where, src, cue, "x", step),
+        Headline("profiled_two4_share", "the 2:4 work in that step (masks, soft threshold, compression, MVUE)",
+                 f"{100 * parts['two4_ms'] / parts['sparse_ms']:.1f} %", f"of the step ({parts['two4_ms']:.1f} ms)",
+                 where, src, cue, "%", parts["two4_ms"] / parts["sparse_ms"]),
+    ]
+
+
 @lru_cache(maxsize=1)
 def _all() -> dict[str, Headline]:
-    facts = _ffn_facts() + _kernel_facts() + _calls_facts() + _mask_facts() + _fp8_facts()
+    facts = _ffn_facts() + _kernel_facts() + _calls_facts() + _mask_facts() + _fp8_facts() + _step_profile_facts()
     return {h.key: h for h in facts}
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import textwrap
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -434,16 +435,43 @@ def write_table(path: Path, rows: list[dict]) -> None:
             writer.writerow({k: ("" if _isnan(r.get(k)) or r.get(k) is None else r.get(k)) for k in TABLE_COLUMNS})
 
 
-def print_report(payload: dict) -> None:
+REPORT_WIDTH = 100  # a terminal's or the course book's column: the table and claims are wrapped to it
+
+
+def table_lines(rows: list[dict], cols: tuple[str, ...], width: int = REPORT_WIDTH) -> list[str]:
+    """``rows`` as a right-aligned text table no wider than ``width``: each column as wide as its header or
+    its widest value; columns that do not fit go to a further block, which repeats the first column."""
+    cells = [[r[c] if isinstance(r[c], str) else _f(r[c]) for c in cols] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
+    blocks, block, used = [], [], widths[0]
+    for i in range(1, len(cols)):
+        if block and used + 2 + widths[i] > width:
+            blocks.append(block)
+            block, used = [], widths[0]
+        block.append(i)
+        used += 2 + widths[i]
+    blocks.append(block)
+    lines = []
+    for n, block in enumerate(blocks):
+        shown = [0, *block]
+        lines += [""] * (n > 0) + ["  ".join(f"{cols[i]:>{widths[i]}}" for i in shown)]
+        lines += ["  ".join(f"{row[i]:>{widths[i]}}" for i in shown) for row in cells]
+    return lines
+
+
+def print_report(payload: dict, width: int = REPORT_WIDTH) -> None:
+    """The results table and the claims' verdicts, wrapped to ``width`` characters."""
     cols = ("variant", "final_val_loss", "gap_vs_dense_pct", "val_before_switch", "flip_early", "flip_late",
             "flip_trend", "ffn_flops_fraction", "median_tokens_per_s")
-    print("\n" + "  ".join(f"{c:>18}" for c in cols))
-    for r in payload["table"]:
-        print("  ".join(f"{r[c]:>18}" if isinstance(r[c], str) else f"{_f(r[c]):>18}" for c in cols))
+    print("\n" + "\n".join(table_lines(payload["table"], cols, width)))
     print("\nClaims of the seed papers at this scale (rules are ours, stated with each):")
     for c in payload["claims"]:
         verdict = "TOO SMALL TO JUDGE" if c.get("too_small") else {True: "HOLDS", False: "FAILS", None: "NOT TESTED"}[c["holds"]]
-        print(f"  [{verdict}] {c['claim']}\n      rule: {c['rule']}\n      {c['evidence']}")
+        print(textwrap.fill(f"[{verdict}] {c['claim']}", width, initial_indent="  ", subsequent_indent="      ",
+                            break_on_hyphens=False))
+        for text in (f"rule: {c['rule']}", c["evidence"]):
+            print(textwrap.fill(text, width, initial_indent="      ", subsequent_indent="        ",
+                                break_on_hyphens=False))
     if payload.get("figures_note"):
         print(f"\n{payload['figures_note']}")
     elif payload.get("figures"):

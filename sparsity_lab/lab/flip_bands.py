@@ -225,13 +225,22 @@ def judge_flip_bands(bands: FlipBands, min_seeds: int = MIN_SEEDS, min_steps: in
     return out
 
 
-def verdict_lines(claims: list[dict]) -> str:
-    """The verdicts as text: [HOLDS] / [FAILS] / [NOT JUDGED] claim, rule and evidence."""
+def verdict_lines(claims: list[dict], width: int | None = None) -> str:
+    """The verdicts as text: [HOLDS] / [FAILS] / [NOT JUDGED] claim, rule and evidence; with ``width``,
+    each wrapped to that many characters (a continued line indented under its own)."""
+    if width is not None and not (isinstance(width, int) and width >= 40):
+        raise ValueError(f"width must be None or an integer >= 40, got {width!r}")
     lines = []
     for c in claims:
         tag = {True: "HOLDS", False: "FAILS", None: "NOT JUDGED"}[c["holds"]]
         lines += [f"[{tag}] {c['claim']}", f"    rule: {c['rule']}", f"    {c['evidence']}"]
-    return "\n".join(lines)
+    if width is None:
+        return "\n".join(lines)
+    import textwrap
+
+    indent = lambda line: " " * (len(line) - len(line.lstrip()) + 4)  # noqa: E731
+    return "\n".join(textwrap.fill(line, width, subsequent_indent=indent(line), break_on_hyphens=False)
+                     for line in lines)
 
 
 RECORDED = "flip_bands_cpu"  # results/flip_bands_cpu.json, written by `sparsity-lab demo --seeds 5 --record ...`

@@ -118,8 +118,9 @@ def run(args) -> int:
         write_run_config(args, out, config, "train")
         trainer = Trainer(config)
         attach_reporters(trainer, reporters_for(args.report_to, out, out.name, config.to_dict()))
-        print(f"{trainer.describe()}: {trainer.model.num_params():,} parameters, {config.steps} steps of "
-              f"{config.tokens_per_step:,} tokens on {trainer.device}; corpus {trainer.corpus.source} "
+        # one fact a line: the method, the sizes, the corpus (its source can be a long path)
+        print(f"{trainer.describe()}\n  {trainer.model.num_params():,} parameters, {config.steps} steps of "
+              f"{config.tokens_per_step:,} tokens on {trainer.device}\n  corpus {trainer.corpus.source} "
               f"({trainer.corpus.train.numel():,} training "
               f"{'bytes' if trainer.corpus.tokenizer is None else 'tokens'})")
     summary = trainer.run(stop_at=args.stop_at)
@@ -128,7 +129,7 @@ def run(args) -> int:
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n", "run summary")
     speed = summary["median_tokens_per_s"]
     print(f"step {summary['step']}: val loss {_loss(summary['final_val_loss'])}, median "
-          f"{'n/a' if speed is None else f'{speed:.0f}'} tokens/s; log {out / 'log.jsonl'}")
+          f"{'n/a' if speed is None else f'{speed:.0f}'} tokens/s\n  log: {out / 'log.jsonl'}")
     return 0
 
 
@@ -183,7 +184,7 @@ def _run_parallel(args, parallel: str) -> int:
             log.unlink()  # --overwrite
         dist.barrier()
         if lead:
-            print(f"{trainer.method.describe()} on {plural(trainer.world, 'process', 'processes')} ({parallel}): "
+            print(f"{trainer.method.describe()}\n  on {plural(trainer.world, 'process', 'processes')} ({parallel}): "
                   f"{trainer.gpt.num_params():,} parameters, {config.steps} steps of {config.tokens_per_step:,} "
                   f"tokens (global batch) on {trainer.device}")
     if lead:
@@ -195,7 +196,7 @@ def _run_parallel(args, parallel: str) -> int:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         speed = summary["median_tokens_per_s"]
         print(f"step {summary['step']}: val loss {_loss(summary['final_val_loss'])}, median "
-              f"{'n/a' if speed is None else f'{speed:.0f}'} tokens/s (all processes); log {out / 'log.jsonl'}")
+              f"{'n/a' if speed is None else f'{speed:.0f}'} tokens/s (all processes)\n  log: {out / 'log.jsonl'}")
     if started_here:
         dist.destroy_process_group()
     return 0

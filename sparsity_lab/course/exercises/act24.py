@@ -70,7 +70,7 @@ def _mask_of(a: torch.Tensor) -> torch.Tensor:
 def check_natural_sparsity(stats_fn, show: bool = True, hint: bool = False):
     """``stats_fn(a)`` -> (zero_fraction, at_most_2_fraction) of an activation a (..., hidden): the
     fraction of exact zeros, and of groups of 4 along the last dimension with at most 2 non-zeros."""
-    report = ExerciseReport("natural_sparsity: how much of a squared-ReLU activation 2:4 already allows",
+    report = ExerciseReport("natural_sparsity: zeros, and groups of 4 with at most 2 non-zeros",
                             hint="count non-zeros per group with (a != 0).reshape(-1, 4).sum(-1); a group "
                                  "loses nothing to 2:4 when that count is <= 2.",
                             solution="act24")

@@ -1,5 +1,6 @@
 """Exercises of notebook 08 (speed-ups): count the FLOPs of a linear layer's three products, turn a
-time into TFLOP/s, and predict a whole step's speed-up from its parts (Amdahl's law)."""
+time into TFLOP/s, predict a whole step's speed-up from its products' share and speed-up (Amdahl's
+law; the notebook then applies it to a recorded step profile), and a product's arithmetic intensity."""
 from __future__ import annotations
 
 import math
@@ -67,56 +68,57 @@ def check_tflops(tflops_fn, show: bool = True, hint: bool = False):
     return run_check(report, body, show, hint)
 
 
-def reference_step_speedup(parts) -> float:
-    """Amdahl's law over parts: parts is a list of (dense_ms, speedup); the step's speedup is
-    sum(dense_ms) / sum(dense_ms / speedup)."""
-    return sum(ms for ms, _ in parts) / sum(ms / s for ms, s in parts)
+def reference_step_speedup(f: float, s: float) -> float:
+    """Amdahl's law: the step's speed-up when the share ``f`` of the dense step runs ``s`` times faster
+    and the rest as before, 1 / ((1 - f) + f / s)."""
+    return 1.0 / ((1.0 - f) + f / s)
+
+
+# The classic wrong answers to Amdahl's law, each with what it gets wrong (the check names the one it sees).
+# At f = s / (s + 1) the mean of the speed-ups equals the right answer, and at f = 1/2 the harmonic mean
+# does: the check's first inputs sit far from both, so that each mistake differs from the answer there.
+STEP_MISTAKES = (
+    (lambda f, s: (s + 1) / 2,
+     "that is the mean of the speed-ups s and 1 at equal weights: it ignores how much of the step the "
+     "products take; add up the new times of the parts instead"),
+    (lambda f, s: f * s + (1 - f),
+     "that is the mean of the speed-ups weighted by time: speed-ups do not add up, times do"),
+    (lambda f, s: 2 / (1 / s + 1),
+     "that is the harmonic mean of s and 1 at equal weights: right only when the products take half the step"),
+    (lambda f, s: s, "that is the products' speed-up alone: the rest of the step does not get faster"),
+    (lambda f, s: (1 - f) + f / s, "that is the new step time as a share of the old one: the speed-up is its inverse"),
+    (lambda f, s: 1 / ((1 - f) + f * s), "the products' new time is f / s, not f * s"),
+    (lambda f, s: 1 / (1 - f) if f < 1 else math.inf, "that is the ceiling with infinitely fast products"),
+)
 
 
 def check_step_speedup(step_speedup_fn, show: bool = True, hint: bool = False):
-    """``step_speedup_fn(parts)``: parts = [(dense_ms, speedup), ...], one entry per part of the step
-    (products, mask, optimizer, ...); returns the speed-up of the whole step."""
-    report = ExerciseReport("step_speedup: Amdahl's law over the parts of a training step",
-                            hint="the new step time is the sum of each part's dense time divided by that "
-                                 "part's speed-up; the speed-up is old time / new time. Do not average the "
-                                 "speed-ups.",
+    """``step_speedup_fn(f, s)``: the speed-up of a whole step whose products take the share ``f`` of the
+    dense step and run ``s`` times faster, the rest of the step as before (Amdahl's law)."""
+    report = ExerciseReport("step_speedup: a step's speed-up from its products' share and speed-up",
+                            hint="take the dense step as 1: the products take f and then f / s, the rest "
+                                 "takes 1 - f as before; the speed-up is the old time over the new one. Do "
+                                 "not average the speed-ups.",
                             solution="speedups")
 
     def body(r):
         rng = random.Random()
-        # the second case has parts of unequal times, so the plain, time-weighted and harmonic means of the
-        # speed-ups all differ from Amdahl's answer there; at equal times the harmonic mean equals it
-        cases = [[(10.0, 2.0)], [(30.0, 2.0), (10.0, 1.0)], [(10.0, 1.0), (30.0, 1.0)], [(40.0, 1.5), (40.0, 1.0)],
-                 [(50.0, 2.0), (50.0, 1.0)], [(1.0, 1.45), (0.0, 1.0), (3.0, 1.0)], [(5.0, 0.5), (5.0, 1.0)]]
-        cases += [[(rng.uniform(0.1, 50), rng.uniform(0.3, 2.0)) for _ in range(rng.randint(2, 5))]
-                  for _ in range(3)]
-        for parts in cases:
-            got = r.call(step_speedup_fn, list(parts), what=f"step_speedup({parts})")
+        cases = [(0.9, 2.0), (0.25, 1.5), (0.66, 1.56), (0.5, 1.5), (1.0, 2.0), (0.0, 3.0), (0.6, 0.8), (0.7, 1.0)]
+        cases += [(rng.uniform(0.0, 1.0), rng.uniform(0.3, 3.0)) for _ in range(3)]
+        for f, s in cases:
+            what = f"step_speedup({f:.4g}, {s:.4g})"
+            got = r.call(step_speedup_fn, f, s, what=what)
             if got is None:
                 return
-            want = reference_step_speedup(parts)
-            if not isinstance(got, (int, float)) or not math.isclose(got, want, rel_tol=1e-9):
-                why = _which_mean(got, parts) if isinstance(got, (int, float)) else ""
-                r.expect(False, f"step_speedup({[(round(m, 3), round(s, 3)) for m, s in parts]}) = {got!r}, "
-                                f"expected {want:.6g}{why}")
-                return
+            want = reference_step_speedup(f, s)
+            number = isinstance(got, (int, float)) and not isinstance(got, bool)
+            if number and math.isclose(got, want, rel_tol=1e-9):
+                continue
+            why = next((f" ({text})" for mistake, text in STEP_MISTAKES
+                        if number and math.isclose(got, mistake(f, s), rel_tol=1e-9)), "")
+            r.expect(False, f"{what} = {got!r}, expected {want:.6g}{why}")
+            return
     return run_check(report, body, show, hint)
-
-
-def _which_mean(got: float, parts) -> str:
-    """Names the mean of the speed-ups that ``got`` is, if it is one: the usual wrong answers."""
-    speedups = [s for _, s in parts]
-    mean = sum(speedups) / len(speedups)
-    weighted = sum(ms * s for ms, s in parts) / sum(ms for ms, _ in parts)
-    harmonic = len(speedups) / sum(1 / s for s in speedups)
-    if math.isclose(got, mean, rel_tol=1e-9):
-        return " (that averages the speed-ups; add up the new times of the parts instead)"
-    if math.isclose(got, weighted, rel_tol=1e-9):
-        return " (that averages the speed-ups, weighted by time; add up the new times of the parts instead)"
-    if math.isclose(got, harmonic, rel_tol=1e-9):
-        return (" (that is the harmonic mean of the speed-ups: right only when every part takes the same time; "
-                "it ignores how long each part takes)")
-    return ""
 
 
 def check_intensity(intensity_fn, show: bool = True, hint: bool = False):

@@ -11,6 +11,7 @@ the most variants, then the newest.
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,9 +184,18 @@ def claims_figure(payload: dict, title: str = "The claims, as judged when the ru
     return fig
 
 
-def claims_text(payload: dict) -> str:
-    """The claims as lines of text: ``[VERDICT] claim`` and the evidence under it."""
-    return "\n".join(f"[{verdict(c)}] {c['claim']}\n    {c['evidence']}" for c in payload["claims"])
+TEXT_WIDTH = 96  # the book's column, with room for a notebook's margin
+
+
+def _fill(text: str, width: int, indent: str = "", more: str = "    ") -> str:
+    return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent + more,
+                         break_on_hyphens=False, break_long_words=False)
+
+
+def claims_text(payload: dict, width: int = TEXT_WIDTH) -> str:
+    """The claims as lines of text no wider than ``width``: ``[VERDICT] claim`` and the evidence under it."""
+    return "\n".join(_fill(f"[{verdict(c)}] {c['claim']}", width) + "\n" + _fill(c["evidence"], width, "    ")
+                     for c in payload["claims"])
 
 
 def overview_figure(comparisons: list[RecordedComparison]):
@@ -245,8 +255,9 @@ def setup_line(payload: dict) -> str:
     return "; ".join(parts)
 
 
-def describe(comparison: RecordedComparison, html: bool = True) -> str:
-    """Folder, size, claims, set-up and provenance of one comparison, in a few lines."""
+def describe(comparison: RecordedComparison, html: bool = True, width: int = TEXT_WIDTH) -> str:
+    """Folder, size, claims, set-up and provenance of one comparison, in a few lines (as text: each
+    wrapped to ``width`` characters)."""
     p = comparison.payload
     tested = comparison.claims_tested
     held = comparison.claims_held
@@ -257,7 +268,7 @@ def describe(comparison: RecordedComparison, html: bool = True) -> str:
              f"set-up: {setup_line(p)}",
              f"recorded on: {provenance_line(p['provenance'])}",
              f"command: {provenance_command(p['provenance'])}"]
-    return "<br>".join(lines) if html else "\n".join(lines)
+    return "<br>".join(lines) if html else "\n".join(_fill(line, width) for line in lines)
 
 
 def comparison_explorer(comparisons: list[RecordedComparison]):

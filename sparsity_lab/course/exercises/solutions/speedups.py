@@ -12,11 +12,10 @@ def tflops(flops, ms):
     return flops / (ms * 1e-3) / 1e12
 
 
-def step_speedup(parts):
-    # Amdahl: only the time changes, part by part; the step's speed-up is old time / new time.
-    old = sum(ms for ms, _ in parts)
-    new = sum(ms / speedup for ms, speedup in parts)
-    return old / new
+def step_speedup(f, s):
+    # Amdahl: a dense step of 1 is f in the products and 1 - f in the rest. The products then take f / s,
+    # the rest as before; the step's speed-up is old time / new time.
+    return 1 / ((1 - f) + f / s)
 
 
 def intensity(m, k, n, sparse):
