@@ -20,6 +20,7 @@ Files that are text but look like records (.json, .jsonl, .csv, ...) or are not 
 from __future__ import annotations
 
 import hashlib
+import os
 import sysconfig
 import warnings
 from dataclasses import dataclass
@@ -86,8 +87,11 @@ class ByteCorpus:
 def stdlib_files() -> tuple[Path, list[Path]]:
     """The standard library's root and its own .py files in sorted relative-path order."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = [p for p in root.rglob("*.py")
-             if p.is_file() and not _SKIP_DIRS.intersection(p.relative_to(root).parts[:-1])]
+    files = []
+    # the skipped folders are pruned, not walked: site-packages alone can hold tens of thousands of files
+    for folder, dirs, names in os.walk(root):  # like rglob: symlinked folders are not entered
+        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS]
+        files += [p for p in (Path(folder, n) for n in names if n.endswith(".py")) if p.is_file()]
     return root, sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
