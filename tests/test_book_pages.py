@@ -5,7 +5,8 @@ On every page:
 - each plotly figure is drawn and it, and each of its subplot panels, lies inside the text column;
   its titles, annotations and legend entries do not overlap; a plotly table shows all its rows;
 - no text or HTML output is wider than its box unless it scrolls (a scrollbar), and nothing makes the
-  page itself scroll sideways;
+  page itself scroll sideways; every code box (a cell's code, a fenced block) holds a line of
+  MAX_CODE_LINE (100) characters, the notebooks' limit, at 1280 px (book/_static/sparsity-lab.css);
 - no raw Markdown shows as text (table rules ``|---|``, ``**bold**``, ``# heading`` lines, ``[a](b)``)
   and the maths is typeset (MathJax is served with the book);
 - no internal word shows (nbval markers, papermill's cells, work-item or design-note names).
@@ -28,6 +29,7 @@ import pytest
 
 from _notebooks import tiny_notebook
 from test_browser import CHROMIUM, require_browser
+from test_notebook_prose import MAX_CODE_LINE
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--disable-background-networking",
                  "--no-first-run"]
@@ -54,6 +56,7 @@ RAW_MARKDOWN = {
 # nearest heading above it), and the texts to scan: prose (rendered Markdown, code excluded), the text
 # outputs, and everything a reader sees.
 CHECK_JS = r"""() => {
+    const CODE_LINE = %d;
     // a figure's titles, axis titles, annotations and legend entries (tick labels left out)
     const LABELS = '.infolayer .gtitle, .infolayer [class*="title"] text, .annotation-text-g text, .legendtext';
     const article = document.querySelector('article.bd-article');
@@ -109,6 +112,18 @@ CHECK_JS = r"""() => {
         if (el.scrollWidth > el.clientWidth + 1 && !scrolls && el.closest('.js-plotly-plot') === null)
             problems.push(`${name}: ${el.scrollWidth} px wide in a ${el.clientWidth} px box with no scrollbar`);
     });
+    // a code box (a cell's code, a fenced block in the text) holds a 100-character line (MAX_CODE_LINE)
+    article.querySelectorAll('div.highlight pre').forEach(pre => {
+        const style = getComputedStyle(pre), probe = document.createElement('span');
+        probe.textContent = 'x'.repeat(CODE_LINE);
+        pre.appendChild(probe);
+        const needed = probe.getBoundingClientRect().width;
+        probe.remove();
+        const room = pre.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+        if (pre.clientWidth > 0 && needed > room + 1)
+            problems.push(`code box '${pre.textContent.trim().slice(0, 40).replace(/\s+/g, ' ')}' ${where(pre)}: `
+                          + `holds ${Math.floor(CODE_LINE * room / needed)} characters, ${CODE_LINE} wanted`);
+    });
     if (document.documentElement.scrollWidth > window.innerWidth + 1)
         problems.push(`the page scrolls sideways (${document.documentElement.scrollWidth} px in a ${window.innerWidth} px window)`);
 
@@ -124,7 +139,7 @@ CHECK_JS = r"""() => {
     const outputs = Array.from(article.querySelectorAll('div.cell_output pre'))
         .map(el => ({text: el.textContent, where: where(el)}));
     return {problems, prose, outputs, seen: document.body.innerText};
-}"""
+}""" % MAX_CODE_LINE
 
 WAIT_JS = """() => document.documentElement.dataset.slOutputsFitted === '1'
     && document.documentElement.dataset.slFiguresFitted === '1'
@@ -316,6 +331,7 @@ BROKEN_PAGE = """<!DOCTYPE html><html><body style="margin:0"><main><article clas
 <p>A **raw** word and a raw [link](other.md).</p>
 <p># Not a heading</p>
 <div class="cell_output"><div class="output"><pre style="overflow-x: visible; white-space: pre">{wide}</pre></div></div>
+<div class="highlight" style="width:500px"><pre>print("a code line")</pre></div>
 <div class="cell_output"><pre>| a | b |
 |---|---|</pre></div>
 <div class="js-plotly-plot" style="width:900px;height:100px"><svg class="main-svg" width="900" height="100"></svg>
@@ -340,7 +356,7 @@ def test_the_checks_catch_each_kind_of_trouble(tmp_path, browser_ready):
     report = "\n".join(found)
     for expected in ("figure 1", "subplot panel", "no scrollbar", "**bold** markers", "a table rule",
                      "a '#' heading line", "a [text](link)", "'issue 5'", "'papermill'", "scrolls sideways",
-                     "'first label' is drawn over 'second label'", "maths not typeset"):
+                     "'first label' is drawn over 'second label'", "maths not typeset", "100 wanted"):
         assert expected in report, f"the checks missed {expected!r}:\n{report}"
 
 
