@@ -3,7 +3,8 @@ network) and checked, with a screenshot of each page.
 
 On every page:
 - each plotly figure is drawn and it, and each of its subplot panels, lies inside the text column;
-  its titles, annotations and legend entries do not overlap; a plotly table shows all its rows;
+  its titles, annotations and legend entries do not overlap and none is cut off at its edge; a plotly
+  table shows all its rows;
 - no text or HTML output is wider than its box unless it scrolls (a scrollbar), and nothing makes the
   page itself scroll sideways; every code box (a cell's code, a fenced block) holds a line of
   MAX_CODE_LINE (100) characters, the notebooks' limit, at 1280 px (book/_static/sparsity-lab.css);
@@ -92,6 +93,8 @@ CHECK_JS = r"""() => {
         }
         const labels = Array.from(fig.querySelectorAll(LABELS)).filter(t => t.textContent.trim())
             .map(t => ({text: t.textContent.trim().slice(0, 50), r: t.getBoundingClientRect()})).filter(t => t.r.width > 0);
+        labels.filter(t => t.r.left < drawn.left - 1 || t.r.right > drawn.right + 1)
+            .forEach(t => problems.push(`${name}: '${t.text}' is cut off at the figure's edge`));
         labels.forEach((a, k) => labels.slice(k + 1).forEach(b => {
             const w = Math.min(a.r.right, b.r.right) - Math.max(a.r.left, b.r.left);
             const h = Math.min(a.r.bottom, b.r.bottom) - Math.max(a.r.top, b.r.top);
@@ -336,7 +339,8 @@ BROKEN_PAGE = """<!DOCTYPE html><html><body style="margin:0"><main><article clas
 <div class="highlight" style="width:500px"><pre>print("a code line")</pre></div>
 <div class="cell_output"><pre>| a | b |
 |---|---|</pre></div>
-<div class="js-plotly-plot" style="width:900px;height:100px"><svg class="main-svg" width="900" height="100"></svg>
+<div class="js-plotly-plot" style="width:900px;height:100px"><svg class="main-svg" width="900" height="100">
+<g class="infolayer"><text class="gtitle" x="820" y="50">a title running past the edge</text></g></svg>
 <div class="draglayer"><svg class="nsewdrag" style="position:absolute;left:700px" width="150" height="50"></svg></div>
 <svg width="300" height="60"><g class="annotation-text-g"><text x="10" y="20">first label</text></g>
 <g class="annotation-text-g"><text x="14" y="24">second label</text></g></svg></div>
@@ -358,7 +362,8 @@ def test_the_checks_catch_each_kind_of_trouble(tmp_path, browser_ready):
     report = "\n".join(found)
     for expected in ("figure 1", "subplot panel", "no scrollbar", "**bold** markers", "a table rule",
                      "a '#' heading line", "a [text](link)", "'issue 5'", "'papermill'", "scrolls sideways",
-                     "'first label' is drawn over 'second label'", "maths not typeset", "100 wanted"):
+                     "'first label' is drawn over 'second label'", "maths not typeset", "100 wanted",
+                     "cut off at the figure's edge"):
         assert expected in report, f"the checks missed {expected!r}:\n{report}"
 
 
