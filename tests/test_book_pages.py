@@ -3,9 +3,11 @@ network) and checked, with a screenshot of each page.
 
 On every page:
 - each plotly figure is drawn and it, and each of its subplot panels, lies inside the text column;
-  its titles, annotations and legend entries do not overlap; a plotly table shows all its rows;
+  its titles, annotations and legend entries do not overlap and none is cut off at its edge; a plotly
+  table shows all its rows;
 - no text or HTML output is wider than its box unless it scrolls (a scrollbar), and nothing makes the
-  page itself scroll sideways;
+  page itself scroll sideways; every code box (a cell's code, a fenced block) holds a line of
+  MAX_CODE_LINE (100) characters, the notebooks' limit, at 1280 px (book/_static/sparsity-lab.css);
 - no raw Markdown shows as text (table rules ``|---|``, ``**bold**``, ``# heading`` lines, ``[a](b)``)
   and the maths is typeset (MathJax is served with the book);
 - no internal word shows (nbval markers, papermill's cells, work-item or design-note names).
@@ -28,6 +30,7 @@ import pytest
 
 from _notebooks import tiny_notebook
 from test_browser import CHROMIUM, require_browser
+from test_notebook_prose import MAX_CODE_LINE
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--disable-background-networking",
                  "--no-first-run"]
@@ -54,6 +57,7 @@ RAW_MARKDOWN = {
 # nearest heading above it), and the texts to scan: prose (rendered Markdown, code excluded), the text
 # outputs, and everything a reader sees.
 CHECK_JS = r"""() => {
+    const CODE_LINE = %d;
     // a figure's titles, axis titles, annotations and legend entries (tick labels left out)
     const LABELS = '.infolayer .gtitle, .infolayer [class*="title"] text, .annotation-text-g text, .legendtext';
     const article = document.querySelector('article.bd-article');
@@ -89,6 +93,8 @@ CHECK_JS = r"""() => {
         }
         const labels = Array.from(fig.querySelectorAll(LABELS)).filter(t => t.textContent.trim())
             .map(t => ({text: t.textContent.trim().slice(0, 50), r: t.getBoundingClientRect()})).filter(t => t.r.width > 0);
+        labels.filter(t => t.r.left < drawn.left - 1 || t.r.right > drawn.right + 1)
+            .forEach(t => problems.push(`${name}: '${t.text}' is cut off at the figure's edge`));
         labels.forEach((a, k) => labels.slice(k + 1).forEach(b => {
             const w = Math.min(a.r.right, b.r.right) - Math.max(a.r.left, b.r.left);
             const h = Math.min(a.r.bottom, b.r.bottom) - Math.max(a.r.top, b.r.top);
@@ -109,6 +115,20 @@ CHECK_JS = r"""() => {
         if (el.scrollWidth > el.clientWidth + 1 && !scrolls && el.closest('.js-plotly-plot') === null)
             problems.push(`${name}: ${el.scrollWidth} px wide in a ${el.clientWidth} px box with no scrollbar`);
     });
+    // a code box (a cell's code, a fenced block in the text) holds a 100-character line (MAX_CODE_LINE)
+    // (a box inside a list item or a note is narrower by its indent: the rule is for the column's own)
+    article.querySelectorAll('div.highlight pre').forEach(pre => {
+        if (pre.closest('li, blockquote, .admonition')) return;
+        const style = getComputedStyle(pre), probe = document.createElement('span');
+        probe.textContent = 'x'.repeat(CODE_LINE);
+        pre.appendChild(probe);
+        const needed = probe.getBoundingClientRect().width;
+        probe.remove();
+        const room = pre.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+        if (pre.clientWidth > 0 && needed > room + 1)
+            problems.push(`code box '${pre.textContent.trim().slice(0, 40).replace(/\s+/g, ' ')}' ${where(pre)}: `
+                          + `holds ${Math.floor(CODE_LINE * room / needed)} characters, ${CODE_LINE} wanted`);
+    });
     if (document.documentElement.scrollWidth > window.innerWidth + 1)
         problems.push(`the page scrolls sideways (${document.documentElement.scrollWidth} px in a ${window.innerWidth} px window)`);
 
@@ -124,7 +144,7 @@ CHECK_JS = r"""() => {
     const outputs = Array.from(article.querySelectorAll('div.cell_output pre'))
         .map(el => ({text: el.textContent, where: where(el)}));
     return {problems, prose, outputs, seen: document.body.innerText};
-}"""
+}""" % MAX_CODE_LINE
 
 WAIT_JS = """() => document.documentElement.dataset.slOutputsFitted === '1'
     && document.documentElement.dataset.slFiguresFitted === '1'
@@ -316,9 +336,11 @@ BROKEN_PAGE = """<!DOCTYPE html><html><body style="margin:0"><main><article clas
 <p>A **raw** word and a raw [link](other.md).</p>
 <p># Not a heading</p>
 <div class="cell_output"><div class="output"><pre style="overflow-x: visible; white-space: pre">{wide}</pre></div></div>
+<div class="highlight" style="width:500px"><pre>print("a code line")</pre></div>
 <div class="cell_output"><pre>| a | b |
 |---|---|</pre></div>
-<div class="js-plotly-plot" style="width:900px;height:100px"><svg class="main-svg" width="900" height="100"></svg>
+<div class="js-plotly-plot" style="width:900px;height:100px"><svg class="main-svg" width="900" height="100">
+<g class="infolayer"><text class="gtitle" x="820" y="50">a title running past the edge</text></g></svg>
 <div class="draglayer"><svg class="nsewdrag" style="position:absolute;left:700px" width="150" height="50"></svg></div>
 <svg width="300" height="60"><g class="annotation-text-g"><text x="10" y="20">first label</text></g>
 <g class="annotation-text-g"><text x="14" y="24">second label</text></g></svg></div>
@@ -340,7 +362,8 @@ def test_the_checks_catch_each_kind_of_trouble(tmp_path, browser_ready):
     report = "\n".join(found)
     for expected in ("figure 1", "subplot panel", "no scrollbar", "**bold** markers", "a table rule",
                      "a '#' heading line", "a [text](link)", "'issue 5'", "'papermill'", "scrolls sideways",
-                     "'first label' is drawn over 'second label'", "maths not typeset"):
+                     "'first label' is drawn over 'second label'", "maths not typeset", "100 wanted",
+                     "cut off at the figure's edge"):
         assert expected in report, f"the checks missed {expected!r}:\n{report}"
 
 

@@ -53,6 +53,9 @@ def test_decay_explorer_swaps_the_selected_run_when_the_slider_moves(grid):
     assert "1e-01" in fig.layout.title.text
     assert "final val loss 2.4000" in summary.value and "+20.00 %" in summary.value  # 2.4 vs dense 2.0
     assert "late flip rate 1.00e-03" in summary.value  # the last 10 % of 4 steps = the last step
+    # the flip-rate axis (log) is relabelled for the selected run: whole numbers down to its lowest rate
+    assert fig.layout.yaxis.type == "log" and min(fig.layout.yaxis.tickvals) == 0.001
+    assert "0.001" in fig.layout.yaxis.ticktext
 
     slider.value = 0.0
     assert list(selected_traces(fig)[0].y) == [None, 0.05, 0.03, 0.02]

@@ -106,6 +106,9 @@ def test_mask_heatmap_greys_out_exactly_the_pruned_entries():
     assert len(fig.layout.shapes) == 2  # one column boundary, one row boundary
     assert len(mask_heatmap(w, mask, 4, tiles=False).layout.shapes) == 1
     assert pruned_layer(torch.tensor([[True, False]])) == [[None, 1]]
+    # square cells, and the axes end at the matrix: no empty range of columns -5..20 beside a 16-wide one
+    assert fig.layout.yaxis.scaleanchor == "x"
+    assert fig.layout.xaxis.constrain == fig.layout.yaxis.constrain == "domain"
 
 
 def _greyed(fig):

@@ -107,6 +107,7 @@ def decay_explorer(grid: DecayGrid, decay: float | None = None):
             for trace, values in ((fig.data[first], run.flip_rate), (fig.data[first + 1], run.loss)):
                 trace.x, trace.y = list(run.steps), _ys(values)
             fig.layout.title = f"{grid.method}, lambda_W = {_fmt_decay(slider.value)} (blue) against the references"
+        clean_log_ticks(fig)  # the selected run moves the flip-rate axis's range (read after the batch)
         summary.value = summary_text(grid, slider.value)
 
     show()

@@ -43,8 +43,9 @@ def sharding_figure(mask: torch.Tensor, world: int = 2):
                                      hovertemplate="row %{y}, col %{x}: %{z}<extra></extra>"), row=row, col=r + 1)
     fig.update_yaxes(autorange="reversed", showticklabels=False)
     fig.update_xaxes(showticklabels=False)
-    fig.update_layout(title=f"Mask entries stored per rank ({rows} x {mask.shape[1]} layer, {world} ranks; "
-                            "dark = kept weight, light = pruned, blank = not stored)",
+    # the key on a line of its own: on one line the title is wider than the column and is cut off
+    fig.update_layout(title=f"Mask entries stored per rank ({rows} x {mask.shape[1]} layer, {world} ranks)"
+                            "<br><sup>dark = kept weight, light = pruned, blank = not stored</sup>",
                       height=520, margin=dict(t=80, l=20, r=20, b=20))
     return fig
 

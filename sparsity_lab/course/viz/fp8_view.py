@@ -20,6 +20,7 @@ import torch
 from ...references.fp8 import dequantize_fp8, fp8_format, quantize_with_inv_scale, scales_from_amax
 from ...references.fp8 import amax as tensor_amax
 from ._optional import ipywidgets, plotly_go
+from ._axes import clean_log_ticks
 
 SAMPLES = {
     "normal": "normal, std 1",
@@ -156,6 +157,7 @@ def fp8_figure(x: torch.Tensor, fmt: str = "e4m3", scaling: str = "amax", shift:
     fig.update_layout(title=f"{fmt.upper()}, scale {report['scale']:.3g}: clipped {report['clipped']}, "
                             f"flushed {report['flushed']}, median relative error {report['median_rel']:.2%}",
                       shapes=_limit_lines(facts, report["scale"]), height=620, bargap=0.02)
+    clean_log_ticks(fig)
     return (go.FigureWidget(fig) if widget else fig), report
 
 

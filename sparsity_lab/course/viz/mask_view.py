@@ -150,8 +150,10 @@ def mask_heatmap(weight: torch.Tensor, mask: torch.Tensor, m: int, tiles: bool =
                       colorbar={"title": "w"}, hovertemplate="out %{y}, in %{x}: w = %{z:.3f}<extra></extra>")
     pruned = go.Heatmap(z=pruned_layer(mask.cpu()), zmin=0, zmax=1, colorscale=_PRUNED_COLOR, showscale=False,
                         opacity=0.85, name="pruned", hoverinfo="skip")
-    layout = {"title": title, "yaxis": {"autorange": "reversed", "title": "out (row)", "scaleanchor": "x"},
-              "xaxis": {"title": "in (column)"}, "height": 560,
+    # square cells; "domain" shrinks the drawing to the matrix instead of padding the x axis past it
+    layout = {"title": title, "yaxis": {"autorange": "reversed", "title": "out (row)", "scaleanchor": "x",
+                                        "constrain": "domain"},
+              "xaxis": {"title": "in (column)", "constrain": "domain"}, "height": 560,
               "shapes": _grid_lines(tuple(w.shape), m, tiles), "plot_bgcolor": "white"}
     return (go.FigureWidget if widget else go.Figure)(data=[heat, pruned], layout=layout)
 
