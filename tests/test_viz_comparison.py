@@ -108,6 +108,20 @@ def test_logs_follow_the_table_and_a_missing_log_is_named(results):
         short.logs()
 
 
+def test_logs_packed_as_the_wheel_ships_them_are_read(results):
+    """An installed wheel carries the recorded logs as log.jsonl.gz only (setup.py): the comparison
+    and the lab's figure readers find them there."""
+    import gzip
+
+    folder = results / "short"
+    expected = load_comparison(folder).logs()
+    for log in folder.glob("*/log.jsonl"):
+        log.with_name("log.jsonl.gz").write_bytes(gzip.compress(log.read_bytes()))
+        log.unlink()
+    assert load_comparison(folder).logs() == expected
+    assert read_logs(folder) == expected
+
+
 def test_results_table_shows_the_rows_and_the_legacy_switch_column(results):
     new = load_comparison(results / "newest").payload
     fig = results_table_figure(new)

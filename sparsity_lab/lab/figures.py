@@ -26,7 +26,8 @@ def moving_average(values: list[float], window: int) -> list[float]:
 
 
 def _variants(out_dir: Path) -> list[str]:
-    found = sorted(p.parent.name for p in out_dir.glob("*/log.jsonl"))
+    # log.jsonl.gz: the wheel ships the recorded logs compressed (lab.runlog.read_log reads both)
+    found = sorted({p.parent.name for pattern in ("*/log.jsonl", "*/log.jsonl.gz") for p in out_dir.glob(pattern)})
     if not found:
         raise FileNotFoundError(f"no <variant>/log.jsonl under {str(out_dir)!r}: is it a compare output folder?")
     return found

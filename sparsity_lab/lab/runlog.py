@@ -101,6 +101,13 @@ class RunLog:
             self._fh = None
 
 
+def log_exists(path: str | Path) -> bool:
+    """Whether ``read_log(path)`` finds a log: the file itself or its gzip-compressed copy
+    (``path + ".gz"``, what an installed wheel ships)."""
+    path = Path(path)
+    return path.is_file() or path.with_name(path.name + ".gz").is_file()
+
+
 def read_log(path: str | Path, torn_tail_ok: bool = False) -> list[dict]:
     """The rows of a JSONL log. A line that is not a JSON object raises ValueError naming the file
     and line, except (torn_tail_ok) an unfinished last line: the trace of a run killed mid-write.

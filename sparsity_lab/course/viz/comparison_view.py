@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...lab.figures import loss_figure
-from ...lab.runlog import read_log
+from ...lab.runlog import log_exists, read_log
 from ...provenance import RESULTS_DIR
 from ._optional import ipywidgets, plotly_go
 from ._provenance import provenance_command, provenance_line
@@ -104,7 +104,7 @@ class RecordedComparison:
 
     def logs(self) -> dict[str, list[dict]]:
         """{variant: logged rows}, for the variants in the table (other logs in the folder are ignored)."""
-        missing = [v for v in self.variants if not self.log_path(v).exists()]
+        missing = [v for v in self.variants if not log_exists(self.log_path(v))]
         if missing:
             raise FileNotFoundError(f"{self.folder}: no log for {missing} (expected {self.log_path(missing[0])})")
         return {v: read_log(self.log_path(v)) for v in self.variants}
