@@ -13,6 +13,10 @@ import torch.nn.functional as F
 
 pytest.importorskip("torchtitan.protocols.model", reason="the integration needs torchtitan 0.3")
 
+from sparsity_lab.integrations.torchtitan_train import install_compat  # noqa: E402
+
+install_compat()  # torchtitan 0.3.0 imports a name torch 2.11 lacks: supplied as the launcher does
+
 from torchtitan.components.checkpointer import CheckpointManager  # noqa: E402
 from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw  # noqa: E402
 from torchtitan.config import ConfigManager  # noqa: E402
