@@ -36,7 +36,11 @@ MATERIAL = {
     # the recorded results the notebooks display: every file at the top of results/, and the
     # comparisons the notebooks draw (their tables and notes here, their logs in SHIPPED_LOGS)
     "results": (["*.json", "*.md", "*.txt", *(f"{d}/{f}" for d in COMPARISONS for f in ("results.json", "NOTES.md"))],
-                []),
+                # repeat runs and before/after checks of a measurement the notebooks show once: evidence for
+                # docs/measuring.md, read from a clone
+                ["*_run[0-9].json", "*_run[0-9][0-9].json", "*_old_tree.json", "*_new_tree.json",
+                 "*_after_layout.json", "*_eager_masks.json", "*_first.json", "*_cusparselt010.json",
+                 "torchtitan_llama_*.json"]),
 }
 
 
