@@ -34,7 +34,8 @@ def test_widget_moves_its_window_and_names_the_layer():
         act24_widget({"bad": torch.ones(4, 6)})
     with pytest.raises(ValueError, match="empty"):
         act24_widget({})
-    assert len(activation_histogram(acts).data) == 2
+    fig = activation_histogram(acts)
+    assert len(fig.data) == 2 and fig.layout.yaxis.type == "log" and fig.layout.yaxis.dtick == 1
 
 
 def test_bench_smoke_runs_every_variant_and_judges_nothing():

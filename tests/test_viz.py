@@ -51,6 +51,7 @@ def test_prune_regrow_trace_keeps_live_blocks_and_records_every_update():
     assert any(not torch.equal(a, b) for a, b in zip(run["masks"], run["masks"][1:]))
     fig = block_mask_figure(run["masks"], 1)
     assert "update 1 of 4" in fig.layout.title.text
+    assert fig.layout.xaxis.dtick == 1 and fig.layout.yaxis.dtick == 1  # whole blocks, not -0.5, 0, 0.5
 
 
 def test_prune_regrow_explorer_follows_its_controls():

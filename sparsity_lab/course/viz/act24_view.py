@@ -36,7 +36,8 @@ def activation_histogram(activations: dict[str, torch.Tensor], bins: int = 60, w
         fig.add_trace(go.Histogram(x=values.numpy(), nbinsx=bins, name=name, opacity=0.6))
     fig.update_layout(barmode="overlay", height=320, margin=dict(l=50, r=20, t=40, b=40),
                       title="relu(H)^2 values (count on a log axis: the bar at 0 holds the zeros)",
-                      xaxis_title="activation value", yaxis_title="count", yaxis_type="log")
+                      xaxis_title="activation value", yaxis_title="count",
+                      yaxis={"type": "log", "dtick": 1})  # a tick per power of ten, no 2 and 5 between
     return fig
 
 

@@ -66,8 +66,11 @@ def block_mask_figure(masks: list[torch.Tensor], index: int, widget: bool = Fals
     heat = go.Heatmap(z=codes.tolist(), zmin=0, zmax=3, colorscale=COLORS,
                       colorbar={"tickvals": [0.375, 1.125, 1.875, 2.625], "ticktext": list(LABELS)},
                       hovertemplate="block row %{y}, col %{x}: %{z}<extra></extra>")
-    layout = {"title": _title(masks, index), "yaxis": {"autorange": "reversed", "title": "block row (out)"},
-              "xaxis": {"title": "block column (in)"}, "height": 620}
+    # whole-number ticks: plotly labels a small heatmap's axes at half blocks (-0.5, 0, 0.5, ...)
+    rows, cols = len(codes), len(codes[0])
+    layout = {"title": _title(masks, index), "height": 620,
+              "yaxis": {"autorange": "reversed", "title": "block row (out)", "dtick": 1 if rows <= 16 else None},
+              "xaxis": {"title": "block column (in)", "dtick": 1 if cols <= 16 else None}}
     return (go.FigureWidget if widget else go.Figure)(data=[heat], layout=layout)
 
 
