@@ -176,6 +176,7 @@ def test_loss_and_flip_figures_from_the_logs(results):
     flips = flip_rate_figure(logs)
     assert [t.name for t in flips.data] == ["dense"]  # dyad has no masks, so no flip-rate line
     assert list(flips.data[0].x) == list(range(2, 13))
+    assert flips.layout.yaxis.type == "log" and flips.layout.yaxis.dtick == 1  # labels at powers of ten only
 
 
 def test_gap_figure_is_relative_to_dense_at_the_same_step(results):

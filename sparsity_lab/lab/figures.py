@@ -81,7 +81,8 @@ def flip_rate_figure(logs: dict[str, list[dict]]):
             flips.add_trace(go.Scatter(x=[s for s, _ in fr], y=[f for _, f in fr], name=variant,
                                        mode="lines", line={"color": _color(i, len(logs)), "width": 1}))
     flips.update_layout(title="Overall flip rate per step (fraction of mask entries that changed)",
-                        xaxis_title="optimizer step", yaxis_title="flip rate", yaxis_type="log",
+                        xaxis_title="optimizer step", yaxis_title="flip rate",
+                        yaxis={"type": "log", "dtick": 1},  # a tick per power of ten, no 2..9 between
                         template="plotly_white")
     return flips
 
