@@ -197,7 +197,9 @@ def _shrunk(flag: str, value: str) -> str:
 
 def plan(command: Command, tmp: Path, has_gpu: bool) -> Plan:
     """How the test treats ``command`` (see the module docstring)."""
-    if "-m" in command.argv and command.argv[command.argv.index("-m") + 1:][:1] == ["torchtitan.train"]:
+    titan_trainers = (["torchtitan.train"], ["sparsity_lab.integrations.torchtitan_train"],
+                      ["benchmarks.torchtitan_train"])  # torchtitan's trainer, or the launcher that starts it
+    if "-m" in command.argv and command.argv[command.argv.index("-m") + 1:][:1] in titan_trainers:
         return Plan("skip", "torchtitan's own trainer, which needs an accelerator: "
                             "tests/test_readme_integrations.py parses this command with torchtitan's config parser "
                             "and tests/test_integrations_torchtitan.py drives the trainer's pieces on the CPU")
