@@ -73,6 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=None,
                         help=f"result JSON name (default {RESULT_PREFIX}_<gpu>x<N>, e.g. {RESULT_PREFIX}_h100x4)")
     parser.add_argument("--out-dir", type=output_folder, default=None, help="folder for the JSON (default results/)")
+    parser.add_argument("--profile-steps", default=None, metavar="FIRST:COUNT",
+                        help="also profile steps FIRST..FIRST+COUNT-1 of each job (kernel time by kind of work, rank 0)")
     parser.add_argument("--dry-run", action="store_true", help="print the jobs' commands and stop (no data, no runs)")
 
 
@@ -88,6 +90,12 @@ def check_arguments(args) -> None:
         raise ValueError(f"--vocab must be at least 258 (the 256 bytes, a merge and {EOS}), got {args.vocab}")
     if len(set(args.methods)) != len(args.methods):
         raise ValueError(f"--methods lists a method twice: {' '.join(args.methods)}")
+    if args.profile_steps is not None:
+        from benchmarks.torchtitan_record import profile_window
+
+        first, count = profile_window(args.profile_steps)
+        if first + count - 1 > args.steps:
+            raise ValueError(f"--profile-steps {args.profile_steps} runs past --steps {args.steps}")
     if args.name is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", args.name):
         raise ValueError(f"--name must be letters, digits, '.', '_' or '-', got {args.name!r}")
 
@@ -161,6 +169,8 @@ def job(args, method: str, nproc: int, work: Path, vocab: int) -> tuple[list[str
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if args.device == "cpu":
         env["SPARSITY_LAB_TITAN_DEVICE"] = "cpu"
+    if args.profile_steps:
+        env["SPARSITY_LAB_PROFILE_STEPS"] = args.profile_steps
     return cmd, env
 
 
@@ -215,6 +225,8 @@ def summarize(runs: dict[str, dict]) -> dict:
                            "max_reserved_gib": rec["max_reserved_gib"],
                            "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                            "two_four_every_step": rec["two_four_every_step"]}
+        if rec.get("profile"):
+            summary[method]["ms_per_step_by_category"] = rec["profile"]["ms_per_step_by_category"]
     dense = summary.get("dense", {}).get("tokens_per_s_per_gpu")
     for method, row in summary.items():
         if method != "dense" and dense and row.get("tokens_per_s_per_gpu"):

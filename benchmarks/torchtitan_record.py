@@ -16,7 +16,11 @@ is the dense baseline through the same trainer. Around each ``train_step`` it
 - checks every 2:4 layer after the optimizer step: its mask keeps exactly 2 of every 4 weights along the
   input dimension (the mask of this rank's rows under FSDP2),
 
-and rank 0 writes them to ``$SPARSITY_LAB_RECORD``.
+and rank 0 writes them to ``$SPARSITY_LAB_RECORD``. With ``$SPARSITY_LAB_PROFILE_STEPS=FIRST:COUNT`` it also
+runs steps FIRST .. FIRST+COUNT-1 under torch.profiler and records rank 0's GPU time per step by kind of
+work (``benchmarks.step_categories``, NCCL's kernels as ``communication``) and its 25 longest kernels.
+Kernels of different streams overlap (FSDP2's all-gathers run beside the products), so the parts can
+sum to more than the step.
 
 Beside torchtitan's ``llama3_*`` configs it offers ``llama3_sized``: a Llama 3 whose sizes come from
 ``$SPARSITY_LAB_TITAN_MODEL`` (``dim=2048,layers=8,heads=16,vocab=8192``; those are the defaults), with
@@ -41,6 +45,7 @@ from sparsity_lab.provenance import provenance
 from sparsity_lab.training_hooks import sparse_layers
 
 RECORD_ENV = "SPARSITY_LAB_RECORD"
+PROFILE_ENV = "SPARSITY_LAB_PROFILE_STEPS"  # "FIRST:COUNT": kernel times of those steps, by category
 MODEL_ENV = "SPARSITY_LAB_TITAN_MODEL"
 DEFAULT_SIZES = {"dim": 2048, "layers": 8, "heads": 16, "vocab": 8192}
 JSONL_DATASET = "jsonl_text"
@@ -80,12 +85,19 @@ class RecordingTrainer(tt.Sparsity24Trainer):
         self.metrics_processor.logger.log = keep
 
     def train_step(self, data_iterator):
+        window = profile_window(os.environ.get(PROFILE_ENV, ""))
+        if window and self.step == window[0]:
+            self.profiler = start_profiler()
         titan_utils.device_module.synchronize()
         start = time.perf_counter()
         super().train_step(data_iterator)
         titan_utils.device_module.synchronize()
         self.record["step_s"][self.step] = time.perf_counter() - start
         self.record["checks"][self.step] = check_24(self.model_parts)
+        if window and self.step == window[0] + window[1] - 1 and getattr(self, "profiler", None) is not None:
+            self.profiler.stop()
+            self.record["profile"] = profile_summary(self.profiler, window)
+            self.profiler = None
 
     def train(self):
         super().train()
@@ -118,10 +130,51 @@ class RecordingTrainer(tt.Sparsity24Trainer):
             "sparse_layers": [name for part in self.model_parts for name, _ in sparse_layers(part)],
             "check_before_training": rec["before_training"],
             "two_four_every_step": all(c["masks_exactly_2_of_4"] is not False for c in rec["checks"].values()),
+            "profile": rec.get("profile"),
         }
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             json.dump(out, f, indent=1, default=str)
+
+
+def profile_window(text: str) -> tuple[int, int] | None:
+    """``"FIRST:COUNT"`` (``$SPARSITY_LAB_PROFILE_STEPS``) -> (FIRST, COUNT); "" -> None."""
+    if not text:
+        return None
+    first, sep, count = text.partition(":")
+    if not sep or not first.isdigit() or not count.isdigit() or int(first) < 1 or int(count) < 1:
+        raise ValueError(f"{PROFILE_ENV}: expected FIRST:COUNT, two positive integers (e.g. 50:3), got {text!r}")
+    return int(first), int(count)
+
+
+def start_profiler():
+    """A running torch.profiler recording the GPU's kernels (the CPU's operators on a CPU run)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
+    prof = profile(activities=[activity])
+    prof.start()
+    return prof
+
+
+def profile_summary(prof, window: tuple[int, int]) -> dict:
+    """{ms per step by category, the 25 longest kernels (name, ms per step, calls per step)} of a stopped
+    profiler that ran ``window[1]`` steps."""
+    from benchmarks.step_categories import breakdown
+
+    count = window[1]
+    cuda = torch.cuda.is_available()
+    rows = []
+    for e in prof.key_averages():
+        us = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if us > 0:
+            rows.append((e.key, us / count / 1e3, e.count / count))
+    rows.sort(key=lambda r: -r[1])
+    comm = [(n, ms) for n, ms, _ in rows if "nccl" in n.lower()]
+    parts = breakdown((n, ms) for n, ms, _ in rows if "nccl" not in n.lower())
+    parts["communication"] = sum(ms for _, ms in comm)
+    return {"steps": list(range(window[0], window[0] + count)), "ms_per_step_by_category": parts,
+            "longest_kernels": [{"name": n[:160], "ms_per_step": ms, "calls_per_step": c} for n, ms, c in rows[:25]]}
 
 
 def _offer_llama3_configs() -> list[str]:

@@ -24,6 +24,9 @@ TINY = ["--dim", "64", "--layers", "2", "--heads", "4", "--seq-len", "64", "--ba
     (["--vocab", "257"], "--vocab must be at least 258"),
     (["--methods", "dense", "dense"], "--methods lists a method twice"),
     (["--name", "a/b"], "--name must be letters"),
+    (["--profile-steps", "5"], "SPARSITY_LAB_PROFILE_STEPS: expected FIRST:COUNT"),
+    (["--profile-steps", "0:2"], "expected FIRST:COUNT, two positive integers"),
+    (["--steps", "10", "--profile-steps", "9:3"], "--profile-steps 9:3 runs past --steps 10"),
 ])
 def test_options_that_do_not_go_together_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -120,7 +123,8 @@ def test_the_whole_path_on_the_cpu(tmp_path):
     pytest.importorskip("torchtitan.protocols.model", reason="the trainer is torchtitan 0.3's")
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "benchmarks", "torchtitan-gpus", "--device", "cpu", "--nproc", "2", "--methods", "sste",
-           "--steps", "3", "--max-corpus-mb", "1", "--work-dir", str(tmp_path / "work"), "--out-dir", str(out), *TINY]
+           "--steps", "3", "--max-corpus-mb", "1", "--work-dir", str(tmp_path / "work"), "--out-dir", str(out),
+           "--profile-steps", "2:2", *TINY]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -132,3 +136,7 @@ def test_the_whole_path_on_the_cpu(tmp_path):
     assert record["sparse_layers"] == [f"layers.{i}.feed_forward.{w}" for i in range(2) for w in ("w1", "w2", "w3")]
     assert result["data"]["tokenizer_vocab"] <= result["settings"]["model_vocab"] == 320
     assert result["summary"]["sste"]["tokens_per_s_per_gpu"] > 0
+    profile = record["profile"]  # steps 2-3 under the profiler: the CPU's operators by kind of work
+    assert profile["steps"] == [2, 3] and profile["longest_kernels"]
+    parts = result["summary"]["sste"]["ms_per_step_by_category"]
+    assert parts["dense_gemm"] > 0 and set(parts) >= {"two4_work", "communication", "optimizer"}
