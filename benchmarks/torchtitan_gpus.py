@@ -41,6 +41,7 @@ RESULT_PREFIX = "torchtitan_llama"
 METHODS = ("dense", "ste", "srste", "masked_decay", "masked_decay_weights", "sste")
 EOS = "<|endoftext|>"
 BPE_SAMPLE_BYTES = 4 * 2**20  # the tokenizer is trained on about this much of the corpus (seconds, not minutes)
+PROFILE_ENV = "SPARSITY_LAB_PROFILE_STEPS"  # FIRST:COUNT, read by the recorder (torchtitan_record)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,6 +79,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the jobs' commands and stop (no data, no runs)")
 
 
+def profile_window(text: str) -> tuple[int, int] | None:
+    """``"FIRST:COUNT"`` (``$SPARSITY_LAB_PROFILE_STEPS``) -> (FIRST, COUNT); "" -> None."""
+    if not text:
+        return None
+    first, sep, count = text.partition(":")
+    if not sep or not first.isdigit() or not count.isdigit() or int(first) < 1 or int(count) < 1:
+        raise ValueError(f"{PROFILE_ENV}: expected FIRST:COUNT, two positive integers (e.g. 50:3), got {text!r}")
+    return int(first), int(count)
+
+
 def check_arguments(args) -> None:
     """Options that do not go together (the runner turns a ValueError into a usage error)."""
     if args.device == "cpu" and args.nproc is None:
@@ -91,8 +102,6 @@ def check_arguments(args) -> None:
     if len(set(args.methods)) != len(args.methods):
         raise ValueError(f"--methods lists a method twice: {' '.join(args.methods)}")
     if args.profile_steps is not None:
-        from benchmarks.torchtitan_record import profile_window
-
         first, count = profile_window(args.profile_steps)
         if first + count - 1 > args.steps:
             raise ValueError(f"--profile-steps {args.profile_steps} runs past --steps {args.steps}")
@@ -170,7 +179,7 @@ def job(args, method: str, nproc: int, work: Path, vocab: int) -> tuple[list[str
     if args.device == "cpu":
         env["SPARSITY_LAB_TITAN_DEVICE"] = "cpu"
     if args.profile_steps:
-        env["SPARSITY_LAB_PROFILE_STEPS"] = args.profile_steps
+        env[PROFILE_ENV] = args.profile_steps
     return cmd, env
 
 

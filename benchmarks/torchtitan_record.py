@@ -40,12 +40,12 @@ import torch
 from torch.distributed.tensor import DTensor
 from torchtitan.tools import utils as titan_utils  # its device_module read at each use (the CPU smoke run swaps it)
 
+from benchmarks.torchtitan_gpus import PROFILE_ENV, profile_window
 from sparsity_lab.integrations import torchtitan as tt
 from sparsity_lab.provenance import provenance
 from sparsity_lab.training_hooks import sparse_layers
 
 RECORD_ENV = "SPARSITY_LAB_RECORD"
-PROFILE_ENV = "SPARSITY_LAB_PROFILE_STEPS"  # "FIRST:COUNT": kernel times of those steps, by category
 MODEL_ENV = "SPARSITY_LAB_TITAN_MODEL"
 DEFAULT_SIZES = {"dim": 2048, "layers": 8, "heads": 16, "vocab": 8192}
 JSONL_DATASET = "jsonl_text"
@@ -135,16 +135,6 @@ class RecordingTrainer(tt.Sparsity24Trainer):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             json.dump(out, f, indent=1, default=str)
-
-
-def profile_window(text: str) -> tuple[int, int] | None:
-    """``"FIRST:COUNT"`` (``$SPARSITY_LAB_PROFILE_STEPS``) -> (FIRST, COUNT); "" -> None."""
-    if not text:
-        return None
-    first, sep, count = text.partition(":")
-    if not sep or not first.isdigit() or not count.isdigit() or int(first) < 1 or int(count) < 1:
-        raise ValueError(f"{PROFILE_ENV}: expected FIRST:COUNT, two positive integers (e.g. 50:3), got {text!r}")
-    return int(first), int(count)
 
 
 def start_profiler():

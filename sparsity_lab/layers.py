@@ -271,7 +271,8 @@ class SparseLinear(nn.Linear):
     # hooks that a sharded layer (sparsity_lab.distributed) overrides: the mask buffer may hold only
     # this process's part, while the products need the full mask
     def _replace_mask(self, new: torch.Tensor, count: bool) -> torch.Tensor | None:
-        """Store the full mask ``new``; with ``count``, first its flips against the stored one (0-d device tensor)."""
+        """Store the full mask ``new``; with ``count``, first its flips against the stored one (0-d device tensor),
+        returned for ``refresh_mask`` to add (a sharded layer adds its own, summed over processes, and returns None)."""
         flips = self.backend.mask_flips(self.mask, new) if count else None
         self.mask.copy_(new)
         return flips

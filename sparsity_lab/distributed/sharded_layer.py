@@ -9,8 +9,10 @@ layer follows the same life cycle for its sparse state:
 * inside the forward, where FSDP2 has put the full W in place, a due mask is computed from the
   full W (identical to one process: the rank holds the same all-gathered W as everyone else) and
   the rank keeps its part; a mask that is not due is all-gathered from the parts;
-* flips are counted on the rank's part and summed over the ranks (``all_reduce``), so a flip count
-  means what it means on one process;
+* flips are counted on the rank's part and summed over the ranks (an asynchronous ``all_reduce``,
+  waited for when the count is next read or added to: a blocking one in every layer's forward would
+  queue behind FSDP2's prefetched all-gathers and stall the products), so a flip count means what it
+  means on one process;
 * masked decay runs in the optimizer's pre-step hook on the sharded gradient, with the rank's part
   of the mask and of W (the decay is elementwise, so the parts give exactly the full update); the
   decay on the weights (``MaskedDecayOnWeights``) likewise after the step, on the rank's rows of W;
@@ -76,13 +78,13 @@ class ShardedSparseLinear(SparseLinear):
         if not self.mask_is_sharded:
             return super()._replace_mask(new, count)
         local = self._local_part(new)
-        flips = None
         if count:
             flips = self.backend.mask_flips(self.mask.to_local(), local).to(torch.int64)
-            dist.all_reduce(flips, group=self.mask.device_mesh.get_group())  # the full mask's count
+            work = dist.all_reduce(flips, group=self.mask.device_mesh.get_group(), async_op=True)  # the full count
+            self.flip_counts.add(flips, reduction=work)  # counted here: refresh_mask adds nothing more
         self.mask.to_local().copy_(local)
         self._full_mask = new  # the products of this forward use it
-        return flips
+        return None
 
     def _mask_for_products(self) -> torch.Tensor:
         if not self.mask_is_sharded:
