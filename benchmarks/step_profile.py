@@ -15,7 +15,10 @@ masters, moments and bf16 weights; under ``--smoke`` through Triton's interprete
 ``unfused`` (with bf16w: the masters updated by copy, PyTorch's fused AdamW, copy, as before the kernel),
 ``compile`` (``torch.compile`` of the model: Inductor fuses the norms,
 residual adds, GELU and casts; the dense products stay cuBLAS calls and each 2:4 layer one custom op) and
-``graph`` (forward and backward replayed by ``CudaGraphStep``; not with compile).
+``graph`` (forward and backward replayed by ``CudaGraphStep``; not with compile) and ``fp8`` (every block
+linear's products in FP8 E4M3 with delayed scaling: the 2:4 ones on ``cusparselt_fp8`` with the scales in
+the product, ``FP8Recipe(scale_in_product="host_alpha")``, the dense ones on ``torch._scaled_mm``, as the
+FP8 benchmark's dense recipe; the LM head stays bf16. CUDA only; not with compile or graph).
 
 Per run: wall ms per step (CUDA events between consecutive steps: the median for a mask refreshed every
 step, the mean over whole refresh cycles otherwise) and tokens/s; the loss and the flip rate over the timed
@@ -57,7 +60,7 @@ from benchmarks.step_ceiling import (BLOCK_LINEARS, HEAD, PRODUCTS, SELECTIONS, 
 
 MODEL = dict(d_model=4096, n_layer=8, n_head=32, context=1024, batch=8)
 SMOKE_MODEL = dict(d_model=64, n_layer=2, n_head=2, context=32, batch=2)
-OPTIONS = ("bf16w", "unfused", "compile", "graph")
+OPTIONS = ("bf16w", "unfused", "compile", "graph", "fp8")
 DEFAULT_MODES = "baseline,bf16w+compile,bf16w"
 LR = 3e-4  # constant: the loss and flip rate over a few dozen steps, not a schedule
 
@@ -87,6 +90,9 @@ def parse_mode(mode: str) -> frozenset[str]:
         raise ValueError(f"--modes: {mode!r} is not 'baseline' or a '+'-joined set of {OPTIONS}")
     if "unfused" in parts and "bf16w" not in parts:
         raise ValueError(f"--modes: {mode!r}: unfused is a form of the bf16w master update; write bf16w+unfused")
+    if "fp8" in parts and {"compile", "graph"} & set(parts):
+        raise ValueError(f"--modes: {mode!r}: fp8 runs eagerly (its scales' histories advance on the host after "
+                         "each step); drop compile and graph")
     if {"compile", "graph"} <= set(parts):
         raise ValueError(f"--modes: {mode!r}: compile and graph do not combine (the compiled model's custom ops "
                          "keep host-side state that a CUDA-graph replay skips); choose one")
@@ -237,10 +243,19 @@ def build(config: Config, options: frozenset, args, batches: list, device: torch
     torch.manual_seed(0)
     with device:
         model = GPT(cfg)
-    if config.select is not None:
-        method = sl.SSTE(mvue=True, transposable=True, backend=args.backend, mask_refresh_interval=config.refresh)
-        sl.sparsify(model, method, select=sparse_selector(config.select))
     cuda = device.type == "cuda"
+    fp8 = "fp8" in options
+    if fp8 and not cuda:
+        raise RuntimeError("the fp8 mode needs a CUDA GPU (cuSPARSELt and torch._scaled_mm in E4M3)")
+    if config.select is not None:
+        backend = "cusparselt_fp8" if fp8 else args.backend
+        method = sl.SSTE(mvue=True, transposable=True, backend=backend, mask_refresh_interval=config.refresh)
+        sl.sparsify(model, method, select=sparse_selector(config.select))
+        if fp8:
+            from sparsity_lab.backends.cusparselt.fp8_train import set_fp8_recipe
+            from sparsity_lab.methods.fp8_scaling import FP8Recipe
+            set_fp8_recipe(model, FP8Recipe(scale_in_product="host_alpha"))
+    fp8_dense = _fp8_dense_block_linears(model) if fp8 else []
     kwargs = dict(lr=LR, betas=(0.9, 0.95), weight_decay=0.1, fused=True if cuda else None)
     if "bf16w" in options:
         # the fused update: CUDA's default; on the CPU only through the interpreter (the smoke run under pytest)
@@ -272,8 +287,29 @@ def build(config: Config, options: frozenset, args, batches: list, device: torch
             loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        for layer in fp8_dense:  # the dense FP8 recipe's scale histories (the 2:4 layers advance in their hook)
+            layer.advance_step()
         return loss.detach()
     return Built(model, opt, step, graph_step)
+
+
+def _fp8_dense_block_linears(model) -> list:
+    """Every block linear still a plain ``nn.Linear`` replaced by the FP8 benchmark's dense FP8 layer
+    (``torch._scaled_mm`` with the same delayed-scaling recipe); the replacements, for ``advance_step``."""
+    from torch import nn
+
+    from benchmarks.fp8_training import FP8DenseLinear
+    from sparsity_lab.lab.model import is_block_linear
+
+    swapped = []
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if type(child) is nn.Linear and is_block_linear(full, child):
+                layer = FP8DenseLinear(child)
+                setattr(module, child_name, layer)
+                swapped.append(layer)
+    return swapped
 
 
 def _flip_counts(model) -> tuple[int, int]:
@@ -370,12 +406,15 @@ def summarize(records: list[dict], products: dict | None, n_layer: int, flops_pe
         h = headline({m: d["ms"] for m, d in dense.items()}, r["ms"])
         run: dict = {"speedup_vs_fastest_dense": h["speedup"], "fastest_dense": h["dense_source"],
                      "speedup_vs_dense_same_mode": h["against"].get(r["mode"]),
+                     "speedup_vs_dense_baseline_mode": h["against"].get("baseline"),
                      "two4_work_share": r.get("two4_work_share")}
         same = dense.get(r["mode"])
         if same is None:
             run["ceiling_error"] = f"no dense run in mode {r['mode']!r} to compute the ceiling from"
         elif not products:
             run["ceiling_error"] = "the product table was not measured"
+        elif "fp8" in r.get("options", ()):  # the table times bf16 products; an FP8 ceiling needs FP8 product speed-ups
+            run["ceiling_error"] = "no ceiling for the fp8 mode: the product table is measured in bf16"
         else:
             try:
                 a = attribution(products, r["select"], n_layer)
