@@ -31,10 +31,10 @@ def test_sharding_figure_rejects_bad_input():
         sharding_figure(torch.ones(4, 4, dtype=torch.bool), 0)
 
 
-def _run(world, dense_tps, sparse_tps, smoke=False, width=1024):
+def _run(world, dense_tps, sparse_tps, smoke=False, width=1024, gpu="NVIDIA H100 80GB HBM3"):
     rows = [{"method": m, "parallel": p, "median_step_s": 8192 * world / t, "tokens_per_s_per_gpu": t / world,
              "tokens_per_s_total": t} for p in ("none", "ddp") for m, t in (("dense", dense_tps), ("sste_mvue", sparse_tps))]
-    return {"world_size": world, "smoke": smoke, "rows": rows, "settings": {"width": width}}
+    return {"world_size": world, "smoke": smoke, "rows": rows, "settings": {"width": width}, "gpu": gpu}
 
 
 def test_recorded_scaling_reads_every_world_size_and_skips_smoke_runs(tmp_path):
@@ -66,9 +66,20 @@ def test_runs_of_different_widths_are_never_compared():
     runs = [_run(1, 100.0, 50.0), _run(2, 180.0, 120.0), _run(2, 400.0, 440.0, width=4096),
             _run(4, 760.0, 840.0, width=4096)]
     rows = {(r["width"], r["world"], r["method"], r["parallel"]): r for r in scaling_rows(runs)}
+    assert {r["gpu"] for r in rows.values()} == {"H100"}
     assert rows[(4096, 2, "sste_mvue", "ddp")]["vs_dense"] == pytest.approx(440 / 400)
     assert rows[(4096, 2, "dense", "ddp")]["vs_one_gpu"] == pytest.approx(1.0)  # its own smallest world: 2
     assert rows[(4096, 4, "dense", "ddp")]["vs_one_gpu"] == pytest.approx(190 / 200)
     assert rows[(1024, 2, "dense", "ddp")]["vs_one_gpu"] == pytest.approx(0.9)
     table = scaling_table(runs).splitlines()
-    assert all(len(line) <= 80 for line in table) and table[0].split()[0] == "width"
+    assert all(len(line) <= 80 for line in table) and table[0].split()[:2] == ["GPU", "width"]
+
+
+def test_runs_on_different_gpu_models_are_never_compared():
+    from sparsity_lab.course.viz.distributed_view import scaling_rows
+
+    runs = [_run(1, 100.0, 50.0), _run(2, 180.0, 120.0, gpu="NVIDIA H200"), _run(4, 300.0, 360.0, gpu="NVIDIA H200")]
+    rows = {(r["gpu"], r["world"], r["method"], r["parallel"]): r for r in scaling_rows(runs)}
+    assert rows[("H200", 2, "dense", "ddp")]["vs_one_gpu"] == pytest.approx(1.0)  # its own smallest: 2 H200s
+    assert rows[("H200", 4, "dense", "ddp")]["vs_one_gpu"] == pytest.approx(75 / 90)
+    assert rows[("H100", 1, "sste_mvue", "ddp")]["vs_dense"] == pytest.approx(0.5)

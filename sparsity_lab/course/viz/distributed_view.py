@@ -84,41 +84,51 @@ def _width(run: dict):
     return (run.get("settings") or {}).get("width")
 
 
+def _gpu(run: dict) -> str:
+    """The GPU's model as a short tag: "NVIDIA H100 80GB HBM3" -> "H100"; "?" when not recorded."""
+    import re
+
+    found = re.search(r"\b([A-Z]{1,2}\d{2,4})\b", run.get("gpu") or "")
+    return found.group(1) if found else "?"
+
+
 def scaling_rows(runs: list[dict]) -> list[dict]:
-    """One row per (model width, method, parallel mode, world size): tokens/s per GPU and in total, the
-    step time, and ``vs_dense`` (2:4 tokens/s over dense tokens/s of the same width, mode and world size;
-    None for dense) and ``vs_one_gpu`` (tokens/s per GPU over the same width, method and mode at the
-    smallest world size recorded for that width). Runs of different widths are never compared."""
+    """One row per (GPU model, model width, method, parallel mode, world size): tokens/s per GPU and in
+    total, the step time, and ``vs_dense`` (2:4 tokens/s over dense tokens/s of the same GPU, width, mode
+    and world size; None for dense) and ``vs_one_gpu`` (tokens/s per GPU over the same GPU, width, method
+    and mode at the smallest world size recorded for them). Runs of different GPUs or widths are never
+    compared."""
     rows = []
     for run in runs:
         for r in run["rows"]:
-            rows.append({"width": _width(run), "world": run["world_size"], "method": r["method"],
+            rows.append({"gpu": _gpu(run), "width": _width(run), "world": run["world_size"], "method": r["method"],
                          "parallel": r["parallel"], "step_ms": 1e3 * r["median_step_s"],
                          "per_gpu": r["tokens_per_s_per_gpu"], "total": r["tokens_per_s_total"]})
-    by_key = {(r["width"], r["world"], r["method"], r["parallel"]): r for r in rows}
+    by_key = {(r["gpu"], r["width"], r["world"], r["method"], r["parallel"]): r for r in rows}
     smallest = {}
     for r in rows:
-        smallest[r["width"]] = min(smallest.get(r["width"], r["world"]), r["world"])
+        group = (r["gpu"], r["width"])
+        smallest[group] = min(smallest.get(group, r["world"]), r["world"])
     for r in rows:
-        dense = by_key.get((r["width"], r["world"], "dense", r["parallel"]))
+        dense = by_key.get((r["gpu"], r["width"], r["world"], "dense", r["parallel"]))
         r["vs_dense"] = None if r["method"] == "dense" or dense is None else r["total"] / dense["total"]
-        base = by_key.get((r["width"], smallest[r["width"]], r["method"], r["parallel"]))
+        base = by_key.get((r["gpu"], r["width"], smallest[(r["gpu"], r["width"])], r["method"], r["parallel"]))
         r["vs_one_gpu"] = None if base is None else r["per_gpu"] / base["per_gpu"]
     return rows
 
 
 def scaling_table(runs: list[dict]) -> str:
-    """The rows of :func:`scaling_rows` as text that fits the book's column (at most 80 characters), by
-    width; the last column is against the smallest world size recorded at that width."""
+    """The rows of :func:`scaling_rows` as text that fits the book's column (at most 80 characters), by GPU
+    model and width; the last column is against the smallest world size recorded for them."""
     rows = scaling_rows(runs)
     if not rows:
         return "no recorded multi-GPU run"
-    lines = [f"{'width':>5} {'GPUs':>4} {'method':<10} {'parallel':<8} {'step ms':>8} {'tok/s per GPU':>14} "
-             f"{'2:4/dense':>9} {'scaling':>7}"]
-    for r in sorted(rows, key=lambda r: (r["width"] or 0, r["world"], r["parallel"], r["method"])):
+    lines = [f"{'GPU':<4} {'width':>5} {'GPUs':>4} {'method':<10} {'parallel':<8} {'step ms':>7} "
+             f"{'tok/s per GPU':>13} {'2:4/dense':>9} {'scaling':>7}"]
+    for r in sorted(rows, key=lambda r: (r["gpu"], r["width"] or 0, r["world"], r["parallel"], r["method"])):
         vs_dense = "" if r["vs_dense"] is None else f"{r['vs_dense']:.2f}x"
         vs_one = "" if r["vs_one_gpu"] is None else f"{r['vs_one_gpu']:.2f}"
         width = "?" if r["width"] is None else r["width"]
-        lines.append(f"{width:>5} {r['world']:>4} {r['method']:<10} {r['parallel']:<8} {r['step_ms']:>8.1f} "
-                     f"{r['per_gpu']:>14,.0f} {vs_dense:>9} {vs_one:>7}")
+        lines.append(f"{r['gpu']:<4} {width:>5} {r['world']:>4} {r['method']:<10} {r['parallel']:<8} "
+                     f"{r['step_ms']:>7.1f} {r['per_gpu']:>13,.0f} {vs_dense:>9} {vs_one:>7}")
     return "\n".join(lines)
