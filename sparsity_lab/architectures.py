@@ -79,9 +79,7 @@ def to_sparse_layer(module: nn.Module, method: SparsityMethod) -> SparseLinear:
 def record_recipe(model: nn.Module, method: SparsityMethod, names: list[str]) -> None:
     """On a Hugging Face model, add the method and the layers it converted to ``model.config`` (as
     ``config.sparsity_lab``), so ``save_pretrained`` puts them in config.json and
-    ``sparsity_lab.integrations.hf.from_pretrained`` rebuilds the same sparse model; and give the model
-    the ``save_pretrained`` that stores each 2:4 layer's weight as its forward uses it
-    (``integrations.hf.PlainLoadableSave``), so plain transformers loads the 2:4 model.
+    ``sparsity_lab.integrations.hf.from_pretrained`` rebuilds the same sparse model.
 
     The recipe goes into a copy of the config that the model then holds (every submodule that held
     the old object gets the copy): a config object may be shared, by the caller or by a second model
@@ -94,10 +92,7 @@ def record_recipe(model: nn.Module, method: SparsityMethod, names: list[str]) ->
         if getattr(module, "config", None) is config:
             module.config = own
     recipe = getattr(own, "sparsity_lab", None) or {"groups": []}
-    # format 2: save_pretrained stores S(W) as each layer's weight, the latent W beside it
+    # format 2: save_pretrained stores S(W) as each layer's weight, the latent W beside it (hf_checkpoint.py)
     own.sparsity_lab = {**recipe, "format": 2,
                         "groups": [*recipe["groups"],
                                    {"method": method.name, "fields": asdict(method), "layers": list(names)}]}
-    from .integrations.hf import give_plain_loadable_save  # imports no transformers
-
-    give_plain_loadable_save(model)
