@@ -91,6 +91,8 @@ def record_recipe(model: nn.Module, method: SparsityMethod, names: list[str]) ->
     for module in model.modules():
         if getattr(module, "config", None) is config:
             module.config = own
-    recipe = getattr(own, "sparsity_lab", None) or {"format": 1, "groups": []}
-    own.sparsity_lab = {**recipe, "groups": [*recipe["groups"],
-                                             {"method": method.name, "fields": asdict(method), "layers": list(names)}]}
+    recipe = getattr(own, "sparsity_lab", None) or {"groups": []}
+    # format 2: save_pretrained stores S(W) as each layer's weight, the latent W beside it (hf_checkpoint.py)
+    own.sparsity_lab = {**recipe, "format": 2,
+                        "groups": [*recipe["groups"],
+                                   {"method": method.name, "fields": asdict(method), "layers": list(names)}]}

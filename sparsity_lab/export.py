@@ -138,8 +138,10 @@ class Sparse24Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}"
 
 
-def _sparse_weight(layer: SparseLinear, dtype: torch.dtype | None) -> torch.Tensor:
-    """S(W) as the layer's eval forward uses it (m * W or beta * soft_threshold(W)), in ``dtype``."""
+def effective_weight(layer: SparseLinear, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The weight ``layer``'s eval forward uses, in ``dtype`` (default: the layer's): S(W) = m * W or
+    beta * soft_threshold(W), the dense W in a dense phase. What ``export`` serves, and what a Hugging
+    Face ``save_pretrained`` of a sparsified model stores as the layer's weight."""
     with torch.no_grad():
         return layer.sparse_weight().to(dtype or layer.weight.dtype)
 
@@ -163,7 +165,7 @@ def export(model: nn.Module, kernel: str = "auto", dtype: torch.dtype | None = N
             new: nn.Module = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
                                        device=layer.weight.device, dtype=dtype or layer.weight.dtype)
             with torch.no_grad():
-                new.weight.copy_(layer.weight)
+                new.weight.copy_(effective_weight(layer))  # W itself in a dense phase
                 if layer.bias is not None:
                     new.bias.copy_(layer.bias)
             report.append({"layer": name, "became": "nn.Linear", "why": "dense phase: the weight is not 2:4"})
@@ -171,7 +173,7 @@ def export(model: nn.Module, kernel: str = "auto", dtype: torch.dtype | None = N
             if (layer.method.n, layer.method.m) != (2, 4):
                 raise ValueError(f"{name}: S(W) is not 2:4 (a {layer.method.n}:{layer.method.m} mask); only 2:4 "
                                  "layers export")
-            weight = _sparse_weight(layer, dtype)
+            weight = effective_weight(layer, dtype)
             problem = _cusparselt_problem(weight) if kernel != "dense" else "kernel='dense' was asked for"
             if problem is not None and kernel == "cusparselt":
                 raise RuntimeError(f"{name}: cuSPARSELt cannot run this layer: {problem}")

@@ -47,6 +47,9 @@ from .validation import check_divisible, check_float_tensor, check_has_values
 
 _COUNTERS = ("step", "mask_step", "mask_updates", "last_flips", "flips_total", "mvue_seed", "mvue_calls")
 _FLIP_COUNTERS = ("last_flips", "flips_total")  # read through the layer's FlipCounts
+# a checkpoint that stores S(W) under "weight" for plain loaders (Hugging Face save_pretrained) keeps the
+# dense latent W, which training continues from, under this name
+LATENT_WEIGHT = "latent_weight"
 _RANK_STRIDE = 0x9E3779B97F4A7C15  # odd 64-bit constant: rank streams land far apart in seed space
 
 
@@ -213,6 +216,9 @@ class SparseLinear(nn.Linear):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs) -> None:
+        latent = state_dict.pop(prefix + LATENT_WEIGHT, None)
+        if latent is not None:  # the file's "weight" is S(W), for plain loaders: train on from W
+            state_dict[prefix + "weight"] = latent
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
         # a checkpoint of a backend with per-layer state (FP8: "backend.scaling.*") loaded into a layer whose

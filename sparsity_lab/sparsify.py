@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 from torch import nn
 
 from .architectures import architecture_selector, is_convertible, record_recipe, shape_of, to_sparse_layer
+from .hf_checkpoint import give_plain_loadable_save
 from .methods.config import SparsityMethod
 from .methods.flip_rate import overall_flip_rate
 from .methods.handlers import method_handler
@@ -104,6 +105,7 @@ def sparsify(model: nn.Module, method: SparsityMethod,
             parent = model.get_submodule(parent_name) if parent_name else model
             setattr(parent, child, layer)
     record_recipe(model, method, [name for name, _ in layers])
+    give_plain_loadable_save(model)  # a Hugging Face model's save_pretrained writes the 2:4 weights
     return model
 
 

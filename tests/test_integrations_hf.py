@@ -1,6 +1,7 @@
 """Hugging Face models built from tiny configs (never downloaded): which linears sparsify converts,
 GPT-2's Conv1D, the sparse checkpoint through save_pretrained / from_pretrained, dense weights
 into a sparse model, and the Trainer callback."""
+import json
 import subprocess
 import sys
 
@@ -347,3 +348,129 @@ def test_two_models_from_one_config_keep_their_own_recipes(tmp_path):
     second.save_pretrained(tmp_path)
     loaded = hf.from_pretrained(tmp_path, model_class=type(second), verbose=False)
     assert {layer.method.name for _, layer in sl.sparse_layers(loaded)} == {"sste"}
+
+
+PLAIN_LOADERS = {"llama": "AutoModelForCausalLM", "gpt2": "AutoModelForCausalLM", "bert": "AutoModelForMaskedLM"}
+
+
+@pytest.mark.parametrize("kind,method", [("llama", sl.SSTE(mvue=True)), ("gpt2", sl.STE()),
+                                         ("bert", sl.SRSTE(decay=1e-2))], ids=lambda p: getattr(p, "name", p))
+def test_plain_transformers_loads_the_2_4_model_from_a_training_checkpoint(kind, method, tmp_path):
+    """save_pretrained writes each 2:4 layer's weight as its forward uses it, S(W): plain transformers
+    gives the 2:4 model's logits (not those of the dense latent W, which training continues from)."""
+    model = build(kind)
+    sl.sparsify(model, method)
+    train_steps(model, 3)
+    model.eval()
+    model.save_pretrained(tmp_path)
+    plain = getattr(transformers, PLAIN_LOADERS[kind]).from_pretrained(tmp_path).eval()
+    assert not sl.sparse_layers(plain)
+    x = tokens()
+    torch.testing.assert_close(logits(plain, x), logits(model, x), rtol=0, atol=0)
+    # the latent W is in the checkpoint too, and is not S(W): the test above could fail
+    saved = hf.read_safetensors(tmp_path)
+    name, layer = sl.sparse_layers(model)[0]
+    assert not torch.equal(saved[f"{name}.weight"], saved[f"{name}.latent_weight"])
+    torch.testing.assert_close(hf.from_pretrained(tmp_path, verbose=False).get_submodule(name).weight,
+                               layer.weight, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("method", [sl.STE(), sl.SRSTE(decay=1e-2), sl.SSTE(), sl.Dense(),
+                                    sl.MaskedDecay(decay=1e-2, total_steps=4, dense_finetune_at=0.5),
+                                    sl.MaskedDecayOnWeights(decay=1e-1, total_steps=20)], ids=lambda m: m.name)
+def test_checkpoint_weight_is_the_exported_weight(method, tmp_path):
+    """Every method, a dense phase (masked decay's fine-tune, Dense) included: the checkpoint's weight of
+    each 2:4 layer is the weight export serves."""
+    model = build("llama")
+    sl.sparsify(model, method)
+    train_steps(model, 3)
+    model.save_pretrained(tmp_path)
+    saved = hf.read_safetensors(tmp_path)
+    served = sl.export(model, kernel="dense")
+    for name, layer in sl.sparse_layers(model):
+        torch.testing.assert_close(saved[f"{name}.weight"], served.get_submodule(name).weight, rtol=0, atol=0)
+        torch.testing.assert_close(saved[f"{name}.latent_weight"], layer.weight.detach(), rtol=0, atol=0)
+
+
+def test_trainer_resumes_a_checkpoint_exactly(tmp_path):
+    """The Trainer's resume_from_checkpoint loads its checkpoint with load_state_dict: the layers take the
+    latent W (not the S(W) stored for plain loaders), and the resumed run ends where the uninterrupted one does."""
+    from sparsity_lab.integrations.trainer_callback import SparsityCallback
+
+    def run(out, **options):
+        model = build("llama")
+        sl.sparsify(model, sl.SSTE(mvue=True))
+        trainer = trainer_for(model, out, max_steps=4, save_strategy="steps", save_steps=2, **options)
+        SparsityCallback().add_to(trainer)
+        return model, trainer
+
+    straight, trainer = run(tmp_path / "straight")
+    trainer.train()
+    resumed, trainer = run(tmp_path / "resumed")
+    trainer.train(resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-2"))
+    a, b = straight.state_dict(), resumed.state_dict()
+    assert list(a) == list(b)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_a_sharded_checkpoint_keeps_each_latent_beside_its_weight(tmp_path):
+    """Shards of a few KB put nearly every tensor in a file of its own: each layer's latent W is moved into
+    the shard of its S(W), so the Trainer's shard-by-shard resume gives every layer W whatever the order of
+    the shards; plain transformers and from_pretrained read the index."""
+    from safetensors.torch import load_file
+
+    model = build("llama")
+    sl.sparsify(model, sl.SSTE())
+    train_steps(model, 2)
+    model.eval()
+    model.save_pretrained(tmp_path, max_shard_size="4KB")
+    where = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
+    assert len(set(where.values())) > 10
+    for name, _ in sl.sparse_layers(model):
+        assert where[f"{name}.latent_weight"] == where[f"{name}.weight"], name
+    assert {path.name for path in tmp_path.glob("*.safetensors")} == set(where.values())
+    for reverse in (False, True):  # the Trainer's resume: load_state_dict(strict=False) shard by shard
+        target = build("llama", seed=1)
+        sl.sparsify(target, sl.SSTE())
+        for shard in sorted(set(where.values()), reverse=reverse):
+            target.load_state_dict(load_file(tmp_path / shard), strict=False)
+        for (name, a), (_, b) in zip(sl.sparse_layers(model), sl.sparse_layers(target)):
+            assert torch.equal(a.weight, b.weight), (name, reverse)
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(logits(plain, tokens()), logits(model, tokens()), rtol=0, atol=0)
+    loaded = hf.from_pretrained(tmp_path, verbose=False)
+    torch.testing.assert_close(logits(loaded.eval(), tokens()), logits(model, tokens()), rtol=0, atol=0)
+
+
+def test_save_pretrained_with_push_to_hub_says_to_push_the_model(tmp_path):
+    model = build("llama")
+    sl.sparsify(model, sl.STE())
+    with pytest.raises(ValueError, match=r"model.push_to_hub\(repo_id\)"):
+        model.save_pretrained(tmp_path, push_to_hub=True)
+
+
+def test_checkpoints_of_the_first_format_still_load(tmp_path):
+    """Format 1 (config.sparsity_lab) stored the latent W as the weight, with no latent_weight: loaded as
+    before. Format 2 without its latent weights is refused (it would train on S(W))."""
+    from safetensors.torch import save_file
+
+    model = build("llama")
+    sl.sparsify(model, sl.SSTE())
+    train_steps(model, 2)
+    model.save_pretrained(tmp_path)
+    saved = hf.read_safetensors(tmp_path)
+    latents = {key: saved.pop(key) for key in [k for k in saved if k.endswith(".latent_weight")]}
+    save_file(saved, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"lack 6 of their state tensors, e.g. \['[^']*latent_weight'"):
+        hf.from_pretrained(tmp_path, verbose=False)
+    for key, value in latents.items():
+        saved[key.replace(".latent_weight", ".weight")] = value
+    save_file(saved, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["sparsity_lab"]["format"] = 1
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = hf.from_pretrained(tmp_path, verbose=False)
+    for (name, a), (_, b) in zip(sl.sparse_layers(model), sl.sparse_layers(loaded)):
+        assert torch.equal(a.weight, b.weight) and torch.equal(a.beta, b.beta), name
+    assert loaded.config.sparsity_lab["format"] == 2  # saved again, it writes the current format

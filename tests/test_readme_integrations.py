@@ -31,10 +31,11 @@ def test_readme_integration_blocks_run(tmp_path, monkeypatch):
     with torch.no_grad():
         assert torch.equal(namespace["served"](input_ids=x).logits, namespace["model"].eval()(input_ids=x).logits)
     assert (tmp_path / "runs/hf/compressed/model.safetensors").is_file()
-    # the exported model's save_pretrained: plain transformers loads the 2:4 model's outputs
-    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "runs/hf/served").eval()
-    with torch.no_grad():
-        assert torch.equal(plain(input_ids=x).logits, namespace["model"](input_ids=x).logits)
+    # the training checkpoint and the exported model's save_pretrained: plain transformers loads the 2:4 model
+    for saved in ("runs/hf/sparse", "runs/hf/served"):
+        plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / saved).eval()
+        with torch.no_grad():
+            assert torch.equal(plain(input_ids=x).logits, namespace["model"](input_ids=x).logits), saved
 
 
 def test_readme_torchtitan_command_parses():

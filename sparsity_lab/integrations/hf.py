@@ -3,16 +3,20 @@
     model = AutoModelForCausalLM.from_config(config)      # or .from_pretrained(dense checkpoint)
     sl.sparsify(model, sl.SSTE())                          # finds the MLP linears (architectures.py)
     ...train...
-    model.save_pretrained("ckpt")                          # safetensors: weights + masks, beta, counters
+    model.save_pretrained("ckpt")                          # safetensors: S(W) as weight; W, masks, beta, counters
     model = sparsity_lab.integrations.hf.from_pretrained("ckpt")   # the same sparse model back
 
 ``sparsify`` records the method and the converted layers in ``model.config.sparsity_lab``, which
-``save_pretrained`` writes to config.json; the sparse state (``mask``, ``beta``, the counters as
-``_extra_state``, an FP8 backend's scales, amax history and recipe under ``backend.scaling.``) is ordinary
-tensors of the state dict, and ``from_pretrained`` loads every one of them or refuses. Plain
-``AutoModel*.from_pretrained`` of such a checkpoint gives the *dense* model (transformers lists the sparse
-tensors as unexpected keys); ``from_pretrained`` here rebuilds the sparse one, from a local directory or a
-Hub repository id.
+``save_pretrained`` writes to config.json, and gives the model a ``save_pretrained`` that stores each
+sparse layer's ``weight`` as its forward uses it (``export.effective_weight``: m * W, beta *
+soft_threshold(W), W in a dense phase) and the dense latent W under ``latent_weight``
+(``sparsity_lab.hf_checkpoint``). The rest of the
+sparse state (``mask``, ``beta``, the counters as ``_extra_state``, an FP8 backend's scales, amax
+history and recipe under ``backend.scaling.``) is ordinary tensors of the state dict. So plain
+``AutoModel*.from_pretrained`` of such a checkpoint gives the 2:4 model's outputs (transformers lists the
+training tensors as unexpected keys), ``load_state_dict`` (the Trainer's resume) takes W back
+(``SparseLinear`` reads ``latent_weight`` as its weight), and ``from_pretrained`` here rebuilds the sparse
+model, every state tensor loaded or the checkpoint refused, from a local directory or a Hub repository id.
 """
 from __future__ import annotations
 
@@ -26,13 +30,14 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from ..layers import SparseLinear
+from ..layers import LATENT_WEIGHT, SparseLinear
 from ..methods.config import method_from_name
 from ..methods.handlers import method_handler
 from ..sparsify import sparsify
 from ..training_hooks import sparse_layers
 
-SPARSE_STATE = ("mask", "beta", "_extra_state")  # per sparse layer, besides its weight and bias
+SPARSE_STATE = ("mask", "beta", "_extra_state", LATENT_WEIGHT)  # per sparse layer, besides its weight and bias
+RECIPE_FORMATS = (1, 2)  # 1: "weight" holds the latent W; 2: S(W), with W under "latent_weight"
 
 
 def _sparse_state_key(key: str) -> bool:
@@ -78,7 +83,7 @@ class LoadReport:
         if self.restored:
             what = (f"sparse state of {k} layers (masks, beta, counters, FP8 scales and amax histories where the "
                     "backend keeps them) restored from the checkpoint (the tensors transformers listed as "
-                    "UNEXPECTED when it loaded the dense weights)")
+                    "UNEXPECTED when it loaded the plain weights, the latent W among them)")
         else:
             what = (f"dense checkpoint: masks of {k} sparse layers computed from the loaded weights, S-STE "
                     "beta recomputed from them, step counters reset to 0")
@@ -90,13 +95,17 @@ class LoadReport:
         return "\n".join(lines)
 
 
-def sparse_layer_state(model: nn.Module, saved: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def sparse_layer_state(model: nn.Module, saved: Mapping[str, torch.Tensor],
+                       latent: bool = True) -> dict[str, torch.Tensor]:
     """The tensors of ``saved`` that belong to ``model``'s sparse layers: every key of their state dicts
     (weight, bias, mask, beta, the counters, and whatever state their backends keep, e.g. FP8 scales and
-    amax histories). Raises ValueError when ``saved`` lacks one of them, or holds one under a sparse layer
+    amax histories), and with ``latent`` the dense W under ``latent_weight`` (the layers load it as their
+    weight). Raises ValueError when ``saved`` lacks one of them, or holds one under a sparse layer
     that the layer does not have (a load that would drop or invent state)."""
     layers = sparse_layers(model)
     expected = {f"{name}.{key}" for name, layer in layers for key in layer.state_dict(keep_vars=True)}
+    if latent:
+        expected |= {f"{name}.{LATENT_WEIGHT}" for name, _ in layers}
     prefixes = tuple(f"{name}." for name, _ in layers)
     found = {key for key in saved if key.startswith(prefixes)}
     absent, stray = sorted(expected - found), sorted(found - expected)
@@ -241,8 +250,8 @@ def from_pretrained(path: str | os.PathLike, model_class=None, method=None, sele
     """A sparse model from a Hugging Face checkpoint: a local directory or a Hub repository id.
 
     A checkpoint saved from a sparsified model (config.json has ``sparsity_lab``) comes back with the
-    same methods, layers and state (masks, beta, counters, FP8 scales); a checkpoint whose sparse state is
-    incomplete is refused. A dense checkpoint needs ``method`` (and
+    same methods, layers and state (the latent weights, masks, beta, counters, FP8 scales); a checkpoint
+    whose sparse state is incomplete is refused. A dense checkpoint needs ``method`` (and
     optionally ``select``): it is loaded by transformers, then sparsified, masks computed from the
     loaded weights. model_class: a transformers class with ``from_pretrained`` (default: the first of
     the checkpoint's ``config.architectures``, else ``AutoModelForCausalLM``); kwargs go to its
@@ -271,13 +280,14 @@ def from_pretrained(path: str | os.PathLike, model_class=None, method=None, sele
         report = LoadReport(source=str(path), loaded=len(read_safetensors(path)),
                             sparse_layers=[name for name, _ in sparse_layers(model)])
     else:
-        if recipe.get("format") != 1:
-            raise ValueError(f"config.sparsity_lab has format {recipe.get('format')!r}; this version reads format 1")
+        if recipe.get("format") not in RECIPE_FORMATS:
+            raise ValueError(f"config.sparsity_lab has format {recipe.get('format')!r}; this version reads formats "
+                             f"{RECIPE_FORMATS}")
         for group in recipe["groups"]:
             sparsify(model, method_from_name(group["method"], **group["fields"]), group["layers"])
         saved = read_safetensors(path)
         adopt_saved_fp8_recipes(model, saved)
-        state = sparse_layer_state(model, saved)
+        state = sparse_layer_state(model, saved, latent=recipe["format"] >= 2)
         model.load_state_dict(state, strict=False)
         report = LoadReport(source=str(path), loaded=len(state), sparse_layers=[n for n, _ in sparse_layers(model)],
                             restored=True)
