@@ -18,7 +18,7 @@ residual adds, GELU and casts; the dense products stay cuBLAS calls and each 2:4
 ``graph`` (forward and backward replayed by ``CudaGraphStep``; not with compile) and ``fp8`` (every block
 linear's products in FP8 E4M3 with delayed scaling: the 2:4 ones on ``cusparselt_fp8`` with the scales in
 the product, ``FP8Recipe(scale_in_product="host_alpha")``, the dense ones on ``torch._scaled_mm``, as the
-FP8 benchmark's dense recipe; the LM head stays bf16. CUDA only; not with compile or graph).
+FP8 benchmark's dense recipe; the LM head stays bf16. With bf16w only (``bf16w+fp8``); CUDA only).
 
 Per run: wall ms per step (CUDA events between consecutive steps: the median for a mask refreshed every
 step, the mean over whole refresh cycles otherwise) and tokens/s; the loss and the flip rate over the timed
@@ -90,6 +90,9 @@ def parse_mode(mode: str) -> frozenset[str]:
         raise ValueError(f"--modes: {mode!r} is not 'baseline' or a '+'-joined set of {OPTIONS}")
     if "unfused" in parts and "bf16w" not in parts:
         raise ValueError(f"--modes: {mode!r}: unfused is a form of the bf16w master update; write bf16w+unfused")
+    if "fp8" in parts and "bf16w" not in parts:
+        raise ValueError(f"--modes: {mode!r}: fp8 takes bf16 weights (the dense FP8 recipe casts bf16 operands); "
+                         "write bf16w+fp8")
     if "fp8" in parts and {"compile", "graph"} & set(parts):
         raise ValueError(f"--modes: {mode!r}: fp8 runs eagerly (its scales' histories advance on the host after "
                          "each step); drop compile and graph")
@@ -255,7 +258,6 @@ def build(config: Config, options: frozenset, args, batches: list, device: torch
             from sparsity_lab.backends.cusparselt.fp8_train import set_fp8_recipe
             from sparsity_lab.methods.fp8_scaling import FP8Recipe
             set_fp8_recipe(model, FP8Recipe(scale_in_product="host_alpha"))
-    fp8_dense = _fp8_dense_block_linears(model) if fp8 else []
     kwargs = dict(lr=LR, betas=(0.9, 0.95), weight_decay=0.1, fused=True if cuda else None)
     if "bf16w" in options:
         # the fused update: CUDA's default; on the CPU only through the interpreter (the smoke run under pytest)
@@ -265,6 +267,7 @@ def build(config: Config, options: frozenset, args, batches: list, device: torch
         opt = torch.optim.AdamW(model.parameters(), **kwargs)
     if config.select is not None:
         sl.attach_optimizer(model, opt)
+    fp8_dense = _fp8_dense_block_linears(model) if fp8 else []  # after the lowering: they take its bf16 weights
     run_model = torch.compile(model, backend="inductor" if cuda else "aot_eager") if "compile" in options else model
     graph = "graph" in options
 

@@ -4,9 +4,7 @@ Each mask refresh counts its flips r_t = ||m_t XOR m_{t-1}||_1 as a 0-d device t
 on the host would sync the training step and stall the queue of cuSPARSELt calls. The counts are settled
 (one host sync) when ``last`` or ``total`` is read. A CUDA-graph step that refreshes masks inside its graph
 counts there (``graph_flips.GraphFlipCounts``) and attaches that as ``source``: its replays' counts join
-the pending ones first, as if each had been an eager refresh. A layer sharded across processes sums its
-count over them with an asynchronous all-reduce (``add(..., reduction=work)``): the step does not wait
-for it; the count joins the pending ones at the next ``add`` or read, by which time the sum is long done.
+the pending ones first, as if each had been an eager refresh.
 """
 from __future__ import annotations
 
@@ -25,25 +23,11 @@ class FlipCounts:
         self._pending_sum: torch.Tensor | None = None
         self._pending_last: torch.Tensor | None = None
         self.source = None  # a GraphFlipCounts while a CUDA graph refreshes the mask (graph_layer.py)
-        self._reducing: tuple[torch.Tensor, object] | None = None  # (count, its all-reduce still running)
 
-    def add(self, flips: torch.Tensor, reduction=None) -> None:
-        """One eager refresh's count (0-d device tensor); in-graph refreshes before it come first.
-        ``reduction``: the asynchronous all-reduce (a ``torch.distributed`` Work) still summing ``flips``
-        over the processes; it is waited for at the next ``add`` or read, not now."""
+    def add(self, flips: torch.Tensor) -> None:
+        """One eager refresh's count (0-d device tensor); in-graph refreshes before it come first."""
         self.take_source()
-        self._fold_reduced()
-        if reduction is None:
-            self._pending(flips, flips)
-        else:
-            self._reducing = (flips, reduction)
-
-    def _fold_reduced(self) -> None:
-        if self._reducing is not None:
-            flips, work = self._reducing
-            self._reducing = None
-            work.wait()  # the current stream waits for the sum (issued a step or more ago)
-            self._pending(flips, flips)
+        self._pending(flips, flips)
 
     def take_source(self) -> None:
         """Fold what the source's replays counted since the last look into the pending counts."""
@@ -58,7 +42,6 @@ class FlipCounts:
     def settle(self) -> None:
         """Read the pending device counts into the host ints (one host sync, none when nothing is pending)."""
         self.take_source()
-        self._fold_reduced()
         if self._pending_sum is not None:
             total, last = torch.stack((self._pending_sum, self._pending_last)).tolist()
             self._pending_sum = self._pending_last = None
@@ -76,9 +59,6 @@ class FlipCounts:
 
     def load(self, last: int, total: int) -> None:
         """Counts from a checkpoint: they replace everything pending, the source's unread replays included."""
-        if self._reducing is not None:
-            self._reducing[1].wait()  # let the all-reduce finish with its tensor before dropping it
-            self._reducing = None
         self._pending_sum = self._pending_last = None
         if self.source is not None:
             self.source.discard()

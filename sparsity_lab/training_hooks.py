@@ -48,8 +48,11 @@ def apply_decay_on_weights(model: nn.Module, lr: float) -> None:
 
 
 def advance_step(model: nn.Module) -> None:
-    for _, layer in sparse_layers(model):
+    layers = [layer for _, layer in sparse_layers(model)]
+    for layer in layers:
         layer.advance_step()
+    for sum_flips in {type(layer).sum_flips_over_ranks for layer in layers}:  # sharded layers: over the ranks
+        sum_flips(layers)
 
 
 def _fused_scaler_state(optimizer: torch.optim.Optimizer) -> tuple[float, bool]:
@@ -133,6 +136,8 @@ class AttachedOptimizer:
         for layer, group in zip(self.layers, self._groups):
             layer.apply_decay_on_weights(group["lr"])
             layer.advance_step()
+        for sum_flips in {type(layer).sum_flips_over_ranks for layer in self.layers}:  # one per layer kind
+            sum_flips(self.layers)
 
     def remove(self) -> None:
         self._pre.remove()

@@ -355,10 +355,10 @@ def test_cuda_fused_adamw_masters_match_float32_training_and_2to4_layers_run():
     exact, moved = _float64_adamw(3, device="cuda", lr=1e-2)
     for p, q, r, e, mv in zip(model.parameters(), fused_model.parameters(), reference.parameters(), exact, moved):
         assert torch.equal(opt.master(p), r.detach()) and torch.equal(p.detach(), r.detach().to(p.dtype))
-        # the kernel and PyTorch's fused AdamW round in different orders: both within float32 rounding of float64
+        # the kernel rounds in another order than PyTorch's fused AdamW: it is held to float32 rounding of
+        # float64 AdamW (PyTorch's fused CUDA AdamW itself was seen up to about 2x this bound on an H200)
         bound = _rounding_bound(e, mv, steps=3)
         assert bool(((fused_opt.master(q).double() - e).abs() <= bound).all())
-        assert bool(((r.detach().double() - e).abs() <= bound).all())
         assert torch.equal(q.detach(), fused_opt.master(q).to(q.dtype))
 
     torch.manual_seed(0)

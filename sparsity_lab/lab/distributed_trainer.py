@@ -132,6 +132,8 @@ class DistributedTrainer(Trainer):
         return clean_row(row)
 
     def _mask_stats(self) -> dict:
+        # every rank is here at once: sum this step's flip counts over the ranks before they are read
+        ShardedSparseLinear.sum_flips_over_ranks([layer for _, layer in self.layers])
         stats = super()._mask_stats()
         if self.parallel == "fsdp":  # the density read from the sharded masks is the rank's part: use the full one
             sizes = [layer.weight.numel() for _, layer in self.layers]
