@@ -199,6 +199,7 @@ def run(args) -> int:
         print("python -m benchmarks cutlass needs a CUDA GPU (Hopper)")
         return 1
     t0 = time.perf_counter()
+    name = args.name or f"cutlass_{gpu_tag(torch.cuda.get_device_name())}"
     result: dict = {"shapes": [], "errors": {}, "skipped": []}
     start = time.perf_counter()
     lib = ops.library()  # built on first use, or found in the cache
@@ -218,6 +219,7 @@ def run(args) -> int:
             row["baseline_check"] = baseline_check(dense_tf, result["probe_start"]["tflops"]) if (m, n, k) == (8192, 8192, 8192) else None
             result["shapes"].append(row)
             print("\n".join(_lines(row)), flush=True)
+            write_result(name, result, directory=Path(args.out_dir))  # kept if a later shape is cut short
         except Exception:  # noqa: BLE001
             result["errors"][f"{m}x{n}x{k}"] = traceback.format_exc()[-2000:]
             print(f"shape {m}x{n}x{k}: ERROR", traceback.format_exc()[-800:], flush=True)
@@ -226,7 +228,6 @@ def run(args) -> int:
     sampler.stop()
     result["conditions"] = sampler.summary()
     print(format_conditions(result["conditions"]), flush=True)
-    name = args.name or f"cutlass_{gpu_tag(torch.cuda.get_device_name())}"
     path = write_result(name, result, directory=Path(args.out_dir))
     print("wrote", path, f"in {time.perf_counter() - t0:.0f} s", flush=True)
     return 0
