@@ -185,7 +185,8 @@ def _lines(row: dict) -> list[str]:
                 out.append(f"  {name:<44} ERROR {e['error'][:150]}")
                 continue
             ratio = e.get("vs_dense_same_kind")
-            out.append(f"  {name:<44} {e['ms']:8.3f} ms {e['tflops']:7.1f} TFLOP/s  x{ratio:.2f} vs dense {kind}"
+            ratio = "-" if ratio is None else f"{ratio:.2f}"
+            out.append(f"  {name:<44} {e['ms']:8.3f} ms {e['tflops']:7.1f} TFLOP/s  x{ratio} vs dense {kind}"
                        f"  err {e['rel_err']:.1e}  ({e['timing']})")
     return out
 
