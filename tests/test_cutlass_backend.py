@@ -23,6 +23,7 @@ from sparsity_lab.backends import get_backend
 from sparsity_lab.backends.cutlass import backend as cutlass_backend
 from sparsity_lab.backends.cutlass import ops
 from sparsity_lab.backends.cutlass.build import CutlassUnavailable
+from sparsity_lab.sparsify import backend_report
 
 BF16, E4M3 = torch.bfloat16, torch.float8_e4m3fn
 
@@ -155,6 +156,7 @@ def test_the_backends_route_each_product_like_the_reference(name, reference, met
             layer.advance_step()
             layer.weight.grad = None
         x.grad = x2.grad = None
+    assert backend_report(real)[0].products["grad_weight"].startswith("MVUE 2:4 sparse" if name == "cutlass" else "2:4")
 
 
 # --- GPU ------------------------------------------------------------------------------------------------------
@@ -329,4 +331,4 @@ def test_gpu_layers_match_the_reference_backend(name, reference, tol, method):
             layer.advance_step()
             layer.weight.grad = None
         x.grad = x2.grad = None
-    assert sl.sparsify.backend_report(real)[0].products["forward"].startswith("2:4 sparse")
+    assert backend_report(real)[0].products["forward"].startswith("2:4 sparse")
