@@ -88,6 +88,17 @@ def test_operands_are_checked_before_any_gpu_work():
         ops.compress(torch.zeros(64, 64, dtype=BF16))
 
 
+def test_a_product_without_a_config_runs_the_default_of_its_layouts():
+    lib = object.__new__(ops._Library)  # the variant table alone, no library loaded
+    lib.names = ["bf16.tc.a", "bf16.tc.128x256x128.1x2.coop", "bf16.nr.b", "e4m3.tc.c"]
+    assert lib.variant(BF16, "k", "col", None) == 1  # DEFAULT_CONFIGS
+    assert lib.variant(BF16, "k", "col", "a") == 0
+    assert lib.variant(BF16, "n", "row", None) == 2  # no default named: the first built
+    assert lib.variant(E4M3, "k", "col", None) == 3  # the default is not built here: the first
+    with pytest.raises(ValueError, match=r"configs for these layouts: \['a', '128x256x128.1x2.coop'\]"):
+        lib.variant(BF16, "k", "col", "z")
+
+
 def test_the_bf16_backend_refuses_masks_it_cannot_multiply():
     backend = cutlass_backend.CutlassBackend()  # the Triton interpreter on the CPU: no GPU needed to build it
     w = torch.randn(64, 64)

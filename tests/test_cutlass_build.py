@@ -135,3 +135,11 @@ def test_the_default_cache_is_the_users(monkeypatch, tmp_path):
     assert build.cache_root() == tmp_path / "sparsity_lab"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert build.cache_root() == Path.home() / ".cache" / "sparsity_lab"
+
+
+def test_the_default_configs_are_built():
+    from sparsity_lab.backends.cutlass.ops import DEFAULT_CONFIGS
+    names = re.findall(r'"((?:bf16|e4m3)\.[a-z]{2}\.[^"]+)"\)', SOURCE_TEXT)
+    assert len(names) == build.variant_count(SOURCE_TEXT)
+    for layouts, config in DEFAULT_CONFIGS.items():
+        assert f"{layouts}.{config}" in names

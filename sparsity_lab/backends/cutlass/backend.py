@@ -84,7 +84,7 @@ class CutlassOperand:
 
 class CutlassBackend(TritonBackend):
     """2:4 products on CUTLASS SM90 sparse GEMMs (see the module docstring). ``config`` picks the kernel
-    variant of the forward and input-gradient products (``ops.configs``); None takes the table's first."""
+    variant of the forward and input-gradient products (``ops.configs``); None: ``ops.DEFAULT_CONFIGS``."""
 
     name = "cutlass"
 

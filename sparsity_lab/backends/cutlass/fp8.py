@@ -29,7 +29,8 @@ NAME = "cutlass_fp8"
 class CutlassFP8Backend(FP8Backend):
     """``FP8Backend`` on the "scaled_mm" engine (dense phase, dense weight gradient) with its sparse
     products on CUTLASS (see the module docstring). ``config``: the variant of the forward and
-    input-gradient products (``ops.configs(torch.float8_e4m3fn)``)."""
+    input-gradient products (``ops.configs(torch.float8_e4m3fn)``); None: ``ops.DEFAULT_CONFIGS``, the
+    fast-accumulation schedule; "128x128x128.1x2.coop" promotes the accumulators to float32 in the K loop."""
 
     def __init__(self, engine: FP8Engine, recipe=None, device=None, config: str | None = None) -> None:
         super().__init__(engine, recipe, device=device)

@@ -12,8 +12,8 @@
 bfloat16 operands give bfloat16; float8_e4m3fn operands (both) give bfloat16. Accumulation in float32.
 
 Which kernel runs is a *variant* of ``sparse_gemm.cu`` (its table: element, layouts, tile, cluster,
-schedule); ``config`` picks one by its tail (e.g. "128x256x128.1x2.coop"), default the table's first
-for the element and layouts. Shapes: ``shape_problem`` states the alignment rules (16-byte rows for
+schedule); ``config`` picks one by its tail (e.g. "128x256x128.1x2.coop"), default ``DEFAULT_CONFIGS``
+(else the table's first for the element and layouts). Shapes: ``shape_problem`` states the alignment rules (16-byte rows for
 TMA) on the CPU; what the kernel itself refuses (its ``can_implement``) raises :class:`ValueError` too.
 The compressor (CUTLASS's own, on the GPU) reads at most two non-zeros per group of four along k and
 treats -0.0 as zero; a group with more is not 2:4 and its compressed form is undefined.
@@ -37,6 +37,12 @@ STATUS = {1: "the kernel cannot run this shape (CUTLASS can_implement)", 2: "ini
 # layout codes of the variant names: "<element>.<b><d>.<tile>.<cluster>.<schedule>"
 _B_CODE, _D_CODE = {"k": "t", "n": "n"}, {"col": "c", "row": "r"}
 _ELEMENT = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
+# the config a product runs when none is asked for, per "<element>.<b><d>", chosen on the H200 at the FFN's product
+# shapes (results/cutlass_h200.json, docs/measuring.md): E4M3's was the fastest at every shape, bf16's at two of
+# the three (the 2x1 cluster won at m=n=16384, k=4096). E4M3's is the fast-accumulation
+# schedule (no promotion to float32 inside the K loop); "128x128x128.1x2.coop" promotes. A layout not named here
+# runs the first config the table builds for it.
+DEFAULT_CONFIGS = {"bf16.tc": "128x256x128.1x2.coop", "e4m3.tc": "128x256x128.1x2.coopfast"}
 
 
 def row_alignment(dtype: torch.dtype) -> int:
@@ -97,6 +103,8 @@ class _Library:
 
     def variant(self, dtype: torch.dtype, b_layout: str, out_layout: str, config: str | None) -> int:
         prefix = f"{_ELEMENT[dtype]}.{_B_CODE[b_layout]}{_D_CODE[out_layout]}."
+        if config is None and prefix + DEFAULT_CONFIGS.get(prefix[:-1], "") in self.names:
+            config = DEFAULT_CONFIGS[prefix[:-1]]
         for v, name in enumerate(self.names):
             if name.startswith(prefix) and (config is None or name[len(prefix):] == config):
                 return v
