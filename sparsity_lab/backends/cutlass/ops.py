@@ -168,8 +168,9 @@ def compress(a: torch.Tensor) -> SparseOperand:
     values = torch.zeros(mc, kc, dtype=a.dtype, device=a.device)
     metadata = torch.zeros(me * ke * e_bytes, dtype=torch.uint8, device=a.device)
     workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=a.device)
-    status = lib.lib.sl_cutlass_compress(code, a.data_ptr(), a.stride(0), values.data_ptr(), metadata.data_ptr(),
-                                         m, k, workspace.data_ptr(), _stream(a.device))
+    with torch.cuda.device(a.device):  # the entry points launch on the current device
+        status = lib.lib.sl_cutlass_compress(code, a.data_ptr(), a.stride(0), values.data_ptr(),
+                                             metadata.data_ptr(), m, k, workspace.data_ptr(), _stream(a.device))
     _raise(status, lib.lib, "compress")
     return SparseOperand(values, metadata, (m, k))
 
@@ -194,10 +195,13 @@ def mm(a: SparseOperand, b: torch.Tensor, b_layout: str = "k", out_layout: str =
     if problem:
         raise ValueError(problem)
     _check_cuda(b, "B")
+    if a.values.device != b.device:
+        raise ValueError(f"A and B must be on one device, got {a.values.device} and {b.device}")
     scales = []
     for s, what in ((scale_a, "scale_a"), (scale_b, "scale_b")):
-        if s is not None and (s.dtype != torch.float32 or s.numel() != 1 or not s.is_cuda):
-            raise ValueError(f"{what} must be a one-element float32 CUDA tensor, got {s.dtype} {tuple(s.shape)}")
+        if s is not None and (s.dtype != torch.float32 or s.numel() != 1 or s.device != b.device):
+            raise ValueError(f"{what} must be a one-element float32 tensor on {b.device}, got {s.dtype} "
+                             f"{tuple(s.shape)} on {s.device}")
         scales.append(None if s is None else s.data_ptr())
     lib = library()
     variant = lib.variant(a.dtype, b_layout, out_layout, config)
@@ -210,9 +214,10 @@ def mm(a: SparseOperand, b: torch.Tensor, b_layout: str = "k", out_layout: str =
                                        ctypes.byref(size), 0, None), lib.lib, f"gemm {lib.names[variant]} m={m} n={n} k={k}")
         needed = lib.workspace[key] = size.value
     workspace = torch.empty(needed, dtype=torch.uint8, device=b.device) if needed else None
-    status = lib.lib.sl_cutlass_gemm(variant, a.values.data_ptr(), a.metadata.data_ptr(), b.data_ptr(),
-                                     out.data_ptr(), m, n, k, scales[0], scales[1],
-                                     None if workspace is None else workspace.data_ptr(), needed, None, 1,
-                                     _stream(b.device))
+    with torch.cuda.device(b.device):  # the entry points launch on the current device
+        status = lib.lib.sl_cutlass_gemm(variant, a.values.data_ptr(), a.metadata.data_ptr(), b.data_ptr(),
+                                         out.data_ptr(), m, n, k, scales[0], scales[1],
+                                         None if workspace is None else workspace.data_ptr(), needed, None, 1,
+                                         _stream(b.device))
     _raise(status, lib.lib, f"gemm {lib.names[variant]} m={m} n={n} k={k}")
     return out
