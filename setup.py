@@ -124,4 +124,6 @@ class BuildWithMaterial(build_py):
 
 
 names, package_dir = packages()
-setup(packages=names, package_dir=package_dir, cmdclass={"build_py": BuildWithMaterial})
+# the CUDA source the CUTLASS backends build on first use (sparsity_lab/backends/cutlass/build.py)
+setup(packages=names, package_dir=package_dir, package_data={"sparsity_lab.backends.cutlass": ["*.cu"]},
+      cmdclass={"build_py": BuildWithMaterial})

@@ -1,5 +1,6 @@
 """Backends behind one interface (``base.Backend``): "torch" (the reference), "triton", "cusparselt",
-"cusparselt_auto" and the FP8 simulations; a new one subclasses Backend and calls ``register_backend``."""
+"cusparselt_auto", "cutlass", "cutlass_fp8" and the FP8 simulations; a new one subclasses Backend and
+calls ``register_backend``."""
 from .base import Backend, MvueSeed, available_backends, get_backend, register_backend
 from .fp8_sim import register_fp8_sim
 from .torch_reference import TorchBackend
@@ -36,6 +37,20 @@ def _fp8_training_backend(name: str):
 
 for _name in ("cusparselt_fp8", "fp8_dense", "fp8_reference"):  # cusparselt/fp8_train.py: FP8 training
     register_backend(_name, lambda name=_name: _fp8_training_backend(name))
+del _name
+
+
+def _cutlass_backend(name: str):
+    # imported only when asked for; raises CutlassUnavailable (naming what is missing) where it cannot run
+    if name == "cutlass":
+        from .cutlass.backend import cutlass_backend
+        return cutlass_backend()
+    from .cutlass.fp8 import cutlass_fp8_backend
+    return cutlass_fp8_backend()
+
+
+for _name in ("cutlass", "cutlass_fp8"):  # cutlass/: CUTLASS SM90 sparse GEMMs, built on first use
+    register_backend(_name, lambda name=_name: _cutlass_backend(name))
 del _name
 
 __all__ = ["Backend", "MvueSeed", "TorchBackend", "available_backends", "get_backend", "register_backend"]

@@ -1,0 +1,170 @@
+"""The "cutlass" backend: a 2:4 linear layer whose products run on CUTLASS's SM90 sparse GEMMs (bfloat16).
+
+For W (out, in), X (tokens, in), dZ (tokens, out), with the 2:4 operand on the left, K-major, as
+Hopper's sparse tensor cores take it (``ops.mm``; D column-major is the transpose the layer wants):
+
+    forward         Z^T  = S(W)   X^T     A = S(W)       (out, in), 2:4 along in      B = X  (K-major)  -> Z  (tokens, out)
+    input gradient  dX^T = S(W)^T dZ^T    A = S(W)^T     (in, out), 2:4 along out     B = dZ (K-major)  -> dX (tokens, in)
+    weight gradient dW   = MVUE(dZ^T) X   A = MVUE(dZ^T) (out, tokens), 2:4 along tokens  B = X (N-major) -> dW (out, in)
+
+No copy of X or dZ and no padding of the tokens for the first two (any token count); the weight
+gradient pads the tokens with zero rows to a multiple of 16 (the compressed rows' alignment). The
+second product needs S(W)^T to be 2:4 along ``out``, so masks must be transposable. S(W) and S(W)^T are
+compressed by CUTLASS's own compressor on first use per optimizer step; MVUE(dZ^T) once per call
+(after a transposing copy: the compressor reads row-major). The bias is added after the product.
+
+Masks, the soft threshold, MVUE and the masked decay are the Triton kernels (``TritonBackend``), so
+this backend draws what "triton" and "cusparselt" draw for the same seed.
+
+Where it cannot run, asking for it raises :class:`CutlassUnavailable` saying what is missing and which
+backend to use instead (no silent fallback): it needs a Hopper GPU (compute capability 9.0), nvcc and
+the CUTLASS headers (``build.py``).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ..triton import TritonBackend
+from . import ops
+from .build import INSTALL_HINT, CutlassUnavailable, missing_tools
+
+# what to use instead, per backend name (no silent fallback: the error says it)
+FALLBACKS = {"cutlass": "use backend='cusparselt' (2:4 products on cuSPARSELt) or 'triton'/'torch' (dense "
+                        "products of the same masked weights)",
+             "cutlass_fp8": "use backend='cusparselt_fp8' (FP8 2:4 products on cuSPARSELt), 'fp8_dense' or "
+                            "'fp8_reference'"}
+
+
+def unavailable_reason() -> str | None:
+    """Why the CUTLASS backends cannot run here, or None. Checks the GPU before the tools."""
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is available (torch.cuda.is_available() is False)"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        return (f"the GPU ({torch.cuda.get_device_name()}) has compute capability {major}.{minor}; the kernels are "
+                "built for Hopper (sm_90a) only")
+    missing = missing_tools()
+    return f"missing {' and '.join(missing)}" if missing else None
+
+
+def require_cutlass(name: str) -> None:
+    """Raise :class:`CutlassUnavailable` naming what is missing and what to use instead when backend ``name``
+    cannot run here; where it can, build (or find in the cache) the kernel library."""
+    reason = unavailable_reason()
+    install = f" Install: {INSTALL_HINT}." if reason and reason.startswith("missing") else ""
+    if reason:
+        raise CutlassUnavailable(f"backend {name!r} cannot run here: {reason}.{install} Or {FALLBACKS[name]}")
+    try:
+        ops.library()
+    except CutlassUnavailable as err:
+        raise CutlassUnavailable(f"backend {name!r}: {err}\nOr {FALLBACKS[name]}") from err
+
+
+@dataclass
+class CutlassOperand:
+    """One optimizer step's weight: S(W) (out, in) in the products' dtype and its compressed forms, made on
+    first use (S(W) for the forward, S(W)^T for the input gradient)."""
+
+    weight: torch.Tensor
+    compressed: ops.SparseOperand | None = None
+    compressed_t: ops.SparseOperand | None = None
+    shape: tuple[int, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.shape = tuple(self.weight.shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.weight.dtype
+
+
+class CutlassBackend(TritonBackend):
+    """2:4 products on CUTLASS SM90 sparse GEMMs (see the module docstring). ``config`` picks the kernel
+    variant of the forward and input-gradient products (``ops.configs``); None: ``ops.DEFAULT_CONFIGS``."""
+
+    name = "cutlass"
+
+    def __init__(self, config: str | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.stats: Counter = Counter()
+
+    def mask(self, weight, n, m, transposable):
+        if (n, m) != (2, 4) or not transposable:
+            raise ValueError(f"backend {self.name!r} computes dX = dZ S(W) on sparse tensor cores, which needs a "
+                             f"transposable 2:4 mask: e.g. STE(transposable=True, backend={self.name!r}) (got n={n}, "
+                             f"m={m}, transposable={transposable}); or use backend='torch'")
+        out_f, in_f = weight.shape
+        for rows, cols, what in ((out_f, in_f, "forward"), (in_f, out_f, "input gradient")):
+            problem = ops.shape_problem(rows, 8, cols, torch.bfloat16, "k", "col")
+            if problem:
+                raise ValueError(f"backend {self.name!r}, weight ({out_f}, {in_f}), {what} product: {problem}")
+        return super().mask(weight, n, m, transposable)
+
+    def prepare(self, sparse_weight):
+        if sparse_weight.dtype != torch.bfloat16:
+            raise TypeError(f"backend {self.name!r} multiplies bfloat16 operands, got {sparse_weight.dtype}: run under "
+                            "torch.autocast('cuda', dtype=torch.bfloat16) or convert the model to bfloat16")
+        return CutlassOperand(sparse_weight.contiguous())
+
+    def _compressed(self, operand: CutlassOperand, transposed: bool) -> ops.SparseOperand:
+        if transposed:
+            if operand.compressed_t is None:
+                self.stats["compressions"] += 1
+                operand.compressed_t = ops.compress(operand.weight.t().contiguous())
+            return operand.compressed_t
+        if operand.compressed is None:
+            self.stats["compressions"] += 1
+            operand.compressed = ops.compress(operand.weight)
+        return operand.compressed
+
+    def _b(self, t: torch.Tensor) -> torch.Tensor:
+        if t.dtype != torch.bfloat16:
+            raise TypeError(f"backend {self.name!r} multiplies bfloat16 operands, got {t.dtype}")
+        if not t.is_contiguous():
+            self.stats["copies"] += 1
+            t = t.contiguous()
+        return t
+
+    def linear(self, x, operand: CutlassOperand, bias):
+        self.stats["sparse_products"] += 1
+        z = ops.mm(self._compressed(operand, False), self._b(x), "k", "col", config=self.config)  # (tokens, out)
+        return z if bias is None else z + bias.to(z.dtype)
+
+    def grad_input(self, grad_out, operand: CutlassOperand):
+        self.stats["sparse_products"] += 1
+        return ops.mm(self._compressed(operand, True), self._b(grad_out), "k", "col", config=self.config)
+
+    def grad_weight(self, grad_out, x, mvue, seed):
+        if not mvue:  # dZ^T X has no 2:4 operand: dense
+            self.stats["dense_products"] += 1
+            return self._reference.grad_weight(grad_out, x, False, None)
+        pad = (-grad_out.shape[0]) % (2 * ops.row_alignment(grad_out.dtype))
+        if pad:  # zero tokens change no product and no MVUE draw of the other groups
+            grad_out, x = F.pad(grad_out, (0, 0, 0, pad)), F.pad(x, (0, 0, 0, pad))
+        drawn = self._k.mvue24(grad_out, dim=0, seed=self._seed(seed))  # (tokens, out), 2:4 along tokens
+        self.stats["compressions"] += 1
+        self.stats["sparse_products"] += 1
+        a = ops.compress(drawn.t().contiguous())  # MVUE(dZ^T) (out, tokens), row-major
+        return ops.mm(a, self._b(x), "n", "row")  # (out, in)
+
+    @staticmethod
+    def _seed(seed):
+        from ..base import kernel_seed
+        return kernel_seed(seed)
+
+    def product_plan(self, out_features, in_features, mvue):
+        plan = {"forward": "2:4 sparse bf16 (CUTLASS SM90)", "grad_input": "2:4 sparse bf16 (CUTLASS SM90)",
+                "grad_weight": "MVUE 2:4 sparse bf16 (CUTLASS SM90)" if mvue else "dense dZ^T X"}
+        return plan
+
+
+def cutlass_backend(config: str | None = None) -> CutlassBackend:
+    """What ``get_backend("cutlass")`` builds: raises :class:`CutlassUnavailable` where it cannot run; builds
+    (or finds in the cache) the kernel library before returning, so the first product does not wait for nvcc."""
+    require_cutlass("cutlass")
+    return CutlassBackend(config)

@@ -1,0 +1,164 @@
+"""Building ``sparse_gemm.cu`` on demand into a shared library, cached by a hash of what went into it.
+
+The library is built once per (source, flags, nvcc, CUTLASS headers) and kept under the user's cache
+(``$XDG_CACHE_HOME/sparsity_lab``, else ``~/.cache/sparsity_lab``; ``library_path(cache=...)`` moves
+it), in ``cutlass/<key>/libsl_cutlass.so``. The source is compiled once per variant
+(``-DSL_VARIANT=i``: one kernel per object, so the objects compile in parallel, one nvcc each) plus once
+for the C entry points (``-DSL_API``), then linked with ``nvcc -shared`` (the CUDA runtime linked
+statically, so the library needs only the driver).
+
+What it needs, each found here without importing anything heavy:
+
+    nvcc            ``$CUDA_HOME/bin/nvcc`` (or ``$CUDA_PATH``), else ``nvcc`` on the PATH (CUDA >= 12.0)
+    CUTLASS headers ``$CUTLASS_PATH`` (CUTLASS's own variable: a checkout with ``include/`` and
+                    ``tools/util/include/``), else PyPI's ``nvidia-cutlass`` wheel, which ships them under
+                    ``cutlass_library/source/``
+
+``missing_tools`` says what is absent (a CPU-only machine can ask); ``build`` raises
+:class:`CutlassUnavailable` naming it.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("sparse_gemm.cu")
+LIBRARY = "libsl_cutlass.so"
+# sm_90a, not sm_90: the sparse warpgroup MMA (wgmma.sp) and setmaxnreg exist only on the "a" target
+ARCH = ("-gencode", "arch=compute_90a,code=sm_90a")
+FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC", *ARCH)
+INSTALL_HINT = ("pip install nvidia-cutlass (the CUTLASS headers) and a CUDA toolkit with nvcc >= 12.0 "
+                "(on the PATH, or in $CUDA_HOME/bin)")
+
+
+class CutlassUnavailable(RuntimeError):
+    """The CUTLASS backend cannot run here: no Hopper GPU, no nvcc, no CUTLASS headers, or the build failed."""
+
+
+def cache_root() -> Path:
+    """Where built libraries are kept by default (see the module docstring)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sparsity_lab"
+
+
+def find_nvcc() -> str | None:
+    """Path of nvcc, or None."""
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return str(Path(home) / "bin" / "nvcc")
+    found = shutil.which("nvcc")
+    if found is None and Path("/usr/local/cuda/bin/nvcc").is_file():  # the toolkit's default place, off the PATH
+        found = "/usr/local/cuda/bin/nvcc"
+    return found
+
+
+def find_cutlass() -> list[Path] | None:
+    """The two include folders of CUTLASS (its ``include`` and ``tools/util/include``), or None."""
+    if os.environ.get("CUTLASS_PATH"):
+        roots = [Path(os.environ["CUTLASS_PATH"])]
+    else:
+        try:  # find_spec only: importing cutlass_library pulls in its own Python generator
+            spec = importlib.util.find_spec("cutlass_library")
+        except (ImportError, ValueError):
+            spec = None
+        roots = [Path(p) / "source" for p in (spec.submodule_search_locations or [])] if spec else []
+    for root in roots:
+        dirs = [root / "include", root / "tools" / "util" / "include"]
+        if (dirs[0] / "cutlass" / "version.h").is_file() and (dirs[1] / "cutlass" / "util").is_dir():
+            return dirs
+    return None
+
+
+def missing_tools() -> list[str]:
+    """What the build lacks on this machine, in words (empty when it can build)."""
+    missing = []
+    if find_nvcc() is None:
+        missing.append("nvcc (no $CUDA_HOME/bin/nvcc and no nvcc on the PATH)")
+    if find_cutlass() is None:
+        missing.append("the CUTLASS headers (no nvidia-cutlass package, no $CUTLASS_PATH)")
+    return missing
+
+
+def variant_count(source_text: str) -> int:
+    """The number of GEMM variants the source declares (its ``SL_VARIANT_COUNT``)."""
+    found = re.search(r"^#define SL_VARIANT_COUNT (\d+)$", source_text, re.MULTILINE)
+    if not found:
+        raise ValueError("sparse_gemm.cu declares no SL_VARIANT_COUNT")
+    return int(found.group(1))
+
+
+def build_key(source_text: str, flags: tuple[str, ...], nvcc_version: str, cutlass_version: str) -> str:
+    """The cache key: a hash of everything that changes the built library."""
+    h = hashlib.sha256()
+    for part in (source_text, "\0".join(flags), nvcc_version, cutlass_version):
+        h.update(part.encode())
+        h.update(b"\1")
+    return h.hexdigest()[:20]
+
+
+def compile_commands(nvcc: str, includes: list[Path], source: Path, out_dir: Path, count: int) -> list[list[str]]:
+    """One nvcc command per object: the C entry points, then each variant."""
+    base = [nvcc, *FLAGS, *(f"-I{d}" for d in includes), "-c", str(source)]
+    commands = [base + ["-DSL_API", "-o", str(out_dir / "api.o")]]
+    commands += [base + [f"-DSL_VARIANT={i}", "-o", str(out_dir / f"variant{i}.o")] for i in range(count)]
+    return commands
+
+
+def link_command(nvcc: str, objects: list[Path], library: Path) -> list[str]:
+    return [nvcc, *ARCH, "-shared", "-o", str(library), *map(str, objects)]
+
+
+def _version_of(nvcc: str) -> str:
+    return subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+
+
+def _key_for(nvcc: str, includes: list[Path], source_text: str) -> str:
+    cutlass_version = (includes[0] / "cutlass" / "version.h").read_text()
+    return build_key(source_text, FLAGS, _version_of(nvcc), cutlass_version)
+
+
+def library_path(jobs: int | None = None, log=None, cache: Path | None = None) -> Path:
+    """The built library, built first if the cache has none for this key (minutes on a few cores).
+
+    jobs: parallel nvcc processes (default: the CPU count, at most one per object).
+    log: a callable given one line per step (default: silent). cache: instead of ``cache_root()``."""
+    missing = missing_tools()
+    if missing:
+        raise CutlassUnavailable(f"the CUTLASS backend cannot be built here: missing {' and '.join(missing)}. "
+                                 f"Install: {INSTALL_HINT}")
+    nvcc, includes = find_nvcc(), find_cutlass()
+    source_text = SOURCE.read_text()
+    target_dir = Path(cache or cache_root()) / "cutlass" / _key_for(nvcc, includes, source_text)
+    library = target_dir / LIBRARY
+    if library.is_file():
+        return library
+    target_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target_dir.parent, prefix="build-") as tmp:
+        tmp = Path(tmp)
+        commands = compile_commands(nvcc, includes, SOURCE, tmp, variant_count(source_text))
+        workers = max(1, min(jobs or os.cpu_count() or 1, len(commands)))
+        if log:
+            log(f"building {len(commands)} CUTLASS objects with {workers} nvcc processes in {tmp}")
+        with ThreadPoolExecutor(workers) as pool:
+            results = list(pool.map(lambda c: subprocess.run(c, capture_output=True, text=True), commands))
+        failed = [(c, r) for c, r in zip(commands, results) if r.returncode != 0]
+        if failed:
+            command, result = failed[0]
+            raise CutlassUnavailable(f"building the CUTLASS kernels failed ({len(failed)} of {len(commands)} "
+                                     f"objects): {' '.join(command)}\n{result.stderr[-4000:]}")
+        objects = [Path(c[c.index("-o") + 1]) for c in commands]
+        result = subprocess.run(link_command(nvcc, objects, tmp / LIBRARY), capture_output=True, text=True)
+        if result.returncode != 0:
+            raise CutlassUnavailable(f"linking the CUTLASS library failed:\n{result.stderr[-4000:]}")
+        target_dir.mkdir(exist_ok=True)
+        os.replace(tmp / LIBRARY, library)  # atomic: a concurrent build of the same key writes the same bytes
+    if log:
+        log(f"built {library}")
+    return library
