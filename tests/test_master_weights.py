@@ -353,8 +353,12 @@ def test_cuda_fused_adamw_masters_match_float32_training_and_2to4_layers_run():
         fused_opt.step()
         ref_opt.step()
     exact, moved = _float64_adamw(3, device="cuda", lr=1e-2)
+    lowered = {id(q) for q in linear_weights(fused_model)}
     for p, q, r, e, mv in zip(model.parameters(), fused_model.parameters(), reference.parameters(), exact, moved):
         assert torch.equal(opt.master(p), r.detach()) and torch.equal(p.detach(), r.detach().to(p.dtype))
+        if id(q) not in lowered:  # float32 parameters: PyTorch's fused AdamW in both
+            assert torch.equal(q.detach(), r.detach())
+            continue
         # the kernel rounds in another order than PyTorch's fused AdamW: it is held to float32 rounding of
         # float64 AdamW (PyTorch's fused CUDA AdamW itself was seen up to about 2x this bound on an H200)
         bound = _rounding_bound(e, mv, steps=3)
