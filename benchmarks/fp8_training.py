@@ -262,6 +262,8 @@ class FP8DenseLinear(nn.Module):
         self.fp8 = get_backend("fp8_dense").for_layer(linear)
 
     def forward(self, x):
+        if torch.is_autocast_enabled(x.device.type):  # a custom function sees the float32 residual stream
+            x = x.to(torch.get_autocast_dtype(x.device.type))
         return _FP8DenseFn.apply(x, self.weight, self.fp8)
 
     def advance_step(self) -> None:
