@@ -235,7 +235,9 @@ def gap_figure(logs: dict[str, list[dict]], reference: str = "dense"):
         pts = [(r["tokens"], 100 * (r["val_loss"] / ref[r["step"]] - 1)) for r in rows
                if r["val_loss"] is not None and r["step"] in ref]
         fig.add_trace(go.Scatter(x=[t for t, _ in pts], y=[g for _, g in pts], mode="lines+markers", name=variant))
-    fig.add_hline(y=0.0, line_dash="dot", annotation_text=reference)
+    # the reference's name under the line at its left end: runs are evaluated from the first interval
+    # on, so no curve is there (at the right end, the curves close to the reference ran over it)
+    fig.add_hline(y=0.0, line_dash="dot", annotation_text=reference, annotation_position="bottom left")
     fig.update_layout(title=f"Validation loss relative to {reference} (same step, same validation windows)",
                       xaxis_title="tokens", yaxis_title=f"% above {reference}", template="plotly_white")
     return fig
