@@ -4,7 +4,7 @@ network) and checked, with a screenshot of each page.
 On every page:
 - each plotly figure is drawn and it, and each of its subplot panels, lies inside the text column;
   its titles, annotations and legend entries do not overlap and none is cut off at its edge; a plotly
-  table shows all its rows;
+  table shows all its rows, and no cell's text runs past its column;
 - no text or HTML output is wider than its box unless it scrolls (a scrollbar), and nothing makes the
   page itself scroll sideways; every code box (a cell's code, a fenced block) holds a line of
   MAX_CODE_LINE (100) characters, the notebooks' limit, at 1280 px (book/_static/sparsity-lab.css);
@@ -91,6 +91,14 @@ CHECK_JS = r"""() => {
             const hidden = rows(d.headerRowBlocks) + rows(d.rowBlocks) - d.groupHeight;
             if (hidden > 2) problems.push(`${name}: ${Math.round(hidden)} px of its table rows hide behind the table's scrollbar`);
         }
+        // plotly wraps a table cell at spaces only: a longer word runs under the next column, cut
+        fig.querySelectorAll('.table .column-cell').forEach(cell => {
+            const rect = cell.querySelector('rect'), text = cell.querySelector('text');
+            if (!rect || !text || !text.textContent.trim()) return;
+            const c = rect.getBoundingClientRect(), t = text.getBoundingClientRect();
+            if (t.width > 0 && (t.right > c.right + 1 || t.left < c.left - 1))
+                problems.push(`${name}: table cell '${text.textContent.trim().slice(0, 40)}' is cut off at its column's edge`);
+        });
         const labels = Array.from(fig.querySelectorAll(LABELS)).filter(t => t.textContent.trim())
             .map(t => ({text: t.textContent.trim().slice(0, 50), r: t.getBoundingClientRect()})).filter(t => t.r.width > 0);
         labels.filter(t => t.r.left < drawn.left - 1 || t.r.right > drawn.right + 1)
@@ -344,6 +352,9 @@ BROKEN_PAGE = """<!DOCTYPE html><html><body style="margin:0"><main><article clas
 <div class="draglayer"><svg class="nsewdrag" style="position:absolute;left:700px" width="150" height="50"></svg></div>
 <svg width="300" height="60"><g class="annotation-text-g"><text x="10" y="20">first label</text></g>
 <g class="annotation-text-g"><text x="14" y="24">second label</text></g></svg></div>
+<div class="js-plotly-plot" style="width:300px;height:60px"><svg class="main-svg" width="300" height="60">
+<g class="table"><g class="y-column"><g class="column-cell"><rect width="60" height="24"></rect>
+<text x="8" y="16">masked_decay_weights</text></g></g></g></svg></div>
 <p>Recorded in issue 5 with papermill; raw maths \\(x^2\\).</p>
 </section></article></main></body></html>"""
 
@@ -363,7 +374,7 @@ def test_the_checks_catch_each_kind_of_trouble(tmp_path, browser_ready):
     for expected in ("figure 1", "subplot panel", "no scrollbar", "**bold** markers", "a table rule",
                      "a '#' heading line", "a [text](link)", "'issue 5'", "'papermill'", "scrolls sideways",
                      "'first label' is drawn over 'second label'", "maths not typeset", "100 wanted",
-                     "cut off at the figure's edge"):
+                     "cut off at the figure's edge", "table cell 'masked_decay_weights' is cut off"):
         assert expected in report, f"the checks missed {expected!r}:\n{report}"
 
 

@@ -65,6 +65,15 @@ def test_only_the_plotly_loader_output_is_dropped():
     assert not book_page.is_plotly_loader({"text/html": "<table></table>"})
 
 
+def test_consecutive_prints_to_one_stream_are_one_output():
+    out, err = (lambda t: nbformat.v4.new_output("stream", name="stdout", text=t),
+                lambda t: nbformat.v4.new_output("stream", name="stderr", text=t))
+    shown = nbformat.v4.new_output("display_data", data={"text/plain": "x"})
+    merged = book_page.merge_streams([out("a\n"), out(["b\n", "c\n"]), err("w\n"), out("d\n"), shown, out("e\n")])
+    assert [(o.get("name"), o.get("text")) for o in merged] == [
+        ("stdout", "a\nb\nc\n"), ("stderr", "w\n"), ("stdout", "d\n"), (None, None), ("stdout", "e\n")]
+
+
 def _executed(parameters):
     nb = nbformat.v4.new_notebook()
     nb.metadata["papermill"] = {"parameters": parameters, "input_path": "notebooks/01_a.ipynb"}

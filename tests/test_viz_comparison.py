@@ -133,6 +133,10 @@ def test_results_table_shows_the_rows_and_the_legacy_switch_column(results):
     assert list(cells["tokens"])[0] == "1,000"
     assert "val loss before switch" in header and "val loss at switch" not in header
     assert "FFN FLOPs vs dense" not in header  # no row has it
+    # plotly cuts a word longer than its column: a column holds its longest cell, or a third of its title
+    widths = {title: width - 3 for title, width in zip(header, fig.data[0].columnwidth)}  # 3: the padding
+    assert widths["variant"] == len("masked_decay") and widths["vs dense"] == len("+20.00 %")
+    assert widths["val loss before switch"] == len("val loss before switch") // 3 + 1
     legacy = results_table_figure(load_comparison(results / "long").payload)
     assert "val loss at switch" in legacy.data[0].header.values
     structures = results_table_figure(load_comparison(results / "structures").payload)

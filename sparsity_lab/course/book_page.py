@@ -173,6 +173,19 @@ def _relink(m: re.Match, here: str, here_in_book: str, book_path) -> str:
     return f"{label} (`{repo_target}` in the repository)"
 
 
+def merge_streams(outputs: list) -> list:
+    """``outputs`` with each run of consecutive stream outputs of one stream (stdout, stderr) joined."""
+    merged = []
+    for output in outputs:
+        last = merged[-1] if merged else {}
+        if output.get("output_type") == "stream" and last.get("output_type") == "stream" \
+                and last.get("name") == output.get("name"):
+            last["text"] = "".join(last["text"]) + "".join(output["text"])
+        else:
+            merged.append(output)
+    return merged
+
+
 def book_notebook(nb, machine: str = "a CPU", book_path=None):
     """The executed notebook as the book shows it (a static page, no kernel).
 
@@ -182,6 +195,8 @@ def book_notebook(nb, machine: str = "a CPU", book_path=None):
       marker lines (``# NBVAL_CHECK_OUTPUT``) are taken out of the code.
     - A plotly figure is redrawn from its JSON bundle to fill the text column (no fixed width,
       responsive); the output that only loads plotly.js from the CDN is dropped (the book serves it).
+    - Consecutive prints to one stream are one output, as JupyterLab shows them (the book would draw
+      a box for each flushed line).
     - Markdown that a cell displays keeps its headings below the page's sections.
     - Relative links go to the book's copy of their target (``book_path(repo_path)``; by default the
       notebooks are found by file name) or, for a file the book does not serve, show its path.
@@ -199,7 +214,8 @@ def book_notebook(nb, machine: str = "a CPU", book_path=None):
             cell.source = rewrite_links(cell.source, here, book_path)
         elif cell.cell_type == "code":
             cell.source = strip_test_markers(cell.source)
-            cell["outputs"] = [o for o in cell.get("outputs", []) if not is_plotly_loader(o.get("data", {}))]
+            cell["outputs"] = merge_streams([o for o in cell.get("outputs", [])
+                                             if not is_plotly_loader(o.get("data", {}))])
         for output in cell.get("outputs", []):
             data = output.get("data", {})
             if PLOTLY_JSON in data:

@@ -151,8 +151,18 @@ def find_comparisons(results_dir: str | Path = RESULTS_DIR) -> list[RecordedComp
 
 
 # --- tables ---------------------------------------------------------------------------------------
+def _text_widths(header: list[str], columns: list[list[str]]) -> list[int]:
+    """Relative column widths, in characters: each column's longest cell on one line, its title on three
+    at most (plotly wraps at spaces only and cuts a longer word, e.g. masked_decay_weights), plus 3 for
+    the cell's padding."""
+    return [3 + max(4, -(-len(title) // 3), *(len(w) for w in title.split()), *(len(str(c)) for c in column))
+            for title, column in zip(header, columns)]
+
+
 def _table(header: list[str], columns: list[list[str]], fill=None, widths=None, title: str = ""):
+    """A plotly Table; ``widths`` (relative) default to :func:`_text_widths`."""
     go = plotly_go()
+    widths = _text_widths(header, columns) if widths is None else widths
     cells = {"values": columns, "align": "left", "height": 24}
     if fill is not None:
         cells["fill_color"] = fill
@@ -206,7 +216,7 @@ def overview_figure(comparisons: list[RecordedComparison]):
     keys = ("folder", "date", "gpu", "variants", "tokens_per_variant", "claims", "notes")
     columns = [[f"{r[k]:,}" if k == "tokens_per_variant" else str(r[k]) for r in rows] for k in keys]
     return _table(["folder", "date", "GPU", "variants", "tokens per variant", "claims", "NOTES.md"], columns,
-                  widths=[3, 1.2, 2.2, 1, 1.5, 1.8, 1], title="Recorded comparisons, most complete first")
+                  widths=[3, 1.2, 2.2, 1, 1.5, 1.8, 1.2], title="Recorded comparisons, most complete first")
 
 
 def gap_figure(logs: dict[str, list[dict]], reference: str = "dense"):
@@ -225,7 +235,9 @@ def gap_figure(logs: dict[str, list[dict]], reference: str = "dense"):
         pts = [(r["tokens"], 100 * (r["val_loss"] / ref[r["step"]] - 1)) for r in rows
                if r["val_loss"] is not None and r["step"] in ref]
         fig.add_trace(go.Scatter(x=[t for t, _ in pts], y=[g for _, g in pts], mode="lines+markers", name=variant))
-    fig.add_hline(y=0.0, line_dash="dot", annotation_text=reference)
+    # the reference's name under the line at its left end: runs are evaluated from the first interval
+    # on, so no curve is there (at the right end, the curves close to the reference ran over it)
+    fig.add_hline(y=0.0, line_dash="dot", annotation_text=reference, annotation_position="bottom left")
     fig.update_layout(title=f"Validation loss relative to {reference} (same step, same validation windows)",
                       xaxis_title="tokens", yaxis_title=f"% above {reference}", template="plotly_white")
     return fig
