@@ -283,11 +283,6 @@ class SparseLinear(nn.Linear):
         self.mask.copy_(new)
         return flips
 
-    @staticmethod
-    def sum_flips_over_ranks(layers: list) -> None:
-        """After each optimizer step (``attach_optimizer``'s hook, every rank at once): a layer of one process
-        has counted its flips already; a sharded one sums them over the ranks here (``distributed``)."""
-
     def _mask_for_products(self) -> torch.Tensor:
         """The full mask the products of this forward use."""
         return self.mask

@@ -51,7 +51,14 @@ def advance_step(model: nn.Module) -> None:
     layers = [layer for _, layer in sparse_layers(model)]
     for layer in layers:
         layer.advance_step()
-    for sum_flips in {type(layer).sum_flips_over_ranks for layer in layers}:  # sharded layers: over the ranks
+    sum_flips_over_ranks(layers)
+
+
+def sum_flips_over_ranks(layers: list) -> None:
+    """After each optimizer step, on every rank at once: layers sharded across processes sum their flip
+    counts over the ranks (``ShardedSparseLinear.sum_flips_over_ranks``); a layer of one process has
+    counted its flips already."""
+    for sum_flips in {getattr(type(layer), "sum_flips_over_ranks", None) for layer in layers} - {None}:
         sum_flips(layers)
 
 
@@ -136,8 +143,7 @@ class AttachedOptimizer:
         for layer, group in zip(self.layers, self._groups):
             layer.apply_decay_on_weights(group["lr"])
             layer.advance_step()
-        for sum_flips in {type(layer).sum_flips_over_ranks for layer in self.layers}:  # one per layer kind
-            sum_flips(self.layers)
+        sum_flips_over_ranks(self.layers)
 
     def remove(self) -> None:
         self._pre.remove()

@@ -13,8 +13,8 @@ layer follows the same life cycle for its sparse state:
   layers in one ``all_reduce`` after the optimizer step (``sum_flips_over_ranks``, which
   ``attach_optimizer``'s hook calls), so a flip count means what it means on one process. Not in the
   forward: a collective there, even an asynchronous one, queues on the communicator FSDP2 uses, so
-  the next block's prefetched all-gather waits for this layer's mask (a profile of torchtitan's
-  Llama on 2 H200s: 24 such all-reduces a step, the communication kernels' time from 59 to 99 ms);
+  the next block's prefetched all-gather waits for this layer's mask (profiled in torchtitan: see
+  docs/distributed.md);
 * masked decay runs in the optimizer's pre-step hook on the sharded gradient, with the rank's part
   of the mask and of W (the decay is elementwise, so the parts give exactly the full update); the
   decay on the weights (``MaskedDecayOnWeights``) likewise after the step, on the rank's rows of W;
