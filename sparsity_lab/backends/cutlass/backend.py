@@ -94,15 +94,7 @@ class CutlassBackend(TritonBackend):
         self.stats: Counter = Counter()
 
     def mask(self, weight, n, m, transposable):
-        if (n, m) != (2, 4) or not transposable:
-            raise ValueError(f"backend {self.name!r} computes dX = dZ S(W) on sparse tensor cores, which needs a "
-                             f"transposable 2:4 mask: e.g. STE(transposable=True, backend={self.name!r}) (got n={n}, "
-                             f"m={m}, transposable={transposable}); or use backend='torch'")
-        out_f, in_f = weight.shape
-        for rows, cols, what in ((out_f, in_f, "forward"), (in_f, out_f, "input gradient")):
-            problem = ops.shape_problem(rows, 8, cols, torch.bfloat16, "k", "col")
-            if problem:
-                raise ValueError(f"backend {self.name!r}, weight ({out_f}, {in_f}), {what} product: {problem}")
+        ops.check_weight_for_products(self.name, tuple(weight.shape), n, m, transposable, torch.bfloat16, 8, "torch")
         return super().mask(weight, n, m, transposable)
 
     def prepare(self, sparse_weight):

@@ -45,15 +45,8 @@ class CutlassFP8Backend(FP8Backend):
                 "grad_weight": kind if mvue else "dense FP8 E4M3 dZ^T X (torch._scaled_mm)"}
 
     def mask(self, weight, n, m, transposable):
-        if (n, m) != (2, 4) or not transposable:
-            raise ValueError(f"backend {self.name!r} runs dX = dZ S(W) on 2:4 sparse tensor cores, which needs a "
-                             f"transposable 2:4 mask: e.g. STE(transposable=True, backend={self.name!r}) (got n={n}, "
-                             f"m={m}, transposable={transposable}); or backend='fp8_dense'")
-        out_f, in_f = weight.shape
-        for rows, cols in ((out_f, in_f), (in_f, out_f)):
-            problem = ops.shape_problem(rows, 64, cols, torch.float8_e4m3fn, "k", "col")
-            if problem:
-                raise ValueError(f"backend {self.name!r}, weight ({out_f}, {in_f}): {problem}")
+        ops.check_weight_for_products(self.name, tuple(weight.shape), n, m, transposable, torch.float8_e4m3fn, 64,
+                                      "fp8_dense")
         return super().mask(weight, n, m, transposable)
 
     def _check_e4m3(self, q: torch.Tensor) -> None:

@@ -50,6 +50,23 @@ def row_alignment(dtype: torch.dtype) -> int:
     return 16 // torch.empty((), dtype=dtype).element_size()
 
 
+def check_weight_for_products(backend: str, weight_shape: tuple[int, int], n: int, m: int, transposable: bool,
+                              dtype: torch.dtype, tokens_multiple: int, fallback: str) -> None:
+    """Refuse, with the reason, a mask request whose products a CUTLASS backend cannot run: dX = dZ S(W) runs
+    on sparse tensor cores too, so the mask must be a transposable 2:4 one, and both W (forward) and W^T
+    (input gradient) must meet the kernels' alignment (``shape_problem``) at a token count that is a
+    multiple of ``tokens_multiple``. ``fallback``: the backend the message offers instead."""
+    if (n, m) != (2, 4) or not transposable:
+        raise ValueError(f"backend {backend!r} runs dX = dZ S(W) on 2:4 sparse tensor cores, which needs a "
+                         f"transposable 2:4 mask: e.g. STE(transposable=True, backend={backend!r}) (got n={n}, "
+                         f"m={m}, transposable={transposable}); or backend={fallback!r}")
+    out_f, in_f = weight_shape
+    for rows, cols, what in ((out_f, in_f, "forward"), (in_f, out_f, "input gradient")):
+        problem = shape_problem(rows, tokens_multiple, cols, dtype, "k", "col")
+        if problem:
+            raise ValueError(f"backend {backend!r}, weight ({out_f}, {in_f}), {what} product: {problem}")
+
+
 def shape_problem(m: int, n: int, k: int, dtype: torch.dtype, b_layout: str, out_layout: str) -> str | None:
     """Why the product (m, k) x (k, n) cannot run with these layouts, or None. The rules: the compressed
     A's rows (k/2 elements) and B's rows are 16-byte aligned, D's rows too (bfloat16: 8 elements)."""
