@@ -79,3 +79,30 @@ def test_fully_shard_sparse_trains():
         opt.step()
         opt.zero_grad()
     assert all(layer.step == 2 for _, layer in sl.sparse_layers(model))
+
+
+def test_flip_counts_are_summed_once_a_step_with_no_collective_in_the_forward(monkeypatch):
+    """A collective in a layer's forward queues on FSDP2's communicator between its prefetched all-gathers:
+    the sharded layers count flips on their rows and sum all layers in one all-reduce after the step."""
+    model = fully_shard_sparse(sparse_model(sl.STE()))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-1)
+    sl.attach_optimizer(model, opt)
+    calls = []
+    real = dist.all_reduce
+
+    def counting(tensor, *args, **kwargs):
+        calls.append(tuple(tensor.shape))
+        return real(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_reduce", counting)
+    layers = [layer for _, layer in sl.sparse_layers(model)]
+    for step in range(3):
+        calls.clear()
+        model(torch.randn(8, 16)).square().mean().backward()
+        assert calls == []  # nothing in the forward or the backward
+        opt.step()
+        opt.zero_grad()
+        # the first mask has nothing to flip against; from the second on, one all-reduce for the four layers
+        assert calls == ([] if step == 0 else [(len(layers),)])
+    assert all(layer.flips_total >= layer.last_flips >= 0 for layer in layers)
+    assert sum(layer.flips_total for layer in layers) > 0  # lr 0.1 moves masks: the sums reached the counts
