@@ -41,3 +41,26 @@ def test_ignoring_the_margin_or_a_bad_amax_is_caught():
     def trusts_every_amax(amaxes, length, margin, fmax):
         return [max(amaxes[max(0, t - length + 1):t + 1]) / fmax * 2.0 ** margin for t in range(len(amaxes))]
     _failed(ex.check_delayed_scales(trusts_every_amax, show=False), "infinite")
+
+
+# --- the bytes of a scale pass (notebook 06, section 4) ------------------------------------------------
+def test_pass_bytes_solution_passes_and_the_stub_is_not_attempted():
+    assert ex.check_pass_bytes(sol.pass_bytes, show=False).status == PASSED
+
+    def stub(*args):
+        raise NotImplementedError
+    assert ex.check_pass_bytes(stub, show=False).status == NOT_ATTEMPTED
+
+
+def test_pass_bytes_mistakes_are_named_and_the_hint_waits_for_a_second_failure():
+    def read_only(m, n, b_in, b_out):
+        return m * n * b_in
+    first = ex.check_pass_bytes(read_only, show=False)
+    _failed(first, "one direction only")
+    assert not first.hint_shown and "Hint" not in first.message
+    assert ex.check_pass_bytes(read_only, show=False).hint_shown  # the second failure in a row shows it
+
+    def always_bf16(m, n, b_in, b_out):
+        return 4 * m * n
+    _failed(ex.check_pass_bytes(always_bf16, show=False), "float32 in, bf16 out")
+    assert ex.check_pass_bytes(sol.pass_bytes, show=False).status == PASSED

@@ -27,6 +27,14 @@ def test_compressed_weight_is_nine_sixteenths_and_the_rest_is_not_halved():
         product_bytes(4, 6, 4, True)
 
 
+def test_fp8_operands_move_one_byte_per_value_and_the_output_stays_bf16():
+    fp8 = product_bytes(64, 128, 32, True, operand_bytes=1)
+    assert fp8["weight"] == 64 * 128 // 2 + 64 * 128 // 8  # half the values, 2 bits of metadata per kept one
+    assert (fp8["dense_operand"], fp8["output"]) == (128 * 32, 2 * 64 * 32)
+    with pytest.raises(ValueError, match="operand_bytes"):
+        product_bytes(64, 128, 32, True, operand_bytes=3)
+
+
 def test_large_products_are_compute_bound_so_the_roof_is_2x():
     m, k, n = 16384, 4096, 16384
     assert intensity(m, k, n, False) > peak_tflops() / 3.35  # right of the ridge point

@@ -44,7 +44,7 @@ BENCHMARK_NAMES = {"mask_solvers": "masks", "kernels": "kernels", "ffn.cli": "ff
                    "kernel_configs": "kernel-configs", "ffn_profile": "ffn-profile", "act24_profile": "act24-profile",
                    "cusparselt_probe": "cusparselt-probe", "cusparselt_layout_dump": "cusparselt-layout",
                    "step_profile": "step-profile", "fp8_scalar_alpha": "fp8-scalar-alpha",
-                   "torchtitan_gpus": "torchtitan-gpus"}
+                   "torchtitan_gpus": "torchtitan-gpus", "cutlass_sparse": "cutlass"}
 _ABSOLUTE = re.compile(r"(?<![\w.])/[^\s'\"]+")
 
 

@@ -5,10 +5,15 @@ the largest |X| of the step, ``range_x`` the largest magnitude the step's X scal
 ``fp8_max * s_x``, and ``scales`` the layer's four scales after the step, in
 ``sparsity_lab.methods.fp8_scaling.TENSORS`` order) for one or more recipes side by side.
 ``recorded_summary`` reads the figures of ``results/fp8_training_h100.json`` that the course quotes.
+``scale_placement_summary`` reads what the scale of an FP8 product costs where it is applied: after the
+product (a pass over the output) or inside it (cuSPARSELt's host alpha, CUTLASS's epilogue).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from ...methods.fp8_scaling import TENSORS
+from ...provenance import read_result
 from ._axes import clean_log_ticks
 from ._optional import plotly_go
 from ._provenance import provenance_line
@@ -112,3 +117,95 @@ def fp8_accuracy_summary(comparisons: list) -> dict:
         if vals:
             spread[v] = (min(vals), max(vals))
     return {"runs": runs, "spread": spread, "labels": FP8_ACCURACY_VARIANTS}
+
+
+# --- where the scale of an FP8 product lives: a pass after it, or inside it ------------------------------
+HOST_ALPHA_RUN = "fp8_training_host_alpha_h100"  # the FFN step, FP8 2:4 with the scale pass and with host alpha
+CUTLASS_RUN = "cutlass_h200"                     # one product at a time: CUTLASS, cuSPARSELt, torch._scaled_mm
+RECORDING = {  # the command that records each file on a GPU (docs/measuring.md has the full ones)
+    HOST_ALPHA_RUN: "python -m benchmarks fp8-training --sections ffn,products "
+                    "--ffn-variants bf16_dense,fp8_dense,fp8_24,fp8_24_host_alpha",
+    CUTLASS_RUN: "python -m benchmarks cutlass"}
+# the FFN's forward products at 16384 tokens x d_model 4096, hidden 16384, as cutlass_h200.json names them:
+# D (m, n) = A (m, k) B (k, n), m out features, n tokens, k in features
+FORWARD_PRODUCTS = {"up, X W1^T": (16384, 16384, 4096), "down, H W2^T": (4096, 16384, 16384)}
+
+
+def scale_pass_bytes(m: int, n: int, bytes_in: int = 2, bytes_out: int = 2) -> int:
+    """Bytes a separate scale pass over an (m, n) product output moves: each entry read once (``bytes_in``)
+    and written once (``bytes_out``); bf16 in and out is 4 bytes per entry."""
+    for name, v in (("m", m), ("n", n), ("bytes_in", bytes_in), ("bytes_out", bytes_out)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    return m * n * (bytes_in + bytes_out)
+
+
+def _recorded(name: str, directory: str | Path | None) -> dict:
+    try:
+        return read_result(name, None if directory is None else Path(directory))
+    except FileNotFoundError:
+        where = Path(directory) if directory is not None else "results"
+        raise FileNotFoundError(f"{where}/{name}.json is not here: it is recorded on a GPU by "
+                                f"`{RECORDING[name]}` (docs/measuring.md)") from None
+
+
+def _field(data: dict, name: str, *keys):
+    value = data
+    for i, key in enumerate(keys):
+        if not isinstance(value, dict) or key not in value:
+            raise ValueError(f"{name}.json has no field {'.'.join(map(str, keys[:i + 1]))}: "
+                             "not the result this summary reads")
+        value = value[key]
+    return value
+
+
+def scale_placement_summary(directory: str | Path | None = None) -> dict:
+    """What the scale pass costs against a scale inside the product, from two recorded results.
+
+    ``ffn`` (``fp8_training_host_alpha_h100``, the FFN forward + backward at 16384 tokens x d_model 4096):
+    ``gpu``, ``where``, the dense FP8 step's ``dense_ms`` and ``dense_tflops``, and the FP8 2:4 step's
+    speed-up over it with the scale pass after each product (``scale_pass``) and with cuSPARSELt's host
+    alpha (``host_alpha``), their times ``scale_pass_ms`` and ``host_alpha_ms``.
+    ``products`` (``cutlass_h200``, one product at a time): ``gpu``, ``where`` and ``rows``, one per
+    forward product of FORWARD_PRODUCTS: ``name``, ``m``, ``n``, ``k``, dense ``torch._scaled_mm``'s
+    ``dense_tflops`` and speed-ups over it: cuSPARSELt with the pass (``cusparselt_pass``) and with the host
+    alpha (``cusparselt_host_alpha``), CUTLASS with the scales read in its epilogue, best config with
+    fast accumulation (``cutlass_fast``) and with promoted accumulators as ``_scaled_mm`` (``cutlass_promoted``);
+    ``pass_ms`` and ``host_alpha_ms`` are cuSPARSELt's two times.
+    directory: where the JSON files are (default: the recorded results shipped with the library). A missing
+    file raises FileNotFoundError naming the command that records it; a missing field, ValueError."""
+    ha = _recorded(HOST_ALPHA_RUN, directory)
+    ratios = _field(ha, HOST_ALPHA_RUN, "ffn", "dense_ratios")
+    variants = _field(ha, HOST_ALPHA_RUN, "ffn", "variants")
+    ffn = {"gpu": _field(ha, HOST_ALPHA_RUN, "provenance", "gpu"), "where": provenance_line(ha["provenance"]),
+           "dense_ms": _field(ratios, HOST_ALPHA_RUN, "fp8_24", "fp8_dense", "dense_ms"),
+           "dense_tflops": _field(ratios, HOST_ALPHA_RUN, "fp8_24", "fp8_dense", "dense_tflops"),
+           "scale_pass": _field(ratios, HOST_ALPHA_RUN, "fp8_24", "fp8_dense", "speedup"),
+           "host_alpha": _field(ratios, HOST_ALPHA_RUN, "fp8_24_host_alpha", "fp8_dense", "speedup"),
+           "scale_pass_ms": _field(variants, HOST_ALPHA_RUN, "fp8_24", "ms"),
+           "host_alpha_ms": _field(variants, HOST_ALPHA_RUN, "fp8_24_host_alpha", "ms")}
+
+    cu = _recorded(CUTLASS_RUN, directory)
+    shapes = {(r.get("m"), r.get("n"), r.get("k")): r for r in _field(cu, CUTLASS_RUN, "shapes")}
+    rows = []
+    for name, (m, n, k) in FORWARD_PRODUCTS.items():
+        if (m, n, k) not in shapes:
+            raise ValueError(f"{CUTLASS_RUN}.json has no product of shape m, n, k = {m}, {n}, {k}")
+        fp8 = _field(shapes[(m, n, k)], CUTLASS_RUN, "fp8")
+        cutlass = {v: r["vs_dense_same_kind"] for v, r in fp8.items() if v.startswith("cutlass_fp8[")}
+        fast = [r for v, r in cutlass.items() if v.endswith("fast]")]
+        promoted = [r for v, r in cutlass.items() if not v.endswith("fast]")]
+        if not fast or not promoted:
+            raise ValueError(f"{CUTLASS_RUN}.json: the product {m}, {n}, {k} lacks a CUTLASS FP8 config "
+                             "with fast accumulation or one with promoted accumulators")
+        rows.append({"name": name, "m": m, "n": n, "k": k,
+                     "dense_tflops": _field(fp8, CUTLASS_RUN, "scaled_mm_fp8", "tflops"),
+                     "cusparselt_pass": _field(fp8, CUTLASS_RUN, "cusparselt_fp8", "vs_dense_same_kind"),
+                     "cusparselt_host_alpha": _field(fp8, CUTLASS_RUN, "cusparselt_fp8_host_alpha",
+                                                     "vs_dense_same_kind"),
+                     "cutlass_fast": max(fast), "cutlass_promoted": max(promoted),
+                     "pass_ms": _field(fp8, CUTLASS_RUN, "cusparselt_fp8", "ms"),
+                     "host_alpha_ms": _field(fp8, CUTLASS_RUN, "cusparselt_fp8_host_alpha", "ms")})
+    products = {"gpu": _field(cu, CUTLASS_RUN, "provenance", "gpu"), "where": provenance_line(cu["provenance"]),
+                "rows": rows}
+    return {"ffn": ffn, "products": products}

@@ -33,17 +33,20 @@ def _check_shape(m, k, n) -> None:
         raise ValueError(f"m, k, n must be positive integers with k a multiple of 4, got {(m, k, n)}")
 
 
-def product_bytes(m: int, k: int, n: int, sparse: bool) -> dict:
+def product_bytes(m: int, k: int, n: int, sparse: bool, operand_bytes: int = BYTES_PER_VALUE) -> dict:
     """Bytes one product moves at least once: {"weight", "dense_operand", "output", "total"}.
 
     The 2:4 weight keeps m*k/2 values (2 bytes each) and 2 bits of metadata per kept value: 9/16 of the
-    dense weight's 2*m*k bytes."""
+    dense weight's 2*m*k bytes. ``operand_bytes``: bytes per value of the two operands (1 for FP8); the
+    output stays bf16."""
     _check_shape(m, k, n)
-    weight = BYTES_PER_VALUE * m * k
+    if operand_bytes not in (1, 2, 4):
+        raise ValueError(f"operand_bytes must be 1, 2 or 4, got {operand_bytes!r}")
+    weight = operand_bytes * m * k
     if sparse:
         kept = m * k // 2
-        weight = BYTES_PER_VALUE * kept + kept * METADATA_BITS_PER_KEPT // 8
-    parts = {"weight": weight, "dense_operand": BYTES_PER_VALUE * k * n, "output": BYTES_PER_VALUE * m * n}
+        weight = operand_bytes * kept + kept * METADATA_BITS_PER_KEPT // 8
+    parts = {"weight": weight, "dense_operand": operand_bytes * k * n, "output": BYTES_PER_VALUE * m * n}
     return {**parts, "total": sum(parts.values())}
 
 

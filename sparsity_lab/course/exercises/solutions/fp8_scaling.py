@@ -1,4 +1,5 @@
-"""Worked solution: delayed FP8 scaling from an amax history (notebook 15, section 3)."""
+"""Worked solutions: delayed FP8 scaling from an amax history (notebook 15, section 3) and the bytes of a
+scale pass after the product (notebook 06, section 4)."""
 from __future__ import annotations
 
 import math
@@ -15,3 +16,8 @@ def delayed_scales(amaxes, history_len, margin, fp8_max):
             scale = a / fp8_max * 2.0 ** margin
         scales.append(scale)
     return scales
+
+
+def pass_bytes(m, n, bytes_in, bytes_out):
+    """A pass that scales an (m, n) output reads each of its m * n entries once and writes each once."""
+    return m * n * (bytes_in + bytes_out)
