@@ -27,9 +27,11 @@ import shutil
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("sparse_gemm.cu")
+# the CUDA source ships as package data beside this module (a plain folder: nvcc needs a real path)
+SOURCE = Path(str(resources.files(__package__).joinpath("sparse_gemm.cu")))
 LIBRARY = "libsl_cutlass.so"
 # sm_90a, not sm_90: the sparse warpgroup MMA (wgmma.sp) and setmaxnreg exist only on the "a" target
 ARCH = ("-gencode", "arch=compute_90a,code=sm_90a")
