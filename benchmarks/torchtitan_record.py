@@ -151,15 +151,10 @@ def profile_summary(prof, window: tuple[int, int]) -> dict:
     """{ms per step by category, the 25 longest kernels (name, ms per step, calls per step)} of a stopped
     profiler that ran ``window[1]`` steps."""
     from benchmarks.step_categories import breakdown
+    from benchmarks.step_profile import kernel_rows
 
     count = window[1]
-    cuda = torch.cuda.is_available()
-    rows = []
-    for e in prof.key_averages():
-        us = e.self_device_time_total if cuda else e.self_cpu_time_total
-        if us > 0:
-            rows.append((e.key, us / count / 1e3, e.count / count))
-    rows.sort(key=lambda r: -r[1])
+    rows = kernel_rows(prof, count, cuda=torch.cuda.is_available())
     comm = [(n, ms) for n, ms, _ in rows if "nccl" in n.lower()]
     parts = breakdown((n, ms) for n, ms, _ in rows if "nccl" not in n.lower())
     parts["communication"] = sum(ms for _, ms in comm)

@@ -1,5 +1,7 @@
-"""Exercise of notebook 15 (delayed FP8 scaling): the solution passes, mistakes are named, the stub is not attempted."""
+"""Exercises of notebooks 15 (delayed FP8 scaling) and 06 (the bytes of a scale pass): the solution passes, mistakes are named, the stub is not attempted."""
 import math
+
+import pytest
 
 from sparsity_lab.course.exercises import fp8_scaling as ex
 from sparsity_lab.course.exercises.checking import FAILED, NOT_ATTEMPTED, PASSED
@@ -12,12 +14,14 @@ def _failed(result, *words):
         assert word in result.message, result.message
 
 
-def test_solution_passes_and_the_stub_is_not_attempted():
-    assert ex.check_delayed_scales(sol.delayed_scales, show=False).status == PASSED
+@pytest.mark.parametrize("check, solution", [(ex.check_delayed_scales, sol.delayed_scales),
+                                              (ex.check_pass_bytes, sol.pass_bytes)])
+def test_solution_passes_and_the_stub_is_not_attempted(check, solution):
+    assert check(solution, show=False).status == PASSED
 
     def stub(*args):
         raise NotImplementedError
-    assert ex.check_delayed_scales(stub, show=False).status == NOT_ATTEMPTED
+    assert check(stub, show=False).status == NOT_ATTEMPTED
 
 
 def test_a_window_without_the_current_step_is_caught():
@@ -44,14 +48,6 @@ def test_ignoring_the_margin_or_a_bad_amax_is_caught():
 
 
 # --- the bytes of a scale pass (notebook 06, section 4) ------------------------------------------------
-def test_pass_bytes_solution_passes_and_the_stub_is_not_attempted():
-    assert ex.check_pass_bytes(sol.pass_bytes, show=False).status == PASSED
-
-    def stub(*args):
-        raise NotImplementedError
-    assert ex.check_pass_bytes(stub, show=False).status == NOT_ATTEMPTED
-
-
 def test_pass_bytes_mistakes_are_named_and_the_hint_waits_for_a_second_failure():
     def read_only(m, n, b_in, b_out):
         return m * n * b_in
