@@ -18,8 +18,7 @@ Every product is checked against the float32 product of the same operands (``rel
 the dense-equivalent 2 m n k for every variant; each 2:4 variant's ratio is taken against the dense
 of its kind (bf16: cuBLAS; FP8: ``_scaled_mm``) measured in the same run, with that dense's TFLOP/s
 beside it, and checked against the start-of-run matmul rate (``conditions.baseline_check``). The
-weight gradient's layouts (bf16 B N-major, FP8 D row-major) are timed once per shape with their
-default config.
+weight gradient's layouts (bf16 B N-major, FP8 D row-major) are timed with every config built for them.
 """
 from __future__ import annotations
 
@@ -126,7 +125,9 @@ def measure_shape(m: int, n: int, k: int, reps: int) -> dict:
         bf[f"cutlass_bf16[{config}]"] = _entry(lambda c=config: ops.mm(comp, x_bf, "k", "col", config=c),
                                                ref, m, n, k, reps)
     x_kn = x_bf.t().contiguous()  # (k, n): B N-major, the weight gradient's layout (X as it is)
-    bf["cutlass_bf16_b_nmajor_d_row"] = _entry(lambda: ops.mm(comp, x_kn, "n", "row"), ref.t(), m, n, k, reps)
+    for config in ops.configs(torch.bfloat16, "n", "row"):
+        bf[f"cutlass_bf16_b_nmajor_d_row[{config}]"] = _entry(
+            lambda c=config: ops.mm(comp, x_kn, "n", "row", config=c), ref.t(), m, n, k, reps)
     del ref
 
     # --- FP8 (E4M3) -------------------------------------------------------------------------------------
@@ -154,7 +155,9 @@ def measure_shape(m: int, n: int, k: int, reps: int) -> dict:
     for config in ops.configs(torch.float8_e4m3fn, "k", "col"):
         f8[f"cutlass_fp8[{config}]"] = _entry(
             lambda c=config: ops.mm(comp8, q_x, "k", "col", s_w1, s_x1, config=c), ref, m, n, k, reps)
-    f8["cutlass_fp8_d_row"] = _entry(lambda: ops.mm(comp8, q_x, "k", "row", s_w1, s_x1), ref.t(), m, n, k, reps)
+    for config in ops.configs(torch.float8_e4m3fn, "k", "row"):
+        f8[f"cutlass_fp8_d_row[{config}]"] = _entry(
+            lambda c=config: ops.mm(comp8, q_x, "k", "row", s_w1, s_x1, config=c), ref.t(), m, n, k, reps)
     del ref
     _ratios(row)
     return row
