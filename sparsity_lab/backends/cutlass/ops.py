@@ -38,11 +38,12 @@ STATUS = {1: "the kernel cannot run this shape (CUTLASS can_implement)", 2: "ini
 _B_CODE, _D_CODE = {"k": "t", "n": "n"}, {"col": "c", "row": "r"}
 _ELEMENT = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
 # the config a product runs when none is asked for, per "<element>.<b><d>", chosen on the H200 at the FFN's product
-# shapes (results/cutlass_h200.json, docs/measuring.md): E4M3's was the fastest at every shape, bf16's at two of
-# the three (the 2x1 cluster won at m=n=16384, k=4096). E4M3's is the fast-accumulation
-# schedule (no promotion to float32 inside the K loop); "128x128x128.1x2.coop" promotes. A layout not named here
-# runs the first config the table builds for it.
-DEFAULT_CONFIGS = {"bf16.tc": "128x256x128.1x2.coop", "e4m3.tc": "128x256x128.1x2.coopfast"}
+# shapes (results/cutlass_h200.json and, for the weight gradient's layouts "nr" and "tr", cutlass_h200_wgrad.json;
+# docs/measuring.md): E4M3's were the fastest at every shape, bf16's at two of the three (the 2x1 cluster won the
+# third by 1-2 %). E4M3's are the fast-accumulation schedule (no promotion to float32 inside the K loop);
+# "128x128x128.1x2.coop" promotes. A layout not named here runs the first config the table builds for it.
+DEFAULT_CONFIGS = {"bf16.tc": "128x256x128.1x2.coop", "e4m3.tc": "128x256x128.1x2.coopfast",
+                   "bf16.nr": "128x256x128.1x2.coop", "e4m3.tr": "128x256x128.1x2.coopfast"}
 
 
 def row_alignment(dtype: torch.dtype) -> int:
