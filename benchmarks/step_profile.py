@@ -17,7 +17,8 @@ masters, moments and bf16 weights; under ``--smoke`` through Triton's interprete
 residual adds, GELU and casts; the dense products stay cuBLAS calls and each 2:4 layer one custom op) and
 ``graph`` (forward and backward replayed by ``CudaGraphStep``; not with compile) and ``fp8`` (every block
 linear's products in FP8 E4M3 with delayed scaling: the 2:4 ones on ``cusparselt_fp8`` with the scales in
-the product, ``FP8Recipe(scale_in_product="host_alpha")``, the dense ones on ``torch._scaled_mm``, as the
+the product, ``FP8Recipe(scale_in_product="host_alpha")``, or with ``--fp8-backend cutlass_fp8`` on CUTLASS's
+sparse GEMMs with the scales read on the device in the epilogue; the dense ones on ``torch._scaled_mm``, as the
 FP8 benchmark's dense recipe; the LM head stays bf16. With bf16w only (``bf16w+fp8``); CUDA only).
 
 Per run: wall ms per step (CUDA events between consecutive steps: the median for a mask refreshed every
@@ -61,6 +62,7 @@ from benchmarks.step_ceiling import (BLOCK_LINEARS, HEAD, PRODUCTS, SELECTIONS, 
 MODEL = dict(d_model=4096, n_layer=8, n_head=32, context=1024, batch=8)
 SMOKE_MODEL = dict(d_model=64, n_layer=2, n_head=2, context=32, batch=2)
 OPTIONS = ("bf16w", "unfused", "compile", "graph", "fp8")
+FP8_BACKENDS = ("cusparselt_fp8", "cutlass_fp8")  # --fp8-backend: where the fp8 mode's 2:4 products run
 DEFAULT_MODES = "baseline,bf16w+compile,bf16w"
 LR = 3e-4  # constant: the loss and flip rate over a few dozen steps, not a schedule
 
@@ -257,10 +259,10 @@ def build(config: Config, options: frozenset, args, batches: list, device: torch
     if fp8 and not cuda:
         raise RuntimeError("the fp8 mode needs a CUDA GPU (cuSPARSELt and torch._scaled_mm in E4M3)")
     if config.select is not None:
-        backend = "cusparselt_fp8" if fp8 else args.backend
+        backend = args.fp8_backend if fp8 else args.backend
         method = sl.SSTE(mvue=True, transposable=True, backend=backend, mask_refresh_interval=config.refresh)
         sl.sparsify(model, method, select=sparse_selector(config.select))
-        if fp8:
+        if fp8 and args.fp8_backend == "cusparselt_fp8":  # CUTLASS reads its scales on the device: no host alpha
             from sparsity_lab.backends.cusparselt.fp8_train import set_fp8_recipe
             from sparsity_lab.methods.fp8_scaling import FP8Recipe
             set_fp8_recipe(model, FP8Recipe(scale_in_product="host_alpha"))
@@ -505,6 +507,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=positive_int, default=None, help=f"tokens per sequence (default {MODEL['context']})")
     p.add_argument("--batch", type=positive_int, default=None, help=f"sequences per step (default {MODEL['batch']})")
     p.add_argument("--backend", type=backend_name, default=None, help="2:4 products' backend (default cusparselt; torch with --smoke)")
+    p.add_argument("--fp8-backend", choices=FP8_BACKENDS, default=FP8_BACKENDS[0],
+                   help="the fp8 mode's 2:4 products: cuSPARSELt with the scales as a host alpha one step late "
+                   "(default), or CUTLASS with the scales read on the device in its epilogue")
     p.add_argument("--budget-s", type=positive_float, default=330.0, help="no run starts after this many seconds "
                    "(the rest is listed as skipped; default 330)")
     p.add_argument("--out-dir", type=output_folder, default=None, help="folder for the JSON (default results/)")
@@ -602,7 +607,7 @@ def run(args: argparse.Namespace) -> int:
     sampler = ConditionSampler(False if args.smoke else None).start()
     records: list[dict] = []
     result: dict = {"smoke": args.smoke, "gpu": gpu, "model": m, "tokens_per_step": tokens, "dtype": "bfloat16",
-                    "backend": args.backend, "modes": modes, "configs": chosen, "steps": args.steps,
+                    "backend": args.backend, "fp8_backend": args.fp8_backend, "modes": modes, "configs": chosen, "steps": args.steps,
                     "warmup": args.warmup, "profile_steps": args.profile_steps, "lr": LR,
                     "refresh_interval": args.refresh_interval, "budget_s": args.budget_s,
                     "flops_per_step": flops_per_step, "linear_flops_per_step": linear_flops_per_step,

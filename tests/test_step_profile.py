@@ -257,3 +257,14 @@ def test_the_fp8_mode_swaps_every_block_linear_and_refuses_the_cpu(tmp_path):
     assert status == 0
     (record,) = json.loads((tmp_path / "fp8.json").read_text())["records"]
     assert "fp8 mode needs a CUDA GPU" in record["error"]
+
+
+def test_fp8_backend_is_checked_and_recorded(tmp_path, capsys):
+    """--fp8-backend names where the fp8 mode's 2:4 products run; another name is refused by the parser."""
+    with pytest.raises(SystemExit):
+        bench_main(["step-profile", "--smoke", "--fp8-backend", "cusparselt", "--out-dir", str(tmp_path)])
+    assert "--fp8-backend" in capsys.readouterr().err
+    status = bench_main(["step-profile", "--smoke", "--modes", "bf16w", "--configs", "dense", "--fp8-backend",
+                         "cutlass_fp8", "--out-dir", str(tmp_path), "--name", "fp8b"])
+    assert status == 0
+    assert json.loads((tmp_path / "fp8b.json").read_text())["fp8_backend"] == "cutlass_fp8"
