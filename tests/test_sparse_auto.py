@@ -226,7 +226,11 @@ def test_a_shape_one_library_cannot_run_leaves_it_out_with_the_reason(monkeypatc
     assert set(backend.problems("forward", 40, 64, 48, BF16)) == {"cusparselt", "cutlass"}
     assert backend.library_for("forward", 40, 64, 48, BF16) == "dense"  # no library can: unmeasured, dense
     decision = backend.policy.decisions_for(40, 64)["forward"][0]
-    assert decision.speedup is None and "cusparselt: shape (40, 64) is not a multiple of 16" in decision.reason
+    assert decision.speedup is None and decision.describe() == (
+        "dense (layer plan: all dense (not measured: no candidate library can run it)); cusparselt cannot run it: "
+        "shape (40, 64) is not a multiple of 16; cutlass cannot run it: k (the compressed A's rows hold k/2 elements) "
+        "must be a multiple of 16 for CUTLASS's 16-byte aligned rows, got 40 (product m=64, n=48, k=40, "
+        "torch.bfloat16); pad it, or use backend 'cusparselt' or 'torch'")  # the input gradient's S(W)^T
     backend.policy.measure = lambda shape: {"dense": 2.0, "cusparselt": 1.5}
     assert backend.library_for("grad_weight", 32, 36, 48, BF16) == "cusparselt"
     with pytest.raises(ValueError, match="per layer"):

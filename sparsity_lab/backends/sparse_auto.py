@@ -75,8 +75,11 @@ class SparseAutoBackend(CusparseltBackend):
         problems = self.problems(product, out_f, in_f, tokens, dtype)
         # the layer's dense times are measured with cuSPARSELt's: a layer it cannot run is dense (CUTLASS's
         # alignment is no weaker for a bfloat16 weight, so nothing is lost)
-        blocked = set(self.libraries) <= set(problems) or (product != "grad_weight" and CUSPARSELT in problems)
-        unsupported = "; ".join(f"{name}: {why}" for name, why in problems.items()) if blocked else None
+        unsupported = None  # the reasons are the decision's ``excluded``
+        if set(self.libraries) <= set(problems):
+            unsupported = "not measured: no candidate library can run it"
+        elif product != "grad_weight" and CUSPARSELT in problems:
+            unsupported = "not measured: the dense products are timed with cuSPARSELt's, which cannot run it"
         name = _dtype_name(dtype)
         if product != "grad_weight":
             plan = self.policy.decide_layer(LayerShape(out_f, in_f, tokens, name), unsupported, problems).plan
