@@ -9,7 +9,7 @@ import torch
 
 import statistics
 
-from benchmarks.ffn.schema import GPT_VARIANTS, GRAPH_VARIANTS, PAIRED_VARIANTS, PHASES, VARIANTS
+from benchmarks.ffn.schema import GPT_VARIANTS, GRAPH_VARIANTS, OURS, PAIRED_VARIANTS, PHASES, VARIANTS
 from benchmarks.ffn.settings import SMOKE
 from benchmarks.ffn.targets import THRESHOLDS, judge_targets
 from benchmarks.__main__ import main as bench_main
@@ -43,7 +43,7 @@ def test_smoke_json_has_the_schema_and_every_row(smoke):
     assert {"provenance", "rows", "graph", "gpt_step", "targets", "errors", "skipped", "shapes"} <= set(result)
     assert result["smoke"] is True
     assert result["backends"] == {"cusparselt": "torch", "cusparselt_auto": "torch", "dense_products": "torch",
-                                  "cutlass": "torch"}
+                                  "cutlass": "torch", "sparse_auto": "torch"}
     assert result["unavailable"] == {} and result["library_setup_s"] >= 0
     grid = {(t, d) for t in SMOKE["tokens"] for d in SMOKE["d_model"]}
     keys = [(r["tokens"], r["d_model"], r["variant"], r["phase"]) for r in result["rows"]]
@@ -56,7 +56,7 @@ def test_smoke_json_has_the_schema_and_every_row(smoke):
             assert row["ms"] is None and "CUDA" in row["error"] and "weights fixed" in row["note"]
         else:
             assert row["ms"] > 0, row
-        if row["variant"].startswith("ours") or row["variant"] == "auto":
+        if row["variant"] in OURS:
             assert row["backend"] == "torch" and "transposable" in row["method"]
             assert isinstance(row["stats_per_step"], dict) and row["steps_counted"] >= 1
         if row["phase"] == "fwd" and row["variant"] != "dense" and row["ms"] is not None:
@@ -198,7 +198,7 @@ def test_a_library_that_cannot_run_is_skipped_with_its_reason_never_dropped(miss
     s = Settings(smoke=True, device=torch.device("cpu"), dtype=torch.bfloat16, tokens=[32], d_models=[16],
                  target=(32, 16), reps=1, warmup=0, budget_s=600.0, graph=False, gpt=None, rounds=1,
                  backends={"cusparselt": "torch", "cusparselt_auto": "torch", "dense_products": "torch",
-                           "cutlass": missing_cutlass})
+                           "cutlass": missing_cutlass, "sparse_auto": "torch"})
     result = benchmark(s)
     reason = "backend 'cutlass' cannot run here: missing nvcc (a test's stand-in)"
     assert result["unavailable"] == {"cutlass_mvue": reason}

@@ -94,11 +94,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 gpt[key] = value
     if args.smoke:
         device = torch.device("cpu")
-        backends = {"cusparselt": "torch", "cusparselt_auto": "torch", "dense_products": "torch", "cutlass": "torch"}
+        backends = {"cusparselt": "torch", "cusparselt_auto": "torch", "dense_products": "torch", "cutlass": "torch",
+                    "sparse_auto": "torch"}
     else:
         device = torch.device("cuda")
         backends = {"cusparselt": "cusparselt", "cusparselt_auto": "cusparselt_auto", "dense_products": "triton",
-                    "cutlass": "cutlass"}
+                    "cutlass": "cutlass", "sparse_auto": "sparse_auto"}
     return Settings(smoke=args.smoke, device=device, dtype=torch.bfloat16, tokens=sorted(set(tokens)),
                     d_models=sorted(set(d_models)), target=target,
                     reps=min(args.reps, 2) if args.smoke else args.reps,

@@ -205,7 +205,7 @@ def measure_variant(variant: str, tokens: int, d: int, x: torch.Tensor, dy: torc
         if variant != "dense":
             rel, err = rec.attempt(f"{label} forward check", lambda: forward_rel_err(model, x))
             rows["fwd"]["rel_err_vs_masked_dense"] = rel
-        if backend is not None and (tokens, d) == s.target and variant in (*LIBRARY_COMPARISON, "auto"):
+        if backend is not None and (tokens, d) == s.target and variant in (*LIBRARY_COMPARISON, "auto", "sparse_auto"):
             text, err = rec.attempt(f"{label} backend report", lambda: format_backend_report(backend_report(model)))
             reports[variant] = text if text is not None else f"error: {err}"  # printed with the table
     finally:

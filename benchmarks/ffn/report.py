@@ -9,7 +9,8 @@ from benchmarks.ffn.schema import LIBRARY_COMPARISON, PHASES, VARIANTS
 SHORT = {"ours_fixed_mask": "fixed_mask", "ours_mask_every_step": "every_step", "ours_mvue": "mvue",
          "cutlass_mvue": "cutlass_mvue",
          "ours_mvue_refresh40": "mvue_refresh40",
-         "ours_mvue_dense_products": "mvue_dense_mm", "pytorch_semi_structured": "pytorch", "auto": "auto"}
+         "ours_mvue_dense_products": "mvue_dense_mm", "pytorch_semi_structured": "pytorch", "auto": "auto",
+         "sparse_auto": "sparse_auto"}
 
 
 def _cell(row: dict | None) -> str:
@@ -38,7 +39,7 @@ def format_table(result: dict) -> str:
             dense_ms = _fmt(dense.get("ms") if dense else None)
             cells = " ".join(f"{_cell(index.get((tokens, d, v, phase))):>14}" for v in VARIANTS[1:])
             lines.append(f"{tokens:>6} {d:>7} {phase:<8} {dense_ms:>9} {cells}")
-        for variant in (*LIBRARY_COMPARISON, "auto"):
+        for variant in (*LIBRARY_COMPARISON, "auto", "sparse_auto"):
             stats = (index.get((tokens, d, variant, "fwd_bwd")) or {}).get("stats_per_step")
             if stats:
                 lines.append(f"{'':>16}per step, {variant}: " + ", ".join(f"{k} {v:g}" for k, v in stats.items()))

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 
 VARIANTS = ("dense", "ours_fixed_mask", "ours_mask_every_step", "ours_mvue", "cutlass_mvue", "ours_mvue_refresh40",
-            "ours_mvue_dense_products", "pytorch_semi_structured", "auto")
+            "ours_mvue_dense_products", "pytorch_semi_structured", "auto", "sparse_auto")
 OURS = ("ours_fixed_mask", "ours_mask_every_step", "ours_mvue", "cutlass_mvue", "ours_mvue_refresh40",
-        "ours_mvue_dense_products", "auto", "auto_refresh10")  # SparseLinear
+        "ours_mvue_dense_products", "auto", "auto_refresh10", "sparse_auto")  # SparseLinear
 # the variants whose products run on a library that may be missing here (backend role -> CutlassUnavailable): where
 # it cannot run, their rows are skipped with the reason (NOTES["cutlass_mvue"]), never dropped
 LIBRARY_ROLES = {"cutlass_mvue": "cutlass"}
@@ -45,6 +45,9 @@ NOTES = {
                     "sparse GEMMs (backend 'cutlass') instead of cuSPARSELt; where CUTLASS cannot run (no Hopper GPU, "
                     "no nvcc or CUTLASS headers, a failed build) its rows hold 'skipped' with the reason and the run's "
                     "'unavailable' and 'skipped' say so",
+    "sparse_auto": "auto across libraries: the method of ours_mvue on backend 'sparse_auto', each product dense, on "
+                   "cuSPARSELt or on CUTLASS as measured (without CUTLASS here: dense or cuSPARSELt, and its backend "
+                   "report says why)",
     "library_comparison": "ours_mvue (cuSPARSELt) and cutlass_mvue (CUTLASS) at the target shape, each against the "
                           "fastest dense of the run with that dense's TFLOP/s (the rule of NOTES['headline'])",
     "pytorch_semi_structured": "weights fixed: masked (row-wise 2:4 magnitude) and compressed once by "

@@ -63,6 +63,8 @@ def method_for(variant: str, s: Settings):
         return sl.SSTE(mvue=True, transposable=True, backend=cslt, mask_refresh_interval=REFRESH[variant])
     if variant == "auto":
         return sl.SSTE(mvue=True, transposable=True, backend=auto)
+    if variant == "sparse_auto":  # auto across libraries (cuSPARSELt, CUTLASS)
+        return sl.SSTE(mvue=True, transposable=True, backend=s.backends["sparse_auto"])
     if variant == "auto_refresh10":
         return sl.SSTE(mvue=True, transposable=True, backend=auto, mask_refresh_interval=REFRESH[variant])
     if variant == "ours_mvue_dense_products":
