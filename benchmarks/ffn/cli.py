@@ -152,8 +152,8 @@ def measure_baseline(s: Settings, rec: Recorder) -> dict:
 
 
 def benchmark(s: Settings) -> dict:
-    # before the clock starts: asking for a CUTLASS backend builds its library once (about a minute and a half
-    # on a fresh machine, then cached), which is no part of any timing and must not spend the budget
+    # before the clock starts: asking for a CUTLASS backend builds its library once (nvcc on a fresh machine, then
+    # cached), which is no part of any timing and must not spend the budget
     start = time.monotonic()
     unavailable = unavailable_variants(s)
     setup_s = time.monotonic() - start
