@@ -19,9 +19,13 @@ that dense's TFLOP/s beside it.
    unfused kernels ("fp8_24_unfused": what the fusion saves, measured in the same rounds), and FP8 2:4
    with ``FP8Recipe(scale_in_product="host_alpha")`` ("fp8_24_host_alpha": power-of-two scales held by the
    host one step late, applied inside each sparse product as cuSPARSELt's scalar alpha, no scale pass;
-   its graph is recaptured when a host scale changes, counted in ``scale_recaptures``). ``--ffn-variants``
-   picks the variants; every 2:4 variant is printed with its ratio to dense FP8 and to dense bf16, each
-   with that dense's achieved TFLOP/s (``dense_ratios``).
+   its graph is recaptured when a host scale changes, counted in ``scale_recaptures``), and the FP8 2:4 step
+   on CUTLASS's SM90 sparse E4M3 GEMMs ("fp8_24_cutlass": backend "cutlass_fp8", the same recipe with the
+   scales read in the GEMM's epilogue; compared with "fp8_24" in the same rounds, ``fp8_24_cutlass_vs_fp8_24``).
+   ``--ffn-variants`` picks the variants; a variant whose library cannot run here (CUTLASS without a Hopper
+   GPU, nvcc or its headers) is listed in ``ffn.skipped`` with the reason, never dropped. Every 2:4 variant
+   is printed with its ratio to dense FP8 and to dense bf16, each with that dense's achieved TFLOP/s
+   (``dense_ratios``).
 
 The products section times the forward product with the host alpha too ("fp8_24_host_alpha_ms", where the
 algorithm search found the scalar alpha honoured).
@@ -48,9 +52,13 @@ FFN_SHAPE = (16384, 4096)  # tokens, d_model (ffn = 4 d)
 TARGETS = {"forward_fp8_24_vs_fp8_dense": 1.35, "ffn_fp8_24_vs_fp8_dense": 1.25, "ffn_fp8_24_vs_bf16_dense": 1.9,
            "forward_fp8_24_host_alpha_vs_fp8_dense": 1.35, "ffn_fp8_24_host_alpha_vs_fp8_dense": 1.25,
            "ffn_fp8_24_host_alpha_vs_bf16_dense": 1.9}
-FFN_VARIANTS = ("bf16_dense", "fp8_dense", "bf16_24", "fp8_24", "fp8_24_unfused", "fp8_24_host_alpha")
+FFN_VARIANTS = ("bf16_dense", "fp8_dense", "bf16_24", "fp8_24", "fp8_24_unfused", "fp8_24_host_alpha",
+                "fp8_24_cutlass")
 DENSE_BASELINES = ("fp8_dense", "bf16_dense")
-SPARSE_FP8 = ("fp8_24", "fp8_24_host_alpha", "fp8_24_unfused")
+SPARSE_FP8 = ("fp8_24", "fp8_24_host_alpha", "fp8_24_unfused", "fp8_24_cutlass")
+# the backend of each 2:4 variant (the dense ones run nn.Linear or FP8DenseLinear)
+SPARSE_BACKENDS = {"bf16_24": "cusparselt", "fp8_24": "cusparselt_fp8", "fp8_24_unfused": "cusparselt_fp8",
+                   "fp8_24_host_alpha": "cusparselt_fp8", "fp8_24_cutlass": "cutlass_fp8"}
 
 
 def tflops(flop: float, ms: float) -> float:
@@ -277,9 +285,8 @@ def build_ffn(variant: str, d: int):
     model = FFN(d, 4 * d, torch.device("cuda"), torch.bfloat16)
     if variant == "fp8_dense":
         model.up, model.down = FP8DenseLinear(model.up), FP8DenseLinear(model.down)
-    elif variant in ("bf16_24", "fp8_24", "fp8_24_unfused", "fp8_24_host_alpha"):
-        backend = "cusparselt" if variant == "bf16_24" else "cusparselt_fp8"
-        sl.sparsify(model, sl.STE(transposable=True, mvue=True, backend=backend), select=["up", "down"])
+    elif variant in SPARSE_BACKENDS:
+        sl.sparsify(model, sl.STE(transposable=True, mvue=True, backend=SPARSE_BACKENDS[variant]), select=["up", "down"])
         sl.attach_optimizer(model, torch.optim.SGD(model.parameters(), lr=0.0))
         if variant == "fp8_24_host_alpha":  # the same engine (algorithm choices shared), scales on the host
             from sparsity_lab.backends.cusparselt.fp8_train import set_fp8_recipe
@@ -341,9 +348,22 @@ def dense_ratios(variants: dict) -> dict:
     return out
 
 
-def ratio_lines(variants: dict) -> list[str]:
-    """One printed line per FP8 2:4 variant: its time, then x(speed-up) against each dense with that dense's TFLOP/s."""
-    lines = []
+def unavailable_variants(variants: tuple[str, ...]) -> dict[str, str]:
+    """{variant: why its backend cannot run here} (``benchmarks.ffn.variants.backend_unavailable``: a CUTLASS
+    backend without a Hopper GPU, nvcc or its headers); asking builds the CUTLASS library once, before any timing."""
+    from benchmarks.ffn.variants import backend_unavailable
+    found = {}
+    for v in variants:
+        reason = backend_unavailable(SPARSE_BACKENDS[v]) if v in SPARSE_BACKENDS else None
+        if reason is not None:
+            found[v] = reason
+    return found
+
+
+def ratio_lines(variants: dict, skipped: dict | None = None) -> list[str]:
+    """One printed line per FP8 2:4 variant: its time, then x(speed-up) against each dense with that dense's TFLOP/s;
+    one line per skipped variant with the reason (``skipped``: {variant: reason})."""
+    lines = [f"{v}: skipped: {reason}" for v, reason in (skipped or {}).items()]
     for v, bases in dense_ratios(variants).items():
         parts = [f"x{r['speedup']:.2f} vs {base} ({r['dense_ms']:.3f} ms, {r['dense_tflops']:.0f} TFLOP/s)"
                  for base, r in bases.items()]
@@ -356,11 +376,14 @@ def ffn_speed(tokens: int, d: int, rounds: int = 5, n: int = 10, variants: tuple
     unknown = [v for v in variants if v not in FFN_VARIANTS]
     if unknown:
         raise ValueError(f"ffn variants must be among {FFN_VARIANTS}, got {unknown}")
+    skipped = unavailable_variants(variants)
+    for v, reason in skipped.items():
+        print(f"ffn {v}: skipped: {reason}", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(tokens, d, device="cuda", generator=gen, dtype=torch.bfloat16)
     dy = torch.randn(tokens, d, device="cuda", generator=gen, dtype=torch.bfloat16)
     steps, errors = {}, {}
-    for v in variants:
+    for v in (v for v in variants if v not in skipped):
         try:
             steps[v] = graphed_step(build_ffn(v, d), x, dy)
         except Exception:
@@ -372,7 +395,7 @@ def ffn_speed(tokens: int, d: int, rounds: int = 5, n: int = 10, variants: tuple
             times[v].append(time_steps(step, n))
     flop = 12.0 * tokens * d * 4 * d  # 3 products x 2 layers, dense-equivalent
     out = {"tokens": tokens, "d_model": d, "ffn": 4 * d, "rounds": rounds, "steps_per_round": n, "errors": errors,
-           "variants": {}}
+           "skipped": skipped, "variants": {}}
     for v, ts in times.items():
         ms = statistics.median(ts)
         graphed = steps[v][1]
@@ -383,7 +406,7 @@ def ffn_speed(tokens: int, d: int, rounds: int = 5, n: int = 10, variants: tuple
             out["variants"][v]["host_exponents"] = {name: layer.backend.scaling.host_exponents
                                                     for name, layer in sparse_layers(graphed.model)}
     ms = {v: r["ms"] for v, r in out["variants"].items()}
-    for sparse in ("fp8_24", "fp8_24_host_alpha"):
+    for sparse in ("fp8_24", "fp8_24_host_alpha", "fp8_24_cutlass"):
         if sparse not in ms:
             continue
         for base in ("fp8_dense", "bf16_dense", "bf16_24", "fp8_24_unfused", "fp8_24"):
@@ -396,6 +419,8 @@ def ffn_speed(tokens: int, d: int, rounds: int = 5, n: int = 10, variants: tuple
     # x_requantized: expected absent (0); sparse_products_host_alpha / _pass: products called each way (a captured
     # product counts once per capture); host_alpha_refused: products whose alpha cuSPARSELt did not apply
     out["fp8_backend_stats"] = dict(get_backend("cusparselt_fp8").stats)
+    if "fp8_24_cutlass" in steps:  # its products: sparse_products_epilogue_scale (scales read in the epilogue)
+        out["cutlass_fp8_backend_stats"] = dict(get_backend("cutlass_fp8").stats)
     for _, g in steps.values():
         g.release()
     return out
@@ -455,7 +480,7 @@ def main(argv=None) -> int:
                 print("ffn:", {v: round(r["ms"], 3) for v, r in f["variants"].items()},
                       {k: v for k, v in f.items() if k.startswith("fp8_24") and "_vs_" in k and not k.endswith("rounds")},
                       flush=True)
-                for line in ratio_lines(f["variants"]):
+                for line in ratio_lines(f["variants"], f["skipped"]):
                     print("ffn", line, flush=True)
             else:
                 raise ValueError(f"unknown section {section!r}")

@@ -89,7 +89,7 @@ def test_policy_decides_a_layer_once_and_records_its_products():
 def test_policy_layer_errors():
     with pytest.raises(RuntimeError, match="no measure_layer function"):
         AutoPolicy().decide_layer(LAYER)
-    with pytest.raises(TypeError, match="must return LayerTimes, got tuple"):
+    with pytest.raises(TypeError, match="must return LayerTimes or LibraryLayerTimes, got tuple"):
         AutoPolicy(measure_layer=lambda s: (1.0, 2.0)).decide_layer(LAYER)
 
 

@@ -131,7 +131,7 @@ def test_the_product_interface_carries_no_reporting_or_timing():
     assert not reporting & set(dir(Backend))
     assert {"product_plan", "summary", "stats", "fallback_reason"} <= set(dir(BackendReport))
     assert MeasuresProducts.__abstractmethods__ == frozenset({"timing"})
-    for name in ("torch", "cusparselt", "cusparselt_auto", "torch_fp8sim"):
+    for name in ("torch", "cusparselt", "cusparselt_auto", "sparse_auto", "torch_fp8sim"):
         import warnings
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # cusparselt without a GPU: the reference stands in
@@ -215,7 +215,7 @@ def test_the_shipped_backends_are_backends(registry):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # cusparselt without a GPU: the reference stands in, with a warning
-        for name in ("torch", "torch_fp8sim", "cusparselt", "cusparselt_auto"):
+        for name in ("torch", "torch_fp8sim", "cusparselt", "cusparselt_auto", "sparse_auto"):
             assert isinstance(get_backend(name), Backend)
 
 

@@ -9,7 +9,7 @@ import torch
 
 import statistics
 
-from benchmarks.ffn.schema import GPT_VARIANTS, GRAPH_VARIANTS, PAIRED_VARIANTS, PHASES, VARIANTS
+from benchmarks.ffn.schema import GPT_VARIANTS, GRAPH_VARIANTS, OURS, PAIRED_VARIANTS, PHASES, VARIANTS
 from benchmarks.ffn.settings import SMOKE
 from benchmarks.ffn.targets import THRESHOLDS, judge_targets
 from benchmarks.__main__ import main as bench_main
@@ -42,7 +42,9 @@ def test_smoke_json_has_the_schema_and_every_row(smoke):
     result, _ = smoke
     assert {"provenance", "rows", "graph", "gpt_step", "targets", "errors", "skipped", "shapes"} <= set(result)
     assert result["smoke"] is True
-    assert result["backends"] == {"cusparselt": "torch", "cusparselt_auto": "torch", "dense_products": "torch"}
+    assert result["backends"] == {"cusparselt": "torch", "cusparselt_auto": "torch", "dense_products": "torch",
+                                  "cutlass": "torch", "sparse_auto": "torch"}
+    assert result["unavailable"] == {} and result["library_setup_s"] >= 0
     grid = {(t, d) for t in SMOKE["tokens"] for d in SMOKE["d_model"]}
     keys = [(r["tokens"], r["d_model"], r["variant"], r["phase"]) for r in result["rows"]]
     assert sorted(keys) == sorted((t, d, v, p) for t, d in grid for v in VARIANTS for p in PHASES)
@@ -54,7 +56,7 @@ def test_smoke_json_has_the_schema_and_every_row(smoke):
             assert row["ms"] is None and "CUDA" in row["error"] and "weights fixed" in row["note"]
         else:
             assert row["ms"] > 0, row
-        if row["variant"].startswith("ours") or row["variant"] == "auto":
+        if row["variant"] in OURS:
             assert row["backend"] == "torch" and "transposable" in row["method"]
             assert isinstance(row["stats_per_step"], dict) and row["steps_counted"] >= 1
         if row["phase"] == "fwd" and row["variant"] != "dense" and row["ms"] is not None:
@@ -147,6 +149,81 @@ def test_smoke_targets_are_the_measured_rows(smoke):
     last = stdout.strip().splitlines()[-len(targets):]
     assert all(line.startswith("target ") and "SMOKE" in line for line in last)
     assert all(("-> met" in line) == t["met"] for line, t in zip(last, targets.values()))
+
+
+def test_smoke_compares_the_same_method_on_each_library_against_the_fastest_dense(smoke):
+    """cutlass_mvue (the stand-in "torch" for CUTLASS here) beside ours_mvue: each against the fastest dense of
+    the run with its TFLOP/s, the rule of the targets, and the two libraries against each other per paired round."""
+    result, stdout = smoke
+    comparison = result["library_comparison"]
+    t_tokens, t_d = SMOKE["target"]
+    assert (comparison["tokens"], comparison["d_model"]) == (t_tokens, t_d)
+    assert set(comparison["variants"]) == {"ours_mvue", "cutlass_mvue"}
+    mvue, target = comparison["variants"]["ours_mvue"], result["targets"]["ffn_fwd_bwd_ours_mvue"]
+    assert mvue["speedup"] == target["measured"] and mvue["dense_ms"] == target["dense_ms"]
+    flops = 12 * t_tokens * t_d * 4 * t_d
+    paired = {(r["variant"], r["phase"]): r for r in result["paired"] if (r["tokens"], r["d_model"]) == (t_tokens, t_d)}
+    for variant, c in comparison["variants"].items():
+        assert c["backend"] == "torch" and c["variant_source"] == "paired median"
+        assert c["variant_ms"] == paired[(variant, "fwd_bwd")]["ms"]
+        assert c["speedup"] == pytest.approx(c["dense_ms"] / c["variant_ms"])
+        assert c["variant_tflops"] == pytest.approx(flops / (c["variant_ms"] * 1e-3) / 1e12)
+        assert c["dense_tflops"] == pytest.approx(flops / (c["dense_ms"] * 1e-3) / 1e12)
+    between = comparison["between"]["cutlass_mvue_vs_ours_mvue"]
+    rounds = zip(paired[("ours_mvue", "fwd_bwd")]["round_ms"], paired[("cutlass_mvue", "fwd_bwd")]["round_ms"])
+    assert between == {"speedup": pytest.approx(statistics.median(a / b for a, b in rounds)), "source": "paired"}
+    assert "S-STE + MVUE on each 2:4 library" in stdout and "cutlass_mvue (torch): " in stdout
+
+
+@pytest.fixture
+def missing_cutlass(monkeypatch):
+    """A backend name whose factory raises CutlassUnavailable, as "cutlass" does without a Hopper GPU or nvcc."""
+    from sparsity_lab.backends import base
+    from sparsity_lab.backends.cutlass.build import CutlassUnavailable
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+    monkeypatch.setattr(base, "_INSTANCES", {})
+
+    def missing():
+        raise CutlassUnavailable("backend 'cutlass' cannot run here: missing nvcc (a test's stand-in)")
+    base.register_backend("cutlass_missing", missing)
+    return "cutlass_missing"
+
+
+def test_a_library_that_cannot_run_is_skipped_with_its_reason_never_dropped(missing_cutlass, capsys):
+    import dataclasses
+
+    from benchmarks.ffn.cli import benchmark
+    from benchmarks.ffn.report import comparison_lines, format_table
+    from benchmarks.ffn.settings import Settings
+    s = Settings(smoke=True, device=torch.device("cpu"), dtype=torch.bfloat16, tokens=[32], d_models=[16],
+                 target=(32, 16), reps=1, warmup=0, budget_s=600.0, graph=False, gpt=None, rounds=1,
+                 backends={"cusparselt": "torch", "cusparselt_auto": "torch", "dense_products": "torch",
+                           "cutlass": missing_cutlass, "sparse_auto": "torch"})
+    result = benchmark(s)
+    reason = "backend 'cutlass' cannot run here: missing nvcc (a test's stand-in)"
+    assert result["unavailable"] == {"cutlass_mvue": reason}
+    assert {"what": "cutlass_mvue (every section)", "reason": reason} in result["skipped"]
+    for rows in (result["rows"], result["paired"]):
+        skipped = [r for r in rows if r["variant"] == "cutlass_mvue"]
+        assert {r["phase"] for r in skipped} == set(PHASES)  # reported, every phase: never dropped
+        assert all(r["ms"] is None and r["skipped"] == reason and "error" not in r for r in skipped)
+        assert all(r["ms"] > 0 for r in rows if r["variant"] in ("dense", "ours_mvue"))  # the run went on
+    assert not any("cutlass" in e["where"] for e in result["errors"])  # a skip, not an error
+    comparison = result["library_comparison"]["variants"]
+    assert comparison["cutlass_mvue"]["skipped"] == reason and comparison["cutlass_mvue"]["speedup"] is None
+    assert comparison["ours_mvue"]["speedup"] > 0
+    assert result["library_comparison"]["between"]["cutlass_mvue_vs_ours_mvue"]["speedup"] is None
+    assert any(line.startswith("  cutlass_mvue (not built): skipped: backend 'cutlass' cannot run here")
+               for line in comparison_lines(result))
+    table_rows = [line for line in format_table(result).splitlines() if line.split()[:3] == ["32", "16", "fwd_bwd"]]
+    assert len(table_rows) == 1 and "skipped" in table_rows[0]  # the table's cell says it
+    assert dataclasses.asdict(s)["backends"]["cutlass"] == missing_cutlass
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only reason")
+def test_without_a_gpu_the_cutlass_variant_names_the_reason():
+    from benchmarks.ffn.variants import backend_unavailable
+    assert "no CUDA GPU" in backend_unavailable("cutlass") and backend_unavailable("torch") is None
 
 
 def test_smoke_records_the_baseline_and_the_conditions(smoke):

@@ -118,3 +118,58 @@ def test_the_report_table_fits_its_width():
     assert sum(line.split().count(c) for line in headers for c in cols[1:]) == len(cols) - 1  # each column once
     assert [line.split()[0] for line in lines if line.strip().startswith("masked")] == ["masked_decay"] * len(headers)
     assert "1235" in lines[1]  # numbers as compare prints them (4 significant digits)
+
+
+# --- the FP8 recipe on CUTLASS beside cuSPARSELt -----------------------------------------------------------
+def test_claim_7_cutlass_fp8_follows_cusparselt_fp8_within_the_band_either_way():
+    from sparsity_lab.lab.compare import FP8_VARIANTS, VARIANTS, _apply_rules
+    assert FP8_VARIANTS["sste_mvue_fp8_cutlass"] == "cutlass_fp8"
+    assert VARIANTS["sste_mvue_fp8_cutlass"] == VARIANTS["sste_mvue_fp8"]  # the same method, another library
+
+    def claim7(cutlass, cusparselt=0.88, **more):
+        rows = {"sste_mvue_fp8": {"final_val_loss": cusparselt}, "sste_mvue_fp8_cutlass": {"final_val_loss": cutlass},
+                **{k: {"final_val_loss": v} for k, v in more.items()}}
+        return {c["claim"][:2]: c for c in _apply_rules(rows)}.get("7.")
+    assert claim7(0.88 * 1.0099)["holds"] is True
+    assert claim7(0.88 * 0.9901)["holds"] is True  # lower by as much: the same verdict
+    assert claim7(0.88 * 1.0101)["holds"] is False and claim7(0.88 * 0.9899)["holds"] is False
+    c = claim7(0.8850, sste_mvue=0.8793)
+    assert "<= 0.01" in c["rule"] and "+0.57 % vs on cuSPARSELt 0.88" in c["evidence"] and "bf16 2:4 0.8793" in c["evidence"]
+    assert claim7(math.nan)["holds"] is None  # diverged: not judged
+    assert claim7(None) is not None and claim7(0.88, cusparselt=None)["holds"] is None  # the reference not run
+    assert "7." not in {c["claim"][:2] for c in _apply_rules({"sste_mvue_fp8": {"final_val_loss": 0.88}})}
+    judged = judge_claims({"sste_mvue_fp8": {"final_val_loss": 0.88}, "sste_mvue_fp8_cutlass": {"final_val_loss": 0.881}},
+                          tokens_per_variant=21_004_288, seeds=(0,))
+    seven = next(c for c in judged if c["claim"].startswith("7."))
+    assert seven["holds"] is True and "seed 0 only: no spread measured" in seven["evidence"]
+
+
+def test_the_recorded_fp8_comparison_fits_cutlass_alignment():
+    """The width, FFN width and tokens of results/lab_compare_h100_fp8 (the configuration the CUTLASS FP8 run
+    repeats): every product of both FFN weights meets CUTLASS's rules, the weight gradient's too."""
+    import torch
+
+    from sparsity_lab.backends.cutlass import ops
+    from sparsity_lab.lab.model import GPTConfig
+    from sparsity_lab.provenance import RESULTS_DIR
+    config = json.loads((RESULTS_DIR / "lab_compare_h100_fp8" / "results.json").read_text())["runs"]["sste_mvue_fp8"]["config"]
+    model = GPTConfig(**config["model"])
+    assert (model.d_model, model.hidden, config["select"]) == (384, 1536, "ffn")
+    tokens = config["batch_size"] * model.context
+    rows = -(-tokens // 64) * 64  # the FP8 backends pad the tokens to a multiple of 64 on the GPU
+    for out_f, in_f in ((model.hidden, model.d_model), (model.d_model, model.hidden)):
+        ops.check_weight_for_products("cutlass_fp8", (out_f, in_f), 2, 4, True, torch.float8_e4m3fn, 64, "fp8_dense")
+        assert ops.shape_problem(out_f, rows, in_f, torch.float8_e4m3fn, "k", "col") is None  # forward
+        assert ops.shape_problem(in_f, rows, out_f, torch.float8_e4m3fn, "k", "col") is None  # input gradient
+        assert ops.shape_problem(out_f, in_f, rows, torch.float8_e4m3fn, "k", "row") is None  # weight gradient
+    with pytest.raises(ValueError, match="multiple of 32"):  # the rule bites: a width of 400 would not do
+        ops.check_weight_for_products("cutlass_fp8", (1600, 400), 2, 4, True, torch.float8_e4m3fn, 64, "fp8_dense")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU-only refusal")
+def test_a_cutlass_variant_is_refused_before_any_training_where_it_cannot_run(tmp_path):
+    base = TrainConfig(model=GPTConfig(n_layer=1, n_head=1, d_model=64, context=16), steps=2, device="cpu",
+                       progress=False)
+    with pytest.raises(ValueError, match="variant 'sste_mvue_fp8_cutlass' cannot run here: .*no CUDA GPU"):
+        run_comparison(base, ["dense", "sste_mvue_fp8_cutlass"], tmp_path, figures=False)
+    assert not (tmp_path / "dense").exists()  # nothing trained

@@ -24,8 +24,8 @@ from sparsity_lab.methods.fp8_scaling import FP8Recipe, FP8ScalingState
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("sparsity_lab.integrations.hf")
 
-BACKENDS = ["torch", "triton", "cusparselt", "cusparselt_auto", "torch_fp8sim", "triton_fp8sim", "cusparselt_fp8",
-            "fp8_dense", "fp8_reference"]
+BACKENDS = ["torch", "triton", "cusparselt", "cusparselt_auto", "sparse_auto", "torch_fp8sim", "triton_fp8sim",
+            "cusparselt_fp8", "fp8_dense", "fp8_reference"]
 # backends with no CPU stand-in: asking for them where they cannot run raises (tests/test_cutlass_backend.py)
 NO_CPU_STAND_IN = {"cutlass", "cutlass_fp8"}
 # options that give every piece of state a value of its own within three steps: MVUE draws counted, flips,
@@ -182,8 +182,8 @@ def lab_path(method, tmp_path, recipe=None, **model_options):
 
 
 PATHS = {"hf": hf_path, "lab": lab_path, "dcp": dcp_path}
-# Each (backend, method) once, its path rotating with both indices: 9 backends x 6 methods, and each backend
-# goes through each path twice, each method three times: all pairs in 54 cases instead of all 162 triples (a
+# Each (backend, method) once, its path rotating with both indices: 10 backends x 6 methods, and each backend
+# goes through each path twice, each method at least three times: all pairs in 60 cases instead of all 180 triples (a
 # path saves and loads the model's whole state dict, whatever backend and method filled it).
 CASES = [(backend, method, sorted(PATHS)[(i + j) % len(PATHS)])
          for i, backend in enumerate(BACKENDS) for j, method in enumerate(sorted(METHOD_OPTIONS))]

@@ -1,4 +1,4 @@
-"""``python -m benchmarks ffn``: how fast 2:4 FFNs train on cuSPARSELt, against dense and PyTorch's path.
+"""``python -m benchmarks ffn``: how fast 2:4 FFNs train on cuSPARSELt (and CUTLASS), against dense and PyTorch's path.
 
 The speed benchmark: one command, one GPU, everything side by side in one run, bf16. Each time is
 the median of ``--reps`` calls after ``--warmup`` calls (the warm-up holds the algorithm search,
@@ -20,6 +20,8 @@ back (host and GPU pipelined as in training), ``torch.cuda.synchronize()`` befor
                             training the weight changes every step)
    ours_mask_every_step     STE, transposable, mask recomputed every step
    ours_mvue                S-STE + MVUE weight gradient (all three products sparse), mask every step
+   cutlass_mvue             the same on backend "cutlass" (CUTLASS's SM90 sparse GEMMs, Hopper only); where CUTLASS
+                            cannot run its rows are "skipped" with the reason (``unavailable``), never dropped
    ours_mvue_refresh40      the same, mask recomputed every 40 steps (Hu et al. 2024's setting), timed
                             as the mean over whole 40-step cycles
    ours_mvue_dense_products the same method on backend "triton": the same masks, soft threshold and MVUE
@@ -27,6 +29,7 @@ back (host and GPU pipelined as in training), ``torch.cuda.synchronize()`` befor
    pytorch_semi_structured  ``to_sparse_semi_structured(masked W)`` + ``F.linear``: weights fixed,
                             compressed once; backward as autograd gives it (input gradient only)
    auto                     ours_mvue on "cusparselt_auto" (each product sparse only where measured faster)
+   sparse_auto              ours_mvue on "sparse_auto" (each product dense, on cuSPARSELt or on CUTLASS, as measured)
 
    Our step is what training runs: grads cleared, forward, backward, then ``advance_step(model)``,
    which is exactly what ``attach_optimizer``'s post-hook does after ``optimizer.step()`` (the next
@@ -41,6 +44,11 @@ back (host and GPU pipelined as in training), ``torch.cuda.synchronize()`` befor
 3. A GPT training step (``sparsity_lab.lab.model.GPT``, AdamW step included, bf16 autocast, fp32
    master weights; FFN linears 2:4 through ``sparsify``, and in ``ours_mvue_all_linears`` the attention
    projections too): tokens/s against dense, alone and in paired rounds.
+
+At the target shape ``library_comparison`` puts ours_mvue and cutlass_mvue side by side, each against the
+fastest dense of the run with its TFLOP/s (the headline rule below), and the two against each other per
+paired round (printed after the table). A CUTLASS backend builds its library on first use (once per machine,
+cached): the run asks for it before its clock starts (``library_setup_s``).
 
 The targets (``targets.THRESHOLDS``) are judged from the measured rows (``targets.judge_targets``) and
 printed last: each headline uses the fastest dense time of the run, the paired ratio beside it, and a

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.conditions import ConditionSampler
-from benchmarks.ffn.schema import NOTES, OURS, PHASES, REFRESH, VARIANTS, _row, fill_speedups
+from benchmarks.ffn.schema import (LIBRARY_COMPARISON, LIBRARY_ROLES, NOTES, OURS, PHASES, REFRESH, VARIANTS, _row,
+                                  fill_speedups)
 from benchmarks.ffn.settings import Settings
 from benchmarks.ffn.variants import SemiStructuredFFN, build_ffn, sparse_backend, train_step
 
@@ -34,12 +35,24 @@ def _cleanup(device: torch.device) -> None:
 class Recorder:
     """Errors, skipped work and the clock of one run."""
 
-    def __init__(self, settings: Settings, sampler: ConditionSampler | None = None) -> None:
+    def __init__(self, settings: Settings, sampler: ConditionSampler | None = None,
+                 unavailable: dict[str, str] | None = None) -> None:
         self.s = settings
         self.start = time.monotonic()
         self.errors: list[dict] = []
         self.skipped: list[dict] = []
         self.sampler = sampler  # the GPU's clocks and power, per section (conditions.py)
+        # variants whose library cannot run here -> why (variants.unavailable_variants): skipped, with the reason
+        self.unavailable = dict(unavailable or {})
+        for variant, reason in self.unavailable.items():
+            self.skipped.append({"what": f"{variant} (every section)", "reason": reason})
+
+    def skip_unavailable(self, variant: str, rows) -> bool:
+        """True (each row marked "skipped" with the reason) when ``variant``'s library cannot run here."""
+        reason = self.unavailable.get(variant)
+        for row in rows if reason is not None else ():
+            row["skipped"] = reason
+        return reason is not None
 
     def section(self, name: str):
         """``with rec.section("paired 16384x4096"):`` marks the GPU-condition samples of that part."""
@@ -153,6 +166,8 @@ def measure_variant(variant: str, tokens: int, d: int, x: torch.Tensor, dy: torc
 
     label = f"{tokens}x{d} {variant}"
     rows = {phase: _row(tokens, d, variant, phase) for phase in PHASES}
+    if rec.skip_unavailable(variant, rows.values()):
+        return list(rows.values())
     if variant == "pytorch_semi_structured":
         for row in rows.values():
             row["note"] = NOTES["pytorch_semi_structured"]
@@ -190,7 +205,7 @@ def measure_variant(variant: str, tokens: int, d: int, x: torch.Tensor, dy: torc
         if variant != "dense":
             rel, err = rec.attempt(f"{label} forward check", lambda: forward_rel_err(model, x))
             rows["fwd"]["rel_err_vs_masked_dense"] = rel
-        if backend is not None and (tokens, d) == s.target and variant in ("ours_mvue", "auto"):
+        if backend is not None and (tokens, d) == s.target and variant in (*LIBRARY_COMPARISON, "auto", "sparse_auto"):
             text, err = rec.attempt(f"{label} backend report", lambda: format_backend_report(backend_report(model)))
             reports[variant] = text if text is not None else f"error: {err}"  # printed with the table
     finally:
@@ -211,7 +226,8 @@ def _backend_marks(s: Settings, rec: Recorder) -> dict[str, tuple[int, int]]:
     from sparsity_lab.backends import get_backend
 
     marks = {}
-    for name in sorted(set(s.backends.values())):
+    missing = {s.backends[LIBRARY_ROLES[v]] for v in rec.unavailable}  # already reported as skipped
+    for name in sorted(set(s.backends.values()) - missing):
         backend, _ = rec.attempt(f"backend {name!r}", lambda name=name: get_backend(name))
         if backend is not None:
             summary = backend.summary()

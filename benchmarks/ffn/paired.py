@@ -29,6 +29,8 @@ def measure_paired(tokens: int, d: int, s: Settings, rec: Recorder) -> list[dict
     steps: dict[tuple[str, str], Callable[[], None]] = {}
     try:
         for v in PAIRED_VARIANTS:
+            if rec.skip_unavailable(v, [rows[(v, p)] for p in PHASES]):
+                continue
             model, e = (rec.attempt(f"paired {tokens}x{d} {v} build", lambda v=v: build_ffn(v, d, s))
                         if inputs is not None else (None, err))
             if model is None:

@@ -2,20 +2,22 @@
 from __future__ import annotations
 
 from benchmarks.conditions import format_conditions
-from benchmarks.ffn.schema import PHASES, VARIANTS
+from benchmarks.ffn.schema import LIBRARY_COMPARISON, PHASES, VARIANTS
 
 
 # --- printing -------------------------------------------------------------------------------------------------
 SHORT = {"ours_fixed_mask": "fixed_mask", "ours_mask_every_step": "every_step", "ours_mvue": "mvue",
+         "cutlass_mvue": "cutlass_mvue",
          "ours_mvue_refresh40": "mvue_refresh40",
-         "ours_mvue_dense_products": "mvue_dense_mm", "pytorch_semi_structured": "pytorch", "auto": "auto"}
+         "ours_mvue_dense_products": "mvue_dense_mm", "pytorch_semi_structured": "pytorch", "auto": "auto",
+         "sparse_auto": "sparse_auto"}
 
 
 def _cell(row: dict | None) -> str:
     if row is None:
         return "-"
     if row.get("ms") is None:
-        return "error" if row.get("error") else "-"
+        return "error" if row.get("error") else "skipped" if row.get("skipped") else "-"
     speed = f" {row['speedup_vs_dense']:.2f}x" if row.get("speedup_vs_dense") is not None else ""
     return f"{row['ms']:.2f}{speed}"
 
@@ -37,7 +39,7 @@ def format_table(result: dict) -> str:
             dense_ms = _fmt(dense.get("ms") if dense else None)
             cells = " ".join(f"{_cell(index.get((tokens, d, v, phase))):>14}" for v in VARIANTS[1:])
             lines.append(f"{tokens:>6} {d:>7} {phase:<8} {dense_ms:>9} {cells}")
-        for variant in ("ours_mvue", "auto"):
+        for variant in (*LIBRARY_COMPARISON, "auto", "sparse_auto"):
             stats = (index.get((tokens, d, variant, "fwd_bwd")) or {}).get("stats_per_step")
             if stats:
                 lines.append(f"{'':>16}per step, {variant}: " + ", ".join(f"{k} {v:g}" for k, v in stats.items()))
@@ -111,4 +113,31 @@ def target_lines(result: dict) -> list[str]:
                       f"unpaired {_fmt(t.get('unpaired'), '.2f', 'x')}")
         lines.append(f"target {t['description']}: >= {t['threshold']:g}x, measured {value} -> "
                      f"{verdicts[t['status']]}{tag}")
+    return lines
+
+
+def comparison_lines(result: dict) -> list[str]:
+    """The same method on each 2:4 library at the target shape (``result["library_comparison"]``): one line per
+    variant with its speed-up over the fastest dense of the run and that dense's ms, source and TFLOP/s, or the
+    reason it was skipped; then the libraries against each other."""
+    comparison = result.get("library_comparison") or {}
+    if not comparison:
+        return []
+    tag = " [SMOKE: not a figure]" if result["smoke"] else ""
+    lines = [f"S-STE + MVUE on each 2:4 library, forward+backward at {comparison['tokens']} tokens x d_model "
+             f"{comparison['d_model']}, against the fastest dense of the run{tag}:"]
+    for variant, c in comparison["variants"].items():
+        who = f"  {variant} ({c.get('backend') or 'not built'}): "
+        if c.get("skipped"):
+            lines.append(who + f"skipped: {c['skipped'][:300]}")
+        elif c.get("speedup") is None:
+            lines.append(who + "not measured")
+        else:
+            paired = (f"; paired rounds {c['paired_ratio']:.2f}x [{c['paired_min']:.2f}, {c['paired_max']:.2f}]"
+                      if c.get("paired_ratio") is not None else "")
+            lines.append(who + f"{c['variant_ms']:.2f} ms ({c['variant_source']}, {_fmt(c['variant_tflops'], '.0f')} "
+                         f"TFLOP/s dense-equivalent), {c['speedup']:.2f}x dense ({c['dense_ms']:.2f} ms, "
+                         f"{c['dense_source']}, {_fmt(c.get('dense_tflops'), '.0f')} TFLOP/s){paired}")
+    for name, b in comparison["between"].items():
+        lines.append(f"  {name}: {_fmt(b['speedup'], '.2f', 'x')} ({b['source']})")
     return lines

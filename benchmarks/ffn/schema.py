@@ -9,14 +9,19 @@ plus optional keys ("error", "backend", "method", "stats_per_step", "rel_err_vs_
 from __future__ import annotations
 
 
-VARIANTS = ("dense", "ours_fixed_mask", "ours_mask_every_step", "ours_mvue", "ours_mvue_refresh40",
-            "ours_mvue_dense_products", "pytorch_semi_structured", "auto")
-OURS = ("ours_fixed_mask", "ours_mask_every_step", "ours_mvue", "ours_mvue_refresh40", "ours_mvue_dense_products",
-        "auto", "auto_refresh10")  # SparseLinear
+VARIANTS = ("dense", "ours_fixed_mask", "ours_mask_every_step", "ours_mvue", "cutlass_mvue", "ours_mvue_refresh40",
+            "ours_mvue_dense_products", "pytorch_semi_structured", "auto", "sparse_auto")
+OURS = ("ours_fixed_mask", "ours_mask_every_step", "ours_mvue", "cutlass_mvue", "ours_mvue_refresh40",
+        "ours_mvue_dense_products", "auto", "auto_refresh10", "sparse_auto")  # SparseLinear
+# the variants whose products run on a library that may be missing here (backend role -> CutlassUnavailable): where
+# it cannot run, their rows are skipped with the reason (NOTES["cutlass_mvue"]), never dropped
+LIBRARY_ROLES = {"cutlass_mvue": "cutlass"}
+# the same method on each 2:4 library, compared at the target shape against the fastest dense of the run
+LIBRARY_COMPARISON = ("ours_mvue", "cutlass_mvue")
 # every variant name a benchmarks ffn recording may hold (the readers validate against it): ours_fp8 is
 # recorded by the FP8 variant of the benchmark, auto_refresh10 by the graph section
 KNOWN_VARIANTS = VARIANTS + ("ours_fp8", "auto_refresh10")
-PAIRED_VARIANTS = ("dense", "ours_mvue", "ours_mvue_refresh40", "ours_mvue_dense_products", "auto")
+PAIRED_VARIANTS = ("dense", "ours_mvue", "cutlass_mvue", "ours_mvue_refresh40", "ours_mvue_dense_products", "auto")
 PHASES = ("fwd_bwd", "fwd")
 # auto_refresh10: auto with the mask refreshed every 10 steps (the small-shape criterion at refresh >= 10)
 GRAPH_VARIANTS = ("dense", "ours_mvue", "ours_mvue_dense_products", "auto", "auto_refresh10")
@@ -36,6 +41,15 @@ NOTES = {
     "timing": "median of reps CUDA-event times after warm-up calls, calls back to back; ms per call",
     "ours_step": "grads cleared, forward, backward, advance_step(model) (what attach_optimizer's post-hook runs "
                  "after optimizer.step()); no optimizer update in the FFN timings",
+    "cutlass_mvue": "ours_mvue (S-STE + MVUE, transposable, mask every step) with its three products on CUTLASS's SM90 "
+                    "sparse GEMMs (backend 'cutlass') instead of cuSPARSELt; where CUTLASS cannot run (no Hopper GPU, "
+                    "no nvcc or CUTLASS headers, a failed build) its rows hold 'skipped' with the reason and the run's "
+                    "'unavailable' and 'skipped' say so",
+    "sparse_auto": "auto across libraries: the method of ours_mvue on backend 'sparse_auto', each product dense, on "
+                   "cuSPARSELt or on CUTLASS as measured (without CUTLASS here: dense or cuSPARSELt, and its backend "
+                   "report says why)",
+    "library_comparison": "ours_mvue (cuSPARSELt) and cutlass_mvue (CUTLASS) at the target shape, each against the "
+                          "fastest dense of the run with that dense's TFLOP/s (the rule of NOTES['headline'])",
     "pytorch_semi_structured": "weights fixed: masked (row-wise 2:4 magnitude) and compressed once by "
                                "to_sparse_semi_structured, never again; fwd_bwd computes the input gradient only "
                                "(no weight gradient), so it does less work than dense",

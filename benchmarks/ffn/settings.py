@@ -26,7 +26,8 @@ class Settings:
     budget_s: float
     graph: bool
     gpt: dict | None  # None: no GPT step
-    backends: dict[str, str]  # the backend each role runs on: "cusparselt", "cusparselt_auto", "dense_products"
+    # the backend each role runs on: "cusparselt", "cusparselt_auto", "dense_products", "cutlass", "sparse_auto"
+    backends: dict[str, str]
     rounds: int = 5  # rounds of the paired section (0: no paired section)
     idle_s: float = 0.0  # idle GPU before each paired turn at the target shape and in the GPT rounds
     masks_in_graph: bool = True  # graph section: masks due every step refreshed inside the CUDA graph

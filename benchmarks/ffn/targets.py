@@ -12,6 +12,7 @@ import statistics
 
 from benchmarks.conditions import baseline_check, headline, judged
 from benchmarks.ffn.baseline import ffn_step_flops
+from benchmarks.ffn.schema import LIBRARY_COMPARISON
 
 THRESHOLDS = {"ffn_fwd_bwd_ours_mvue": 1.40, "ffn_fwd_bwd_refresh40": 1.45, "ffn_fwd_ours": 1.5,
               "auto_vs_dense_products": 0.97, "auto_vs_dense_products_graph": 0.97,
@@ -69,6 +70,50 @@ def ffn_headline(variant: str, phase: str, rows: list[dict], paired: list[dict] 
     return h["speedup"], extra, check
 
 
+def _fwd_bwd_by_point(rows: list[dict] | None) -> dict[tuple[int, int, str], dict]:
+    return {(r["tokens"], r["d_model"], r["variant"]): r for r in rows or [] if r["phase"] == "fwd_bwd"}
+
+
+def variant_ratio(pair_rows: dict, grid_rows: dict, tokens: int, d: int, numerator: str,
+                  denominator: str) -> tuple[float | None, str]:
+    """(numerator ms / denominator ms, its source) at one grid point, forward + backward: the median over the
+    paired rounds of the two variants' ratio in each round, else the grid's single ratio."""
+    num, den = pair_rows.get((tokens, d, numerator)), pair_rows.get((tokens, d, denominator))
+    if num and den and num["round_ms"] and den["round_ms"]:
+        return statistics.median(a / b for a, b in zip(num["round_ms"], den["round_ms"])), "paired"
+    num, den = grid_rows.get((tokens, d, numerator)), grid_rows.get((tokens, d, denominator))
+    if num and den and num.get("ms") and den.get("ms"):
+        return num["ms"] / den["ms"], "grid"
+    return None, "not measured"
+
+
+def library_comparison(rows: list[dict], paired: list[dict] | None, target: tuple[int, int],
+                       baseline: dict | None) -> dict:
+    """The same method on each 2:4 library (``LIBRARY_COMPARISON``) at the target shape, forward + backward.
+
+    Per variant: its speed-up over the fastest dense of the run and that dense's ms, source and TFLOP/s
+    (``ffn_headline``, the targets' rule), its own ms and dense-equivalent TFLOP/s, the paired-round ratio
+    beside it, or "skipped" with the reason where its library cannot run. ``between``: each later variant's
+    speed-up over the first (ms of the first / ms of it), paired per round where both were timed in the rounds."""
+    tokens, d = target
+    flops = ffn_step_flops(tokens, d, 4 * d)
+    variants = {}
+    for variant in LIBRARY_COMPARISON:
+        value, extra, check = ffn_headline(variant, "fwd_bwd", rows, paired, target, baseline)
+        row = _find(rows, tokens, d, variant, "fwd_bwd") or {}
+        entry = {"speedup": value, "backend": row.get("backend"), **extra, "baseline_check": check,
+                 "variant_tflops": flops / (extra["variant_ms"] * 1e-3) / 1e12 if extra["variant_ms"] else None}
+        if row.get("skipped"):
+            entry["skipped"] = row["skipped"]
+        variants[variant] = entry
+    first, pair_rows, grid_rows = LIBRARY_COMPARISON[0], _fwd_bwd_by_point(paired), _fwd_bwd_by_point(rows)
+    between = {}
+    for variant in LIBRARY_COMPARISON[1:]:
+        value, source = variant_ratio(pair_rows, grid_rows, tokens, d, first, variant)
+        between[f"{variant}_vs_{first}"] = {"speedup": value, "source": source}
+    return {"tokens": tokens, "d_model": d, "phase": "fwd_bwd", "variants": variants, "between": between}
+
+
 def judge_targets(rows: list[dict], gpt_step: dict | None, target: tuple[int, int],
                   grid: list[tuple[int, int]], paired: list[dict] | None = None,
                   graph: list[dict] | None = None, baseline: dict | None = None) -> dict[str, dict]:
@@ -86,18 +131,7 @@ def judge_targets(rows: list[dict], gpt_step: dict | None, target: tuple[int, in
                                THRESHOLDS[key], value, check, **extra)
 
     # auto: per grid point from the paired rounds where they exist, else from the grid's single figure
-    pair_rows = {(r["tokens"], r["d_model"], r["variant"]): r for r in paired or [] if r["phase"] == "fwd_bwd"}
-    grid_rows = {(r["tokens"], r["d_model"], r["variant"]): r for r in rows if r["phase"] == "fwd_bwd"}
-
-    def ratio(t: int, dd: int, numerator: str) -> tuple[float | None, str]:
-        """median over rounds of numerator ms / auto ms (paired), else the grid's single ratio."""
-        num, den = pair_rows.get((t, dd, numerator)), pair_rows.get((t, dd, "auto"))
-        if num and den and num["round_ms"] and den["round_ms"]:
-            return statistics.median(a / b for a, b in zip(num["round_ms"], den["round_ms"])), "paired"
-        num, den = grid_rows.get((t, dd, numerator)), grid_rows.get((t, dd, "auto"))
-        if num and den and num.get("ms") and den.get("ms"):
-            return num["ms"] / den["ms"], "grid"
-        return None, "not measured"
+    pair_rows, grid_rows = _fwd_bwd_by_point(paired), _fwd_bwd_by_point(rows)
 
     def every_point(key: str, points: list[dict], wanted: set, description: str) -> dict:
         measured = [p for p in points if p["ratio"] is not None]
@@ -112,7 +146,7 @@ def judge_targets(rows: list[dict], gpt_step: dict | None, target: tuple[int, in
     auto_points = sorted({(t, dd) for t, dd, v in list(grid_rows) + list(pair_rows) if v == "auto"})
     points = []
     for t, dd in auto_points:
-        value, source = ratio(t, dd, "ours_mvue_dense_products")
+        value, source = variant_ratio(pair_rows, grid_rows, t, dd, "ours_mvue_dense_products", "auto")
         points.append({"tokens": t, "d_model": dd, "ratio": value, "source": source})
     # the policy's own promise: never slower than the dense products of the same masked operands
     targets["auto_vs_dense_products"] = every_point(

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.ffn.schema import NEVER, OURS, REFRESH
+from benchmarks.ffn.schema import LIBRARY_ROLES, NEVER, OURS, REFRESH
 from benchmarks.ffn.settings import Settings
 
 
@@ -57,15 +57,43 @@ def method_for(variant: str, s: Settings):
         return sl.STE(transposable=True, backend=cslt)
     if variant == "ours_mvue":
         return sl.SSTE(mvue=True, transposable=True, backend=cslt)
+    if variant == "cutlass_mvue":  # ours_mvue, the products on CUTLASS
+        return sl.SSTE(mvue=True, transposable=True, backend=s.backends["cutlass"])
     if variant in REFRESH:
         return sl.SSTE(mvue=True, transposable=True, backend=cslt, mask_refresh_interval=REFRESH[variant])
     if variant == "auto":
         return sl.SSTE(mvue=True, transposable=True, backend=auto)
+    if variant == "sparse_auto":  # auto across libraries (cuSPARSELt, CUTLASS)
+        return sl.SSTE(mvue=True, transposable=True, backend=s.backends["sparse_auto"])
     if variant == "auto_refresh10":
         return sl.SSTE(mvue=True, transposable=True, backend=auto, mask_refresh_interval=REFRESH[variant])
     if variant == "ours_mvue_dense_products":
         return sl.SSTE(mvue=True, transposable=True, backend=s.backends["dense_products"])
     raise ValueError(f"variant must be one of {OURS}, got {variant!r}")
+
+
+def backend_unavailable(name: str) -> str | None:
+    """Why backend ``name`` cannot run here (a CUTLASS backend without a Hopper GPU, nvcc or the headers, or
+    whose build failed: its ``CutlassUnavailable`` message), else None. Asking builds the CUTLASS library
+    once (cached on disk), so a benchmark asks before it starts timing."""
+    from sparsity_lab.backends import get_backend
+    from sparsity_lab.backends.cutlass.build import CutlassUnavailable
+
+    try:
+        get_backend(name)
+    except CutlassUnavailable as err:
+        return str(err)
+    return None
+
+
+def unavailable_variants(s: Settings) -> dict[str, str]:
+    """{variant: why it cannot run here} for the variants of ``LIBRARY_ROLES`` whose library is missing."""
+    found = {}
+    for variant, role in LIBRARY_ROLES.items():
+        reason = backend_unavailable(s.backends[role])
+        if reason is not None:
+            found[variant] = reason
+    return found
 
 
 def build_ffn(variant: str, d: int, s: Settings) -> nn.Module:

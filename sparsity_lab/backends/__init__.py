@@ -1,6 +1,6 @@
 """Backends behind one interface (``base.Backend``): "torch" (the reference), "triton", "cusparselt",
-"cusparselt_auto", "cutlass", "cutlass_fp8" and the FP8 simulations; a new one subclasses Backend and
-calls ``register_backend``."""
+"cusparselt_auto", "cutlass", "cutlass_fp8", "sparse_auto" (per product dense, cuSPARSELt or CUTLASS, as
+measured) and the FP8 simulations; a new one subclasses Backend and calls ``register_backend``."""
 from .base import Backend, MvueSeed, available_backends, get_backend, register_backend
 from .fp8_sim import register_fp8_sim
 from .torch_reference import TorchBackend
@@ -52,5 +52,13 @@ def _cutlass_backend(name: str):
 for _name in ("cutlass", "cutlass_fp8"):  # cutlass/: CUTLASS SM90 sparse GEMMs, built on first use
     register_backend(_name, lambda name=_name: _cutlass_backend(name))
 del _name
+
+def _sparse_auto_backend():
+    # imported only when asked for, like cusparselt_auto; builds CUTLASS's library where it can run
+    from .sparse_auto import sparse_auto_backend
+    return sparse_auto_backend()
+
+
+register_backend("sparse_auto", _sparse_auto_backend)
 
 __all__ = ["Backend", "MvueSeed", "TorchBackend", "available_backends", "get_backend", "register_backend"]

@@ -16,18 +16,25 @@ The forward and the input gradient share the operand S(W): with ``measure_layer`
 backend sets it) they are decided together per layer (``layer_plan.py``: a mixed plan pays for both
 operand forms, so it wins only where that still pays); the weight gradient stays per product.
 
+Across libraries ("sparse_auto", ``backends/sparse_auto.py``) ``measure(shape)`` returns a mapping
+``{"dense": ms, library: ms, ...}`` instead, one entry per library that can run the shape: the fastest
+library is taken when ``dense_ms / its ms >= min_speedup``, and the :class:`Decision` names it
+(``library``) beside every library's time (``library_ms``) and the libraries that could not run the
+shape, with the reason (``excluded``). ``measure_layer`` returns ``LibraryLayerTimes`` for such a policy.
+
 ``sparsity_lab.sparsify.backend_report(model)`` lists every SparseLinear: which backend it asked
 for, which one runs (with the reason when the reference runs instead), and per product whether it
-is sparse, with the measured speed-up where ``auto`` decided.
+is sparse, with the measured speed-up where ``auto`` decided (and on which library).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 from ..base import PRODUCTS
-from .layer_plan import LayerDecision, LayerShape, LayerTimes, choose_plan, plan_name, unsupported_plan
+from .layer_plan import (DENSE, LayerDecision, LayerShape, LayerTimes, LibraryLayerTimes, choose_plan, plan_name,
+                         unsupported_plan)
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,11 @@ class Decision:
     sparse_ms: float | None
     reason: str
     layer: LayerDecision | None = None  # set when the layer's plan decided this product
+    # across libraries (sparse_auto): the library sparse_ms is of (the one run when sparse; else the fastest
+    # measured), every measured library's ms, and the libraries that cannot run the shape with the reason
+    library: str | None = None
+    library_ms: tuple[tuple[str, float], ...] = ()
+    excluded: tuple[tuple[str, str], ...] = ()
 
     @property
     def speedup(self) -> float | None:
@@ -90,19 +102,46 @@ class Decision:
             return None
         return self.dense_ms / self.sparse_ms
 
+    @property
+    def runs_on(self) -> str:
+        """"dense", or the library the product runs on ("sparse" for a policy of one library)."""
+        return self.library or "sparse" if self.sparse else DENSE
+
     def describe(self) -> str:
         what = "sparse" if self.sparse else "dense"
+        if self.library is not None and self.sparse:
+            what = f"sparse on {self.library}"
         if self.layer is not None:
-            return f"{what} (layer plan: {self.layer.describe()})"
-        if self.speedup is None:
-            return f"{what} ({self.reason})"
-        return f"{what} {self.speedup:.2f}x @{self.shape.tokens} tokens"
+            text = f"{what} (layer plan: {self.layer.describe()})"
+        elif self.speedup is None:
+            text = f"{what} ({self.reason})"
+        else:
+            text = f"{what} {self.speedup:.2f}x @{self.shape.tokens} tokens"
+        if len(self.library_ms) > 1 and self.dense_ms is not None:
+            text += " [" + ", ".join(f"{name} {self.dense_ms / ms:.2f}x" for name, ms in self.library_ms) + "]"
+        return text + "".join(f"; {name} cannot run it: {why}" for name, why in self.excluded)
 
 
 def _check_ms(value: object, name: str, shape: ProductShape) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"measure({shape}) returned {name}={value!r}; expected a positive finite number of ms")
     return float(value)
+
+
+def _layer_product(shape: ProductShape, choice, times, decision: LayerDecision,
+                   excluded: tuple[tuple[str, str], ...]) -> Decision:
+    """One product's :class:`Decision` under a layer's plan: ``choice`` is its entry of the plan (a bool for
+    one library, "dense" or a library's name across libraries); the times are the product's alone."""
+    product = shape.product
+    if not isinstance(times, LibraryLayerTimes):  # one library (or unmeasured)
+        dense_ms = getattr(times, f"{product}_dense") if times else None
+        sparse_ms = getattr(times, f"{product}_sparse") if times else None
+        return Decision(shape, bool(choice) and choice != DENSE, dense_ms, sparse_ms, decision.reason, decision,
+                        excluded=excluded)
+    by_library = tuple((name, getattr(t, product)) for name, t in times.libraries)
+    library, sparse_ms = (choice, dict(by_library)[choice]) if choice != DENSE else min(by_library, key=lambda p: p[1])
+    return Decision(shape, choice != DENSE, getattr(times, f"{product}_dense"), sparse_ms, decision.reason, decision,
+                    library, by_library, excluded)
 
 
 @dataclass
@@ -127,47 +166,64 @@ class AutoPolicy:
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
             raise ValueError(f"min_speedup must be a positive finite number, got {s!r}")
 
-    def decide(self, shape: ProductShape, unsupported: str | None = None) -> Decision:
-        """The (cached) decision for ``shape``; ``unsupported`` (a reason) forces dense unmeasured."""
+    def decide(self, shape: ProductShape, unsupported: str | None = None,
+               excluded: Mapping[str, str] | None = None) -> Decision:
+        """The (cached) decision for ``shape``; ``unsupported`` (a reason) forces dense unmeasured;
+        ``excluded``: {library: why it cannot run the shape}, reported with the decision."""
         if shape in self._decisions:
             return self._decisions[shape]
+        left_out = tuple((excluded or {}).items())
         if unsupported is not None:
-            decision = Decision(shape, False, None, None, unsupported)
+            decision = Decision(shape, False, None, None, unsupported, excluded=left_out)
         else:
             if self.measure is None:
                 raise RuntimeError("AutoPolicy has no measure function: it decides from timings taken on a GPU "
                                    "(the cuSPARSELt backend provides one); pass measure=... to decide elsewhere")
-            dense_ms, sparse_ms = self.measure(shape)
-            dense_ms = _check_ms(dense_ms, "dense_ms", shape)
-            sparse_ms = _check_ms(sparse_ms, "sparse_ms", shape)
+            measured = self.measure(shape)
+            by_library = dict(measured) if isinstance(measured, Mapping) else None
+            if by_library is not None:  # across libraries: {"dense": ms, library: ms, ...}
+                if DENSE not in by_library or len(by_library) < 2:
+                    raise ValueError(f"measure({shape}) returned {by_library!r}; expected ms for 'dense' and at "
+                                     "least one library")
+                dense_ms = _check_ms(by_library.pop(DENSE), "dense_ms", shape)
+                times = tuple((name, _check_ms(ms, f"{name} ms", shape)) for name, ms in by_library.items())
+                library, sparse_ms = min(times, key=lambda pair: pair[1])
+            else:
+                dense_ms, sparse_ms = measured
+                dense_ms = _check_ms(dense_ms, "dense_ms", shape)
+                sparse_ms = _check_ms(sparse_ms, "sparse_ms", shape)
+                library, times = None, ()
             sparse = dense_ms / sparse_ms >= self.min_speedup
             reason = f"measured{self.label}; sparse needs >= {self.min_speedup:g}x"
-            decision = Decision(shape, sparse, dense_ms, sparse_ms, reason)
+            decision = Decision(shape, sparse, dense_ms, sparse_ms, reason, None, library, times, left_out)
         self._decisions[shape] = decision
         return decision
 
-    def decide_layer(self, shape: LayerShape, unsupported: str | None = None) -> LayerDecision:
+    def decide_layer(self, shape: LayerShape, unsupported: str | None = None,
+                     excluded: Mapping[str, str] | None = None) -> LayerDecision:
         """The (cached) plan for the forward and grad_input of a layer ``shape`` (``layer_plan.py``);
         their per-product :class:`Decision` entries are recorded too (with the product times alone),
-        so the reports list them. ``unsupported`` (a reason) forces all-dense, unmeasured."""
+        so the reports list them. ``unsupported`` (a reason) forces all-dense, unmeasured; ``excluded``:
+        {library: why it cannot run the layer} (a policy across libraries: measure_layer gives
+        ``LibraryLayerTimes``), reported with the decisions."""
         if shape in self._layers:
             return self._layers[shape]
+        left_out = tuple((excluded or {}).items())
         if unsupported is not None:
-            decision, times = unsupported_plan(shape, unsupported), None
+            decision, times = unsupported_plan(shape, unsupported, libraries=excluded is not None), None
         else:
             if self.measure_layer is None:
                 raise RuntimeError("AutoPolicy has no measure_layer function: per-layer plans are decided from "
                                    "timings taken on a GPU (the cuSPARSELt backend provides one)")
             times = self.measure_layer(shape)
-            if not isinstance(times, LayerTimes):
-                raise TypeError(f"measure_layer({shape}) must return LayerTimes, got {type(times).__name__}")
+            if not isinstance(times, (LayerTimes, LibraryLayerTimes)):
+                raise TypeError(f"measure_layer({shape}) must return LayerTimes or LibraryLayerTimes, got "
+                                f"{type(times).__name__}")
             decision = choose_plan(shape, times, self.min_speedup, self.label)
         self._layers[shape] = decision
-        for product, sparse in zip(("forward", "grad_input"), decision.plan):
+        for product, choice in zip(("forward", "grad_input"), decision.plan):
             ps = ProductShape.of_layer(product, shape.out_features, shape.in_features, shape.tokens, shape.dtype)
-            dense_ms = getattr(times, f"{product}_dense") if times else None
-            sparse_ms = getattr(times, f"{product}_sparse") if times else None
-            self._decisions[ps] = Decision(ps, sparse, dense_ms, sparse_ms, decision.reason, decision)
+            self._decisions[ps] = _layer_product(ps, choice, times, decision, left_out)
         return decision
 
     @property
@@ -195,7 +251,8 @@ class AutoPolicy:
             sparse = f"{d.sparse_ms:9.3f}" if d.sparse_ms is not None else f"{'-':>9}"
             speed = f"{d.speedup:7.2f}x" if d.speedup is not None else f"{'-':>8}"
             rows.append(f"{s.product:<12} {s.m:>6} {s.k:>6} {s.n:>6} {s.dtype:<9} {dense} {sparse} {speed}  "
-                        f"{'sparse' if d.sparse else 'dense'} ({d.reason})")
+                        f"{'sparse' if d.sparse else 'dense'}{f' on {d.library}' if d.sparse and d.library else ''} "
+                        f"({d.reason})")
         for layer in self._layers.values():
             s = layer.shape
             costs = ", ".join(f"{plan_name(p)} {ms:.3f} ms" for p, ms in layer.costs.items())

@@ -218,8 +218,13 @@ class CusparseltBackend(OperandPreparation, Backend, CusparseltReporting):
             sparse = self._decided[key] = self.policy.decide(shape, sparse_shape_problem(rows, cols, dtype)).sparse
         return sparse
 
+    @staticmethod
+    def padded_rows(tokens: int, dtype: torch.dtype) -> int:
+        """The rows a product of ``tokens`` rows runs on here (zero rows appended to the dtype's multiple)."""
+        return padded(tokens, dtype) if dtype in SPARSE_MULTIPLE else tokens + (-tokens) % 4
+
     def _rows_for(self, tokens: int, dtype: torch.dtype) -> int:
-        rows = padded(tokens, dtype) if dtype in SPARSE_MULTIPLE else tokens + (-tokens) % 4
+        rows = self.padded_rows(tokens, dtype)
         if rows != tokens:
             self.stats["padded_calls"] += 1
         return rows
@@ -330,6 +335,17 @@ class CusparseltBackend(OperandPreparation, Backend, CusparseltReporting):
 
 
 
+def reference_fallback(name: str) -> ReferenceFallback:
+    """What backend ``name`` gives on a machine without a CUDA GPU: the reference, with a
+    :class:`BackendFallbackWarning` naming the reason."""
+    reason = unavailable_reason()
+    warnings.warn(f"backend {name!r} was requested, but {reason}: SparseLinear layers run the reference "
+                  "backend ('torch', dense products of the same masked weights) instead; "
+                  "sparsity_lab.sparsify.backend_report(model) lists them",
+                  BackendFallbackWarning, stacklevel=4)
+    return ReferenceFallback(name, reason)
+
+
 def cusparselt_backend(auto: bool = False, min_speedup: float = 1.0, fused_mvue_compress: bool = True,
                        fused_prepare: bool = True):
     """What ``get_backend("cusparselt")`` (or ``"cusparselt_auto"``) builds; a benchmark that compares
@@ -341,12 +357,7 @@ def cusparselt_backend(auto: bool = False, min_speedup: float = 1.0, fused_mvue_
     name = "cusparselt_auto" if auto else "cusparselt"
     fused, prepare = fused_mvue_compress, fused_prepare
     if not torch.cuda.is_available():
-        reason = unavailable_reason()
-        warnings.warn(f"backend {name!r} was requested, but {reason}: SparseLinear layers run the reference "
-                      "backend ('torch', dense products of the same masked weights) instead; "
-                      "sparsity_lab.sparsify.backend_report(model) lists them",
-                      BackendFallbackWarning, stacklevel=3)
-        return ReferenceFallback(name, reason)
+        return reference_fallback(name)
     if not auto:
         return CusparseltBackend(fused_mvue_compress=fused, fused_prepare=prepare)
     backend = CusparseltBackend(policy=AutoPolicy(min_speedup=min_speedup), fused_mvue_compress=fused,

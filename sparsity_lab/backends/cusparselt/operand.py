@@ -43,6 +43,8 @@ class CusparseltOperand:
         self.backward = backward
         self.compressed: torch.Tensor | None = None
         self.compressed_t: torch.Tensor | None = None
+        # another library's operand of the same S(W), by library name, made on first use ("sparse_auto")
+        self.library_forms: dict[str, Any] = {}
 
     @property
     def weight(self) -> torch.Tensor:

@@ -77,7 +77,8 @@ class CusparseltReporting(BackendReport, MeasuresProducts):
                 "slow_compress_reasons": dict(self.slow_compress_reasons), "algorithms": self.algorithms.summary(),
                 "decisions": [dict(product=d.shape.product, m=d.shape.m, k=d.shape.k, n=d.shape.n,
                                    dtype=d.shape.dtype, sparse=d.sparse, dense_ms=d.dense_ms,
-                                   sparse_ms=d.sparse_ms, speedup=d.speedup, reason=d.reason, timing=mode)
+                                   sparse_ms=d.sparse_ms, speedup=d.speedup, reason=d.reason, timing=mode,
+                                   library=d.library, library_ms=dict(d.library_ms), excluded=dict(d.excluded))
                               for mode, policy in self._policies()
                               for d in (policy.decisions if policy else [])],
                 "layer_plans": [dict(out_features=d.shape.out_features, in_features=d.shape.in_features,

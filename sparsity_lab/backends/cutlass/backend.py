@@ -64,6 +64,18 @@ def require_cutlass(name: str) -> None:
         raise CutlassUnavailable(f"backend {name!r}: {err}\nOr {FALLBACKS[name]}") from err
 
 
+def product_problem(product: str, out_features: int, in_features: int, tokens: int, dtype: torch.dtype) -> str | None:
+    """Why :class:`CutlassBackend` cannot run ``product`` of a layer (out, in) over ``tokens`` rows (for the
+    forward and the input gradient: both, since they share the operand), or None. ``tokens`` of the weight
+    gradient: the rows after its padding to a multiple of 16."""
+    if dtype != torch.bfloat16:
+        return f"backend 'cutlass' multiplies bfloat16 operands, the layer computes in {str(dtype).replace('torch.', '')}"
+    if product == "grad_weight":
+        return ops.shape_problem(out_features, in_features, tokens, dtype, "n", "row")
+    return (ops.shape_problem(out_features, tokens, in_features, dtype, "k", "col")
+            or ops.shape_problem(in_features, tokens, out_features, dtype, "k", "col"))
+
+
 @dataclass
 class CutlassOperand:
     """One optimizer step's weight: S(W) (out, in) in the products' dtype and its compressed forms, made on

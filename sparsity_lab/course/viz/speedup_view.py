@@ -31,19 +31,21 @@ __all__ = ["FFN_KEYS", "FFN_VARIANTS", "PHASES", "check_ffn_rows", "ffn_errors",
 FFN_KEYS = ("tokens", "d_model", "ffn", "variant", "phase", "ms", "speedup_vs_dense")
 # the writer's names (benchmarks/ffn/schema.py, KNOWN_VARIANTS; viz does not import the
 # benchmarks, and tests/test_ffn_bench.py checks that the two lists agree)
-FFN_VARIANTS = ("dense", "ours_fixed_mask", "ours_mask_every_step", "ours_mvue", "ours_mvue_refresh40",
-                "ours_mvue_dense_products", "pytorch_semi_structured", "auto", "ours_fp8", "auto_refresh10")
+FFN_VARIANTS = ("dense", "ours_fixed_mask", "ours_mask_every_step", "ours_mvue", "cutlass_mvue", "ours_mvue_refresh40",
+                "ours_mvue_dense_products", "pytorch_semi_structured", "auto", "ours_fp8", "auto_refresh10",
+                "sparse_auto")
 # what a reader sees in a legend: the recording's variant names are the benchmark's own
 READER_NAMES = {"dense": "dense", "ours_fixed_mask": "2:4, mask fixed", "ours_mask_every_step": "2:4, mask every step",
-                "ours_mvue": "2:4 + MVUE (S-STE)", "ours_mvue_refresh40": "2:4 + MVUE, mask every 40 steps",
+                "ours_mvue": "2:4 + MVUE (S-STE)", "cutlass_mvue": "2:4 + MVUE (S-STE), CUTLASS products", "ours_mvue_refresh40": "2:4 + MVUE, mask every 40 steps",
                 "ours_mvue_dense_products": "2:4 per-step work, dense products",
                 "pytorch_semi_structured": "PyTorch semi-structured", "auto": "2:4 where it pays (auto)",
-                "ours_fp8": "2:4 FP8", "auto_refresh10": "auto, mask every 10 steps"}
+                "ours_fp8": "2:4 FP8", "auto_refresh10": "auto, mask every 10 steps",
+                "sparse_auto": "2:4 where it pays, cuSPARSELt or CUTLASS (sparse_auto)"}
 PHASES = ("fwd", "fwd_bwd")
 PHASE_TITLES = {"fwd": "forward", "fwd_bwd": "forward + backward"}
-COLORS = {"ours_fixed_mask": "#1f77b4", "ours_mask_every_step": "#2ca02c", "ours_mvue": "#9467bd", "ours_mvue_refresh40": "#17becf",
+COLORS = {"ours_fixed_mask": "#1f77b4", "ours_mask_every_step": "#2ca02c", "ours_mvue": "#9467bd", "cutlass_mvue": "#aec7e8", "ours_mvue_refresh40": "#17becf",
           "ours_mvue_dense_products": "#bcbd22", "ours_fp8": "#8c564b", "pytorch_semi_structured": "#d62728",
-          "auto": "#ff7f0e", "auto_refresh10": "#e377c2", "dense": "#7f7f7f"}
+          "auto": "#ff7f0e", "auto_refresh10": "#e377c2", "sparse_auto": "#ffbb78", "dense": "#7f7f7f"}
 
 
 def recorded(name: str, directory: str | Path | None = None) -> dict | None:
