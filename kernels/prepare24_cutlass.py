@@ -25,8 +25,9 @@ The idea
 
 Bytes (W of O x I elements, weight element size s, operand element size p: 2 for bf16, 1 for E4M3)
     read ``s O I`` (W) + ``O I`` (bool mask); write ``2 * (p O I / 2 + O I / 8)`` (plus the padding of
-    the metadata). The path it replaces wrote S(W) (``p O I``), read it twice, wrote S(W)^T (a
-    transposing copy, ``2 p O I``) and compressed both.
+    the metadata). The path it replaces: ``(s + 1 + p) O I`` for S(W), ``2 p O I`` for the transposed
+    copy CUTLASS's row-major compressor needs, ``p O I`` read by each of the two compressions, then the
+    same writes: ``4 p O I`` more (16 bytes per element for bf16).
 """
 from __future__ import annotations
 

@@ -25,9 +25,10 @@ metadata  one byte per 8 columns: ``round_up(m, 64) * round_up(k, 128) / 8`` byt
 
 Which entries are kept: the non-zero ones, a signed zero counted as zero (the compressor masks the sign
 bit). A group with fewer than two non-zeros is filled with +0.0 and named by the compressor's rule:
-none -> columns (0, 0), code 0 (not a pair; the product ignores it: both values are zero); one in
-column c < 3 -> (c, 3) with the value first; one in column 3 -> (0, 3) with the value second. A -0.0 is
-never copied: its slot holds +0.0. (cuSPARSELt differs in the last two points: ``cusparselt_layout``.)
+none -> columns (0, 0), code 0 (not a pair, with both values zero: CUTLASS's products take it, as
+tests/test_cutlass_backend.py's -0.0 test multiplies such groups); one in column c < 3 -> (c, 3) with
+the value first; one in column 3 -> (0, 3) with the value second. A -0.0 is never copied: its slot
+holds +0.0. (``cusparselt_layout.kept_pairs`` names an empty group (0, 3) and copies a -0.0 slot as it is.)
 
 A group with more than two non-zeros is not 2:4: the compressor's output is undefined, and
 :func:`compress` refuses it.
