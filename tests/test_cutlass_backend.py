@@ -475,12 +475,13 @@ def test_gpu_products_through_kernel_22_operands_equal_the_dense_product(dtype, 
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("name", ["cutlass", "cutlass_fp8"])
-@pytest.mark.parametrize("method", [sl.STE(transposable=True, mvue=True), sl.SSTE(transposable=True)],
-                         ids=["ste_mvue", "sste"])
+@pytest.mark.parametrize("method", [sl.STE(transposable=True, mvue=True), sl.SSTE(transposable=True, mvue=True)],
+                         ids=["ste_mvue", "sste_mvue"])
 def test_gpu_fused_prepare_changes_no_bit_of_the_layer(name, method):
-    """The same layer with the weight operands from kernel 22 and from S(W) then CUTLASS's compressor: the same
-    bytes, so the same outputs and gradients bit for bit, over three steps; the fused one wrote both forms once
-    per step."""
+    """The same layer with its weight operands from kernel 22 and from S(W) then CUTLASS's compressor: the same
+    bytes, so every output, gradient (and FP8 amax history) equal bit for bit, at the current-scaling first
+    step and the delayed steps after it, the weights moving; a forward prepared without the input-gradient
+    form (evaluation) writes it on demand, the same bytes."""
     from sparsity_lab.backends.cusparselt.fp8_train import FP8Engine
     from sparsity_lab.backends.cutlass.fp8 import CutlassFP8Backend
 
@@ -494,23 +495,32 @@ def test_gpu_fused_prepare_changes_no_bit_of_the_layer(name, method):
         fused.backend = CutlassFP8Backend(FP8Engine(name, "scaled_mm")).for_layer(fused)
         plain.backend = CutlassFP8Backend(FP8Engine(name, "scaled_mm", fused=False)).for_layer(plain)
     plain.mvue_seed = fused.mvue_seed
-    x = torch.randn(200, 512, device="cuda", dtype=BF16, requires_grad=True)
-    x2 = x.detach().clone().requires_grad_(True)
-    for layer in (fused, plain):
-        sl.attach_optimizer(layer, torch.optim.SGD(layer.parameters(), lr=0.0))
-    for _ in range(3):
-        z, z2 = fused(x), plain(x2)
-        assert torch.equal(z, z2)
-        dz = torch.randn_like(z)
-        z.backward(dz)
-        z2.backward(dz)
-        assert torch.equal(x.grad, x2.grad) and torch.equal(fused.weight.grad, plain.weight.grad)
-        delta = 0.01 * torch.randn_like(fused.weight)  # a new W each step: the operands are made again
-        for layer in (fused, plain):
-            with torch.no_grad():
-                layer.weight.add_(delta)
-            layer.advance_step()
-            layer.weight.grad = None
-        x.grad = x2.grad = None
+    opts = [torch.optim.SGD(layer.parameters(), lr=0.5) for layer in (fused, plain)]
+    for layer, opt in zip((fused, plain), opts):
+        sl.attach_optimizer(layer, opt)
+    for _ in range(4):
+        x = torch.randn(192, 512, device="cuda", dtype=BF16)
+        xs = [x.clone().requires_grad_(True) for _ in range(2)]
+        zs = [layer(xi) for layer, xi in zip((fused, plain), xs)]
+        assert torch.equal(zs[0], zs[1])
+        dz = torch.randn_like(zs[0])
+        for z in zs:
+            z.backward(dz)
+        assert torch.equal(xs[0].grad, xs[1].grad) and torch.equal(fused.weight.grad, plain.weight.grad)
+        if name == "cutlass_fp8":
+            assert torch.equal(fused.backend.scaling.amax_history, plain.backend.scaling.amax_history)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad()
     if name == "cutlass":
-        assert fused.backend.stats["fused_prepares"] == 3 and plain.backend.stats["fused_prepares"] == 0
+        assert fused.backend.stats["fused_prepares"] == 4 and plain.backend.stats["fused_prepares"] == 0
+    with torch.no_grad():
+        assert torch.equal(fused(x), plain(x))
+    beta = fused.beta if method.soft_threshold else None
+    op = fused.backend.prepare_masked(fused.weight.detach(), fused.mask, beta, 2, 4, BF16, backward=False)
+    full = fused.backend.prepare_masked(fused.weight.detach(), fused.mask, beta, 2, 4, BF16)
+    first, late = fused.backend._compressed(op, False), fused.backend._compressed(op, True)
+    assert op.compressed_t is late  # written on demand, after the forward form alone
+    for a, b in ((first, fused.backend._compressed(full, False)), (late, fused.backend._compressed(full, True))):
+        assert torch.equal(a.values.view(torch.uint8), b.values.view(torch.uint8)) and torch.equal(a.metadata,
+                                                                                                    b.metadata)
