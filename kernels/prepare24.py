@@ -19,6 +19,8 @@ The idea
 
     Kernel 18 (``prepare24_fp8.py``) runs this same program with ``FP8=True``: S is cast to FP8 with a
     given scale before the two stores (``_fp8_bits``), and each program writes the amax of its S.
+    Kernel 22 (``prepare24_cutlass.py``) computes S with the same helpers (``_sparse_groups``,
+    ``_operand_bits``, ``_groups_amax``) and stores it in CUTLASS's SM90 layout instead.
 
 Bytes (W of O x I elements, weight element size s, product element size p = 2)
     read ``s O I`` (W) + ``O I`` (bool mask); write ``2 * (p O I / 2 + O I / 8)`` (two compressed
@@ -79,20 +81,9 @@ def _fp8_bits(s, inv_scale, FMAX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.co
 
 
 @triton.jit
-def _prepare24_kernel(w_ptr, mask_ptr, beta_ptr, vals_ptr, meta_ptr, vals_t_ptr, meta_t_ptr,
-                      inv_scale_ptr, partial_ptr, stride_r, stride_c, n_rows, n_cols,
-                      SOFT: tl.constexpr, WRITE_W: tl.constexpr, WRITE_T: tl.constexpr,
-                      OUT_DTYPE: tl.constexpr, FP8: tl.constexpr = False, WRITE_AMAX: tl.constexpr = False,
-                      FMAX: tl.constexpr = 448.0, MBITS: tl.constexpr = 3, EMIN: tl.constexpr = -6,
-                      SIGN_OFF: tl.constexpr = 0x7FFF,
-                      TILE_COLS: tl.constexpr = 32):
-    # TILE_COLS: columns of a metadata tile (8 groups of 16-bit values, 16 of 8-bit); SIGN_OFF masks the sign bit
-    r0 = tl.program_id(0) * 64
-    c0 = tl.program_id(1) * 64
-    rows = (r0 + tl.arange(0, 64))[:, None]
-    cols = (c0 + tl.arange(0, 64))[None, :]
-    w = tl.load(w_ptr + rows * stride_r + cols * stride_c)
-    m = tl.load(mask_ptr + rows * n_cols + cols)
+def _sparse_groups(w, m, beta_ptr, SOFT: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """S of a (64, 64) tile of W and of the mask, as its groups' four members s0..s3, each (64, 16) of
+    OUT_DTYPE: ``beta * soft_threshold`` (SOFT) or ``w * m`` (module docstring)."""
     w0, w1, w2, w3 = _split_groups(w)
     m0, m1, m2, m3 = _split_groups(m)
     k0 = m0 != 0
@@ -117,11 +108,23 @@ def _prepare24_kernel(w_ptr, mask_ptr, beta_ptr, vals_ptr, meta_ptr, vals_t_ptr,
         s1 = (w1.to(tl.float32) * k1.to(tl.float32)).to(OUT_DTYPE)
         s2 = (w2.to(tl.float32) * k2.to(tl.float32)).to(OUT_DTYPE)
         s3 = (w3.to(tl.float32) * k3.to(tl.float32)).to(OUT_DTYPE)
-    if WRITE_AMAX:  # amax of S in the operand dtype, what the unfused cast of S would return
-        a = tl.maximum(tl.maximum(tl.abs(s0.to(tl.float32)), tl.abs(s1.to(tl.float32))),
-                       tl.maximum(tl.abs(s2.to(tl.float32)), tl.abs(s3.to(tl.float32))))
-        tl.store(partial_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), tl.max(tl.max(a, axis=1), axis=0))
-    if FP8:  # q(S): the operand's bits as E4M3 / E5M2 with the given scale (zeros stay zeros)
+    return s0, s1, s2, s3
+
+
+@triton.jit
+def _groups_amax(s0, s1, s2, s3):
+    """amax of S in the operand dtype (a float32 scalar), what the unfused cast of S would return."""
+    a = tl.maximum(tl.maximum(tl.abs(s0.to(tl.float32)), tl.abs(s1.to(tl.float32))),
+                   tl.maximum(tl.abs(s2.to(tl.float32)), tl.abs(s3.to(tl.float32))))
+    return tl.max(tl.max(a, axis=1), axis=0)
+
+
+@triton.jit
+def _operand_bits(s0, s1, s2, s3, inv_scale_ptr, FP8: tl.constexpr, FMAX: tl.constexpr, MBITS: tl.constexpr,
+                  EMIN: tl.constexpr):
+    """The operand's raw bits: q(S) as FP8 bytes with the scale at ``inv_scale_ptr`` (FP8; zeros stay
+    zeros), else S's own 16 bits (int16)."""
+    if FP8:
         inv_scale = tl.load(inv_scale_ptr)
         b0 = _fp8_bits(s0, inv_scale, FMAX, MBITS, EMIN)
         b1 = _fp8_bits(s1, inv_scale, FMAX, MBITS, EMIN)
@@ -132,6 +135,28 @@ def _prepare24_kernel(w_ptr, mask_ptr, beta_ptr, vals_ptr, meta_ptr, vals_t_ptr,
         b1 = s1.to(tl.int16, bitcast=True)
         b2 = s2.to(tl.int16, bitcast=True)
         b3 = s3.to(tl.int16, bitcast=True)
+    return b0, b1, b2, b3
+
+
+@triton.jit
+def _prepare24_kernel(w_ptr, mask_ptr, beta_ptr, vals_ptr, meta_ptr, vals_t_ptr, meta_t_ptr,
+                      inv_scale_ptr, partial_ptr, stride_r, stride_c, n_rows, n_cols,
+                      SOFT: tl.constexpr, WRITE_W: tl.constexpr, WRITE_T: tl.constexpr,
+                      OUT_DTYPE: tl.constexpr, FP8: tl.constexpr = False, WRITE_AMAX: tl.constexpr = False,
+                      FMAX: tl.constexpr = 448.0, MBITS: tl.constexpr = 3, EMIN: tl.constexpr = -6,
+                      SIGN_OFF: tl.constexpr = 0x7FFF,
+                      TILE_COLS: tl.constexpr = 32):
+    # TILE_COLS: columns of a metadata tile (8 groups of 16-bit values, 16 of 8-bit); SIGN_OFF masks the sign bit
+    r0 = tl.program_id(0) * 64
+    c0 = tl.program_id(1) * 64
+    rows = (r0 + tl.arange(0, 64))[:, None]
+    cols = (c0 + tl.arange(0, 64))[None, :]
+    w = tl.load(w_ptr + rows * stride_r + cols * stride_c)
+    m = tl.load(mask_ptr + rows * n_cols + cols)
+    s0, s1, s2, s3 = _sparse_groups(w, m, beta_ptr, SOFT, OUT_DTYPE)
+    if WRITE_AMAX:
+        tl.store(partial_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), _groups_amax(s0, s1, s2, s3))
+    b0, b1, b2, b3 = _operand_bits(s0, s1, s2, s3, inv_scale_ptr, FP8, FMAX, MBITS, EMIN)
     if WRITE_W:  # S(W): rows r0.., groups c0 / 4.. of the (n_rows, n_cols) operand
         v0, v1, code = _pick(b0, b1, b2, b3, SIGN_OFF)
         _store_compressed(vals_ptr, meta_ptr, r0, c0 // 4, v0, v1, code, n_cols // 2, n_cols // TILE_COLS, FP8, 16)
@@ -146,8 +171,10 @@ def _prepare24_kernel(w_ptr, mask_ptr, beta_ptr, vals_ptr, meta_ptr, vals_t_ptr,
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def check_weight_mask_beta(w: torch.Tensor, mask: torch.Tensor, beta, dtype: torch.dtype, dtype_name: str):
-    """The checks kernel 11's wrappers share (``prepare24`` and ``prepare24_fp8``); returns beta as a
+def check_weight_mask_beta(w: torch.Tensor, mask: torch.Tensor, beta, dtype: torch.dtype, dtype_name: str,
+                           whole_tiles: bool = True):
+    """The checks kernel 11's wrappers share (``prepare24`` and ``prepare24_fp8``; kernel 22's too, with
+    ``whole_tiles=False``: it masks partial tiles and checks its own shape rule); returns beta as a
     float tensor on w's device (or None). dtype: what S is rounded to, named ``dtype_name`` in errors."""
     check_tensor(w, "w", HALF_AND_FLOAT)
     check_tensor(mask, "mask", (torch.bool,))
@@ -157,7 +184,7 @@ def check_weight_mask_beta(w: torch.Tensor, mask: torch.Tensor, beta, dtype: tor
     if dtype not in _TL_DTYPES:
         raise TypeError(f"{dtype_name} must be bfloat16 or float16 (the product dtype S is rounded to), got {dtype}")
     rows, cols = w.shape
-    if rows % TILE or cols % TILE:
+    if whole_tiles and (rows % TILE or cols % TILE):
         raise ValueError(f"w has shape {tuple(w.shape)}; out and in must be multiples of {TILE} "
                          "(use soft_threshold24 / w * mask, then torch._cslt_compress, for other shapes)")
     if rows * cols > 2**31 - 1 or (rows - 1) * abs(w.stride(0)) + (cols - 1) * abs(w.stride(1)) > 2**31 - 1:

@@ -170,6 +170,101 @@ def test_the_backends_route_each_product_like_the_reference(name, reference, met
     assert backend_report(real)[0].products["grad_weight"].startswith("MVUE 2:4 sparse" if name == "cutlass" else "2:4")
 
 
+class _LayoutStandIn:
+    """``ops.compress`` / ``ops.mm`` on the CPU through the layout's reference (``references/cutlass_layout``):
+    real CUTLASS bytes in, the product of what they decode to out. With it the operands kernel 22 writes (run
+    interpreted) go through the backends' plumbing on the CPU."""
+
+    @staticmethod
+    def compress(a):
+        from sparsity_lab.references import cutlass_layout
+        return ops.SparseOperand(*cutlass_layout.compress(a), tuple(a.shape))
+
+    @staticmethod
+    def mm(a, b, b_layout="k", out_layout="col", scale_a=None, scale_b=None, config=None):
+        from sparsity_lab.references import cutlass_layout
+        dense = cutlass_layout.decompress(a.values, a.metadata, *a.shape)
+        return _DenseStandIn.mm(ops.SparseOperand(dense, a.metadata, a.shape), b, b_layout, out_layout, scale_a,
+                                scale_b, config)
+
+
+@pytest.mark.parametrize("name,reference,tol", [("cutlass", "triton", 1e-2), ("cutlass_fp8", "fp8_reference", 2e-2)])
+@pytest.mark.parametrize("method", [sl.STE(transposable=True, mvue=True), sl.SSTE(transposable=True)],
+                         ids=["ste_mvue", "sste"])
+def test_the_weight_operands_written_by_kernel_22_give_the_reference_products(name, reference, tol, method,
+                                                                              monkeypatch):
+    """prepare_masked on the fused path (kernel 22 from W and the mask, widened to the CPU interpreter): the
+    layer's products through those bytes equal the reference backend's, step after step, and the forms are
+    written once per step, both in one pass. FP8's tolerance is the GPU layer test's: the interpreter
+    truncates S to bf16 where PyTorch rounds, which can move amax(S), hence the scale, hence every q."""
+    from sparsity_lab.backends.cusparselt.fp8_train import FP8Engine
+    from sparsity_lab.backends.cutlass.fp8 import CutlassFP8Backend
+
+    monkeypatch.setattr(ops, "compress", _LayoutStandIn.compress)
+    monkeypatch.setattr(ops, "mm", _LayoutStandIn.mm)
+    monkeypatch.setattr(cutlass_backend, "_fused_device", lambda t: True)
+    monkeypatch.setattr(FP8Engine, "check", lambda self, t, what: None)
+    from sparsity_lab.backends.cutlass import fp8 as cutlass_fp8
+    monkeypatch.setattr(cutlass_fp8, "_fused_device", lambda t: True)
+    calls = []
+    import sparsity_lab.kernels as kernels
+    for fn in ("prepare24_cutlass", "prepare24_cutlass_fp8"):
+        original = getattr(kernels, fn)
+        monkeypatch.setattr(kernels, fn, lambda *a, _f=original, _n=fn, **k: calls.append((_n, k)) or _f(*a, **k))
+    torch.manual_seed(1)
+    real = sl.SparseLinear(64, 32, method=dataclasses.replace(method, backend=reference), dtype=BF16)
+    ref = copy.deepcopy(real)
+    if name == "cutlass":
+        real.backend = cutlass_backend.CutlassBackend()
+    else:
+        real.backend = CutlassFP8Backend(FP8Engine(name, "scaled_mm")).for_layer(real)
+    real.method = dataclasses.replace(method, backend=name)
+    ref.mvue_seed = real.mvue_seed
+    x = torch.randn(30, 64, dtype=BF16, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    for layer in (real, ref):
+        sl.attach_optimizer(layer, torch.optim.SGD(layer.parameters(), lr=0.0))
+    for _ in range(2):
+        z, z_ref = real(x), ref(x2)
+        dz = torch.randn_like(z)
+        z.backward(dz)
+        z_ref.backward(dz)
+        assert _rel(z, z_ref) < tol and _rel(x.grad, x2.grad) < tol
+        assert _rel(real.weight.grad, ref.weight.grad) < tol
+        for layer in (real, ref):
+            layer.advance_step()
+            layer.weight.grad = None
+        x.grad = x2.grad = None
+    fused = [k for n, k in calls if n == ("prepare24_cutlass" if name == "cutlass" else "prepare24_cutlass_fp8")]
+    assert len(fused) == 2 and all(k.get("transposed", True) for k in fused)  # one pass per step, both forms
+
+
+def test_the_fused_bf16_operand_is_written_on_first_use_and_equals_the_compressors_path(monkeypatch):
+    """CutlassBackend.prepare_masked with kernel 22 (interpreted) against fused_prepare=False (S(W), then the
+    compressor, here the layout's reference): the same bytes for both forms; nothing runs before first use.
+    W is a multiple of 1/16 up to 4 and beta 0.75, so S-STE's S is exact in bf16 (the interpreter truncates
+    float32 -> bf16 where PyTorch rounds); the many equal magnitudes are ties for the mask and the threshold."""
+    from sparsity_lab.kernels import transposable_mask24
+
+    monkeypatch.setattr(ops, "compress", _LayoutStandIn.compress)
+    monkeypatch.setattr(cutlass_backend, "_fused_device", lambda t: True)
+    w = torch.randint(-64, 65, (48, 80), generator=torch.Generator().manual_seed(3)).float() / 16
+    mask = transposable_mask24(w, pruned=False)[0]
+    beta = torch.tensor(0.75)
+    fused, plain = cutlass_backend.CutlassBackend(), cutlass_backend.CutlassBackend(fused_prepare=False)
+    a = fused.prepare_masked(w, mask, beta, 2, 4, BF16)
+    b = plain.prepare_masked(w, mask, beta, 2, 4, BF16)
+    assert a.weight is None and a.compressed is None and fused.stats["fused_prepares"] == 0
+    assert a.shape == b.shape == (48, 80) and a.dtype == b.dtype == BF16
+    for transposed in (False, True):
+        x, y = fused._compressed(a, transposed), plain._compressed(b, transposed)
+        assert x.shape == y.shape and torch.equal(x.values.view(torch.int16), y.values.view(torch.int16))
+        assert torch.equal(x.metadata, y.metadata)
+    assert fused.stats["fused_prepares"] == 1 and fused.stats["compressions"] == 2
+    with pytest.raises(TypeError, match="bfloat16"):
+        fused.prepare_masked(w, mask, beta, 2, 4, torch.float16)
+
+
 # --- GPU ------------------------------------------------------------------------------------------------------
 def _is_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -343,3 +438,89 @@ def test_gpu_layers_match_the_reference_backend(name, reference, tol, method):
             layer.weight.grad = None
         x.grad = x2.grad = None
     assert backend_report(real)[0].products["forward"].startswith("2:4 sparse")
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("dtype", [BF16, E4M3], ids=["bf16", "e4m3"])
+@pytest.mark.parametrize("soft", [False, True], ids=["ste", "sste"])
+@pytest.mark.parametrize("out_f,in_f", [(512, 1024), (224, 352), (1056, 544)])
+def test_gpu_products_through_kernel_22_operands_equal_the_dense_product(dtype, soft, out_f, in_f):
+    """S(W) and S(W)^T written by kernel 22 (W with -0.0 and ties) multiply like the dense S: the forward
+    (Z^T = S X^T) and the input gradient (dX^T = S^T dZ^T), both D layouts."""
+    from sparsity_lab.kernels import prepare24_cutlass, prepare24_cutlass_fp8, quantize_fp8_with_scale
+    from sparsity_lab.kernels import soft_threshold24, transposable_mask24
+
+    gen = torch.Generator(device="cuda").manual_seed(out_f + in_f + soft)
+    w = torch.randn(out_f, in_f, device="cuda", generator=gen)
+    w[::5, ::3] = -0.0
+    w[1::9] = torch.tensor([1.5, -1.5, 1.5, -1.5], device="cuda").repeat(in_f // 4)
+    mask = transposable_mask24(w, pruned=False)[0]
+    beta = torch.tensor(0.8, device="cuda") if soft else None
+    s = soft_threshold24(w, mask, beta, out_dtype=BF16) if soft else w.to(BF16) * mask
+    if dtype == BF16:
+        fwd, bwd = prepare24_cutlass(w, mask, beta)
+    else:
+        inv_scale = torch.tensor([448.0 / 4.0], device="cuda")
+        s, _ = quantize_fp8_with_scale(s, inv_scale)
+        fwd, bwd, _ = prepare24_cutlass_fp8(w, mask, beta, inv_scale)
+    a, a_t = ops.SparseOperand(*fwd, (out_f, in_f)), ops.SparseOperand(*bwd, (in_f, out_f))
+    x = torch.randn(136, in_f, device="cuda", generator=gen).to(dtype)
+    dz = torch.randn(136, out_f, device="cuda", generator=gen).to(dtype)
+    for out_layout in ("col", "row"):
+        _check(ops.mm(a, x, "k", out_layout), s, x, "k", out_layout)
+        _check(ops.mm(a_t, dz, "k", out_layout), s.t(), dz, "k", out_layout)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("name", ["cutlass", "cutlass_fp8"])
+@pytest.mark.parametrize("method", [sl.STE(transposable=True, mvue=True), sl.SSTE(transposable=True, mvue=True)],
+                         ids=["ste_mvue", "sste_mvue"])
+def test_gpu_fused_prepare_changes_no_bit_of_the_layer(name, method):
+    """The same layer with its weight operands from kernel 22 and from S(W) then CUTLASS's compressor: the same
+    bytes, so every output, gradient (and FP8 amax history) equal bit for bit, at the current-scaling first
+    step and the delayed steps after it, the weights moving; a forward prepared without the input-gradient
+    form (evaluation) writes it on demand, the same bytes."""
+    from sparsity_lab.backends.cusparselt.fp8_train import FP8Engine
+    from sparsity_lab.backends.cutlass.fp8 import CutlassFP8Backend
+
+    torch.manual_seed(6)
+    fused = sl.SparseLinear(512, 256, method=dataclasses.replace(method, backend=name), device="cuda", dtype=BF16)
+    plain = copy.deepcopy(fused)
+    if name == "cutlass":
+        fused.backend = cutlass_backend.CutlassBackend()
+        plain.backend = cutlass_backend.CutlassBackend(fused_prepare=False)
+    else:
+        fused.backend = CutlassFP8Backend(FP8Engine(name, "scaled_mm")).for_layer(fused)
+        plain.backend = CutlassFP8Backend(FP8Engine(name, "scaled_mm", fused=False)).for_layer(plain)
+    plain.mvue_seed = fused.mvue_seed
+    opts = [torch.optim.SGD(layer.parameters(), lr=0.5) for layer in (fused, plain)]
+    for layer, opt in zip((fused, plain), opts):
+        sl.attach_optimizer(layer, opt)
+    for _ in range(4):
+        x = torch.randn(192, 512, device="cuda", dtype=BF16)
+        xs = [x.clone().requires_grad_(True) for _ in range(2)]
+        zs = [layer(xi) for layer, xi in zip((fused, plain), xs)]
+        assert torch.equal(zs[0], zs[1])
+        dz = torch.randn_like(zs[0])
+        for z in zs:
+            z.backward(dz)
+        assert torch.equal(xs[0].grad, xs[1].grad) and torch.equal(fused.weight.grad, plain.weight.grad)
+        if name == "cutlass_fp8":
+            assert torch.equal(fused.backend.scaling.amax_history, plain.backend.scaling.amax_history)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad()
+    if name == "cutlass":
+        assert fused.backend.stats["fused_prepares"] == 4 and plain.backend.stats["fused_prepares"] == 0
+    with torch.no_grad():
+        assert torch.equal(fused(x), plain(x))
+    beta = fused.beta if method.soft_threshold else None
+    op = fused.backend.prepare_masked(fused.weight.detach(), fused.mask, beta, 2, 4, BF16, backward=False)
+    full = fused.backend.prepare_masked(fused.weight.detach(), fused.mask, beta, 2, 4, BF16)
+    first, late = fused.backend._compressed(op, False), fused.backend._compressed(op, True)
+    assert op.compressed_t is late  # written on demand, after the forward form alone
+    for a, b in ((first, fused.backend._compressed(full, False)), (late, fused.backend._compressed(full, True))):
+        assert torch.equal(a.values.view(torch.uint8), b.values.view(torch.uint8)) and torch.equal(a.metadata,
+                                                                                                    b.metadata)

@@ -1,5 +1,5 @@
 """Kernel benchmark sections for the kernels that write cuSPARSELt's compressed layout:
-8 compress24, 10 mvue_compress24, 11 prepare24 and 17 prune24_tokens."""
+8 compress24, 10 mvue_compress24, 11 prepare24 and 17 prune24_tokens; and CUTLASS's: 22 prepare24_cutlass."""
 from __future__ import annotations
 
 import torch
@@ -84,6 +84,57 @@ def prepare24(bench: Bench) -> None:
             two_ms = timer(lambda w=w, b=b: unfused(w, b))
             report.ratio("11 prepare24", f"{wname} {mname} vs threshold then compress24 twice", w.shape, ms,
                          "three kernels", two_ms, None)
+
+
+def _cutlass_compress(device: torch.device):
+    """(compress, name): CUTLASS's own compressor (``ops.compress``) where the CUTLASS backend runs, else the
+    layout's plain-PyTorch reference; compress(S) -> (values, metadata)."""
+    if device.type == "cuda":
+        from sparsity_lab.backends.cutlass.backend import unavailable_reason
+        if unavailable_reason() is None:
+            from sparsity_lab.backends.cutlass import ops
+
+            def compress(s):
+                c = ops.compress(s)
+                return c.values, c.metadata
+            return compress, "CUTLASS's compressor"
+    from sparsity_lab.references import cutlass_layout
+    return cutlass_layout.compress, "the layout's reference"
+
+
+def prepare24_cutlass(bench: Bench) -> None:
+    """22. S(W) and S(W)^T straight from W into CUTLASS's layout, against what the CUTLASS backend did before:
+    S(W), a transposed copy and CUTLASS's compressor twice (timed where that backend runs)."""
+    device, rows, cols, timer, report = bench.device, bench.rows, bench.cols, bench.timer, bench.report
+    prow, pcol = max(16, rows - rows % 16), max(16, cols - cols % 16)
+    w32 = torch.randn(prow, pcol, device=device)
+    if device.type != "cuda":  # the CPU interpreter truncates fp32 -> bf16 (the GPU rounds): bf16-exact weights
+        w32 = w32.to(bf16).float()
+    mask = K.transposable_mask24(w32, pruned=False)[0]
+    beta = torch.tensor(0.8, device=device)
+    compress, compressor = _cutlass_compress(device)
+
+    def unfused(w, b):
+        s = K.soft_threshold24(w, mask, b, out_dtype=bf16) if b is not None else w.to(bf16) * mask
+        return compress(s), compress(s.t().contiguous())
+    for w in (w32, w32.to(bf16)):
+        wname = "fp32" if w.dtype == torch.float32 else "bf16"
+        for b, mname in ((beta, "S-STE"), (None, "STE")):
+            got, want = K.prepare24_cutlass(w, mask, b), unfused(w, b)
+            check(f"prepare24_cutlass {wname} {mname} against {compressor}",
+                  all(torch.equal(g.view(torch.uint8), e.view(torch.uint8))
+                      for g_form, e_form in zip(got, want) for g, e in zip(g_form, e_form)))
+            n = w.numel()
+            nbytes = w.element_size() * n + n + 2 * (n + n // 8)  # W, mask; two compressed forms (+ padding)
+            cfgs = [{"num_warps": nw} for nw in (4, 8)]
+            ms, cfg, allc = bench.sweep(lambda w=w, b=b, **c: (lambda: K.prepare24_cutlass(w, mask, b, **c)), cfgs)
+            report.memory_bound("22 prepare24_cutlass", f"{wname} W, {mname} -> S(W), S(W)^T in CUTLASS's layout",
+                                w.shape, nbytes, ms, cfg, allc, counts_for_target=False,
+                                note="added after the copy-rate target was set: not counted in it")
+            if compressor == "CUTLASS's compressor":
+                report.ratio("22 prepare24_cutlass", f"{wname} {mname} vs threshold, transposed copy, CUTLASS's "
+                             "compressor twice", w.shape, ms, "four kernels", timer(lambda w=w, b=b: unfused(w, b)),
+                             None)
 
 
 def prune24_tokens(bench: Bench) -> None:

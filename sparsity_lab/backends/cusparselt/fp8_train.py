@@ -115,6 +115,23 @@ class FP8Operand:
         self.q_t: torch.Tensor | None = None
 
 
+def fused_weight_operand(state: FP8ScalingState, weight, mask, beta, dtype, backward: bool, amax_fn,
+                         prepare_fn) -> FP8Operand:
+    """The step's sparse FP8 weight operand written from the master W and the mask by a fused kernel: the
+    compressed q(S(W)) (and q(S(W))^T when ``backward``) and amax(S(W)), with the scale of ``state``'s recipe
+    (current scaling: after the amax pass ``amax_fn(w, mask, beta, dtype)``). ``prepare_fn(w, mask, beta,
+    inv_scale, dtype, forward=, transposed=) -> (forward form, transposed form, amax)``: kernel 18
+    (cuSPARSELt's layout) or kernel 22 (CUTLASS's)."""
+    observed = None if state.uses_history else amax_fn(weight, mask, beta, dtype)
+    scale, inv_scale, _ = state.scales_for("w", None, observed_amax=observed)
+    fwd, bwd, a = prepare_fn(weight, mask, beta, inv_scale, dtype, transposed=backward)
+
+    def make_transposed():  # the same S(W) and scale (nothing advances before this step's backward)
+        return prepare_fn(weight, mask, beta, inv_scale, dtype, forward=False)[1]
+    return FP8Operand(None, None, scale, shape=tuple(weight.shape), compressed=fwd, compressed_t=bwd,
+                      make_transposed=None if backward else make_transposed, amax=a, host_exp=state.host_exponent("w"))
+
+
 @dataclass
 class _ForwardX:
     """What the forward leaves for the backward: q(X) (padded rows), q(X)^T (GPU engines), s_x, X's amax
@@ -391,16 +408,9 @@ class FP8Backend(Backend, BackendReport, nn.Module):
         if not (self.engine.fused and self.engine.engine == "cusparselt" and weight.is_cuda
                 and (n, m) == (2, 4) and dtype in HALF and self.scaling.recipe.format_of("w") == "e4m3"):
             return self.prepare(self.sparse_weight_as(weight, mask, beta, n, m, dtype))
-        k, state = self.engine.kernels(), self.scaling
-        observed = None if state.uses_history else k.prepare24_amax(weight, mask, beta, dtype)
-        scale, inv_scale, _ = state.scales_for("w", None, observed_amax=observed)
-        fwd, bwd, a = k.prepare24_fp8(weight, mask, beta, inv_scale, dtype, transposed=backward)
-
-        def make_transposed():  # the same S(W) and scale (nothing advances before this step's backward)
-            return k.prepare24_fp8(weight, mask, beta, inv_scale, dtype, forward=False)[1]
-        return FP8Operand(None, None, scale, shape=tuple(weight.shape), compressed=fwd, compressed_t=bwd,
-                          make_transposed=None if backward else make_transposed, amax=a,
-                          host_exp=state.host_exponent("w"))
+        k = self.engine.kernels()
+        return fused_weight_operand(self.scaling, weight, mask, beta, dtype, backward, k.prepare24_amax,
+                                    k.prepare24_fp8)
 
     def prepare_dense(self, weight: torch.Tensor, dtype: torch.dtype) -> FP8Operand:
         """q(W) of the dense W (out, in) for a dense phase: the products run on dense FP8 tensor cores

@@ -10,8 +10,12 @@ Hopper's sparse tensor cores take it (``ops.mm``; D column-major is the transpos
 No copy of X or dZ and no padding of the tokens for the first two (any token count); the weight
 gradient pads the tokens with zero rows to a multiple of 16 (the compressed rows' alignment). The
 second product needs S(W)^T to be 2:4 along ``out``, so masks must be transposable. S(W) and S(W)^T are
-compressed by CUTLASS's own compressor on first use per optimizer step; MVUE(dZ^T) once per call
-(after a transposing copy: the compressor reads row-major). The bias is added after the product.
+written on first use per optimizer step by kernel 22 (``kernels/prepare24_cutlass.py``), straight from
+W and the mask into CUTLASS's layout, both in one pass when the input gradient is expected (an operand
+made by ``prepare_masked``, what SparseLinear calls; ``fused_prepare=False``, or an operand given as the
+dense S(W) to ``prepare``, uses CUTLASS's own compressor instead: the same bytes). MVUE(dZ^T) is
+compressed by CUTLASS's compressor once per call (after a transposing copy: it reads row-major). The
+bias is added after the product.
 
 Masks, the soft threshold, MVUE and the masked decay are the Triton kernels (``TritonBackend``), so
 this backend draws what "triton" and "cusparselt" draw for the same seed.
@@ -23,7 +27,7 @@ the CUTLASS headers (``build.py``).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -76,33 +80,48 @@ def product_problem(product: str, out_features: int, in_features: int, tokens: i
             or ops.shape_problem(in_features, tokens, out_features, dtype, "k", "col"))
 
 
+def _fused_device(t: torch.Tensor) -> bool:
+    """Where kernel 22 writes the operands: CUDA tensors (tests widen it to the CPU interpreter)."""
+    return t.is_cuda
+
+
 @dataclass
 class CutlassOperand:
-    """One optimizer step's weight: S(W) (out, in) in the products' dtype and its compressed forms, made on
-    first use (S(W) for the forward, S(W)^T for the input gradient)."""
+    """One optimizer step's weight (out, in) in the products' dtype and its compressed forms, made on first
+    use (S(W) for the forward, S(W)^T for the input gradient): from ``weight``, the dense S(W), by CUTLASS's
+    compressor, or from ``source`` = (W, mask, beta) by kernel 22 (``backward``: the input gradient is
+    expected, so the first use writes both forms in one pass)."""
 
-    weight: torch.Tensor
+    weight: torch.Tensor | None = None
+    source: tuple | None = None
+    backward: bool = True
+    shape: tuple[int, int] | None = None
     compressed: ops.SparseOperand | None = None
     compressed_t: ops.SparseOperand | None = None
-    shape: tuple[int, int] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.shape = tuple(self.weight.shape)
+        if self.weight is not None:
+            self.shape = tuple(self.weight.shape)
+        elif self.source is None or self.shape is None:
+            raise ValueError("an operand needs the dense S(W), or (W, mask, beta) and its shape")
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.weight.dtype
+        return torch.bfloat16 if self.weight is None else self.weight.dtype
 
 
 class CutlassBackend(TritonBackend):
     """2:4 products on CUTLASS SM90 sparse GEMMs (see the module docstring). ``config`` picks the kernel
-    variant of the forward and input-gradient products (``ops.configs``); None: ``ops.DEFAULT_CONFIGS``."""
+    variant of the forward and input-gradient products (``ops.configs``); None: ``ops.DEFAULT_CONFIGS``.
+    ``fused_prepare``: the weight operands written from W by kernel 22 (False: S(W), then CUTLASS's
+    compressor, for an A/B run; the bytes are the same)."""
 
     name = "cutlass"
 
-    def __init__(self, config: str | None = None) -> None:
+    def __init__(self, config: str | None = None, fused_prepare: bool = True) -> None:
         super().__init__()
         self.config = config
+        self.fused_prepare = bool(fused_prepare)
         self.stats: Counter = Counter()
 
     def mask(self, weight, n, m, transposable):
@@ -115,7 +134,34 @@ class CutlassBackend(TritonBackend):
                             "torch.autocast('cuda', dtype=torch.bfloat16) or convert the model to bfloat16")
         return CutlassOperand(sparse_weight.contiguous())
 
+    def prepare_masked(self, weight, mask, beta, n, m, dtype, backward: bool = True):
+        """The step's operand from W and the mask: kernel 22 writes its compressed forms on first use (on a
+        CUDA weight, with ``fused_prepare``); otherwise ``prepare(sparse_weight_as(...))``."""
+        if dtype != torch.bfloat16:
+            raise TypeError(f"backend {self.name!r} multiplies bfloat16 operands, got {dtype}: run under "
+                            "torch.autocast('cuda', dtype=torch.bfloat16) or convert the model to bfloat16")
+        if not (self.fused_prepare and _fused_device(weight) and (n, m) == (2, 4)):
+            return super().prepare_masked(weight, mask, beta, n, m, dtype, backward)
+        return CutlassOperand(source=(weight, mask, beta), backward=backward, shape=tuple(weight.shape))
+
+    def _write_from_source(self, operand: CutlassOperand, transposed: bool) -> None:
+        """Kernel 22: the form asked for, and with it S(W)^T when the forward asks first and the input
+        gradient is expected (one pass for both)."""
+        w, mask, beta = operand.source
+        forward = not transposed
+        backward = transposed or (operand.backward and operand.compressed_t is None)
+        fwd, bwd = self._k.prepare24_cutlass(w, mask, beta, forward=forward, transposed=backward)
+        self.stats["compressions"] += int(forward) + int(backward)
+        self.stats["fused_prepares"] += 1
+        out_f, in_f = operand.shape
+        if fwd is not None:
+            operand.compressed = ops.SparseOperand(*fwd, (out_f, in_f))
+        if bwd is not None:
+            operand.compressed_t = ops.SparseOperand(*bwd, (in_f, out_f))
+
     def _compressed(self, operand: CutlassOperand, transposed: bool) -> ops.SparseOperand:
+        if operand.source is not None and (operand.compressed_t if transposed else operand.compressed) is None:
+            self._write_from_source(operand, transposed)
         if transposed:
             if operand.compressed_t is None:
                 self.stats["compressions"] += 1
@@ -167,8 +213,8 @@ class CutlassBackend(TritonBackend):
         return plan
 
 
-def cutlass_backend(config: str | None = None) -> CutlassBackend:
+def cutlass_backend(config: str | None = None, fused_prepare: bool = True) -> CutlassBackend:
     """What ``get_backend("cutlass")`` builds: raises :class:`CutlassUnavailable` where it cannot run; builds
     (or finds in the cache) the kernel library before returning, so the first product does not wait for nvcc."""
     require_cutlass("cutlass")
-    return CutlassBackend(config)
+    return CutlassBackend(config, fused_prepare)

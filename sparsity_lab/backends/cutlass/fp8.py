@@ -11,17 +11,25 @@ Every B is K-major (Hopper's FP8 tensor cores take no other), the result bfloat1
 read from device memory in the GEMM's epilogue (``ops.mm``): no pass after the product, no host alpha,
 no host sync, so a CUDA graph captures the products and the recipe's scales may change between replays.
 
+The weight's two operands q(S(W)) and q(S(W))^T are written once per optimizer step by kernel 22
+(``kernels/prepare24_cutlass.py``) from the master W and the mask, cast with the recipe's scale and
+compressed into CUTLASS's layout in one pass (current scaling: after an amax pass of the same kernel),
+as kernel 18 does for "cusparselt_fp8"; with ``FP8Engine(fused=False)``, or an operand given as the dense
+S(W) to ``prepare``, q(S(W)) is cast and CUTLASS's compressor compresses it (the same bytes).
+
 Everything else is ``FP8Backend``'s (quantization, the amax history, q(X)^T made by the forward's cast,
 the dense phase on ``torch._scaled_mm``, masks and MVUE by the Triton kernels): this class replaces only
-the three sparse products. Without MVUE the weight gradient is dense FP8 (``torch._scaled_mm``).
+the weight's preparation and the three sparse products. Without MVUE the weight gradient is dense FP8
+(``torch._scaled_mm``).
 """
 from __future__ import annotations
 
 import torch
 
-from ..cusparselt.fp8_train import FP8Backend, FP8Engine, FP8Operand, _pad_rows, _padded_rows
+from ..cusparselt.fp8_train import (HALF, FP8Backend, FP8Engine, FP8Operand, _pad_rows, _padded_rows,
+                                    fused_weight_operand)
 from . import ops
-from .backend import require_cutlass
+from .backend import _fused_device, require_cutlass
 
 NAME = "cutlass_fp8"
 
@@ -54,10 +62,29 @@ class CutlassFP8Backend(FP8Backend):
             raise ValueError(f"backend {self.name!r} multiplies E4M3 operands; the recipe casts the gradient to "
                              f"{q.dtype}: use FP8Recipe(grad_format='e4m3')")
 
+    def prepare_masked(self, weight, mask, beta, n, m, dtype, backward: bool = True) -> FP8Operand:
+        """The step's operand from the master W and the mask: kernel 22 writes q(S(W)) (and q(S(W))^T when
+        ``backward``) compressed, and amax(S(W)), in one pass (on a CUDA weight, with the engine's ``fused``);
+        otherwise S(W), then ``prepare``."""
+        if not (self.engine.fused and _fused_device(weight) and (n, m) == (2, 4) and dtype in HALF
+                and self.scaling.recipe.format_of("w") == "e4m3"):
+            return super().prepare_masked(weight, mask, beta, n, m, dtype, backward)
+        k = self.engine.kernels()
+        out_f, in_f = weight.shape
+
+        def prepare(w, mask_, beta_, inv_scale, dtype_, forward=True, transposed=True):
+            fwd, bwd, amax = k.prepare24_cutlass_fp8(w, mask_, beta_, inv_scale, dtype_, forward=forward,
+                                                     transposed=transposed)
+            return (None if fwd is None else ops.SparseOperand(*fwd, (out_f, in_f)),
+                    None if bwd is None else ops.SparseOperand(*bwd, (in_f, out_f)), amax)
+        return fused_weight_operand(self.scaling, weight, mask, beta, dtype, backward, k.prepare24_cutlass_amax,
+                                    prepare)
+
     def _compressed(self, operand: FP8Operand, transposed: bool) -> ops.SparseOperand:
         if transposed:
-            if operand.compressed_t is None:
-                operand.compressed_t = ops.compress(operand.q.t().contiguous())
+            if operand.compressed_t is None:  # a fused operand made without it: kernel 22 again, same scale
+                operand.compressed_t = (operand.make_transposed() if operand.q is None
+                                        else ops.compress(operand.q.t().contiguous()))
             return operand.compressed_t
         if operand.compressed is None:
             operand.compressed = ops.compress(operand.q)

@@ -16,7 +16,9 @@ schedule); ``config`` picks one by its tail (e.g. "128x256x128.1x2.coop"), defau
 (else the table's first for the element and layouts). Shapes: ``shape_problem`` states the alignment rules (16-byte rows for
 TMA) on the CPU; what the kernel itself refuses (its ``can_implement``) raises :class:`ValueError` too.
 The compressor (CUTLASS's own, on the GPU) reads at most two non-zeros per group of four along k and
-treats -0.0 as zero; a group with more is not 2:4 and its compressed form is undefined.
+treats -0.0 as zero; a group with more is not 2:4 and its compressed form is undefined. The layout it
+writes is stated, with a plain-PyTorch equivalent, in ``references/cutlass_layout.py``; the backends' weight
+operands are written in it by kernel 22 (``kernels/prepare24_cutlass.py``).
 """
 from __future__ import annotations
 
