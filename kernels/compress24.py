@@ -88,7 +88,8 @@ def _store_compressed(vals_ptr, meta_ptr, row0, g0, v0, v1, code, half_cols, col
         lo, hi = tl.split(tl.reshape(code, [64 // STEP, BLOCK_G // 2, 2]))
         nib = _nibble(rows[:, None], g0 + 2 * tl.arange(0, BLOCK_G // 2)[None, :], col_tiles, EIGHT_BIT)
     else:  # a byte holds rows (r, r + 8) of one group: r = 16a + 8b + c, lo = b == 0
-        lo, hi = tl.split(tl.permute(tl.reshape(code, [4, 2, 8 // STEP, BLOCK_G]), (0, 2, 3, 1)))  # (4, 8 / STEP, BLOCK_G)
+        # each (4, 8 / STEP, BLOCK_G)
+        lo, hi = tl.split(tl.permute(tl.reshape(code, [4, 2, 8 // STEP, BLOCK_G]), (0, 2, 3, 1)))
         r_lo = row0 + OFFSET + 16 * tl.arange(0, 4)[:, None, None] + STEP * tl.arange(0, 8 // STEP)[None, :, None]
         nib = _nibble(r_lo, g0 + tl.arange(0, BLOCK_G)[None, None, :], col_tiles, EIGHT_BIT)
     tl.store(meta_ptr + (nib >> 1), (lo | (hi << 4)).to(tl.uint8))

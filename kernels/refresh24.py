@@ -94,7 +94,8 @@ def _refresh24_kernel(w_ptr, mask_ptr, beta_ptr, flips_ptr, vals_ptr, meta_ptr, 
         beta = tl.load(beta_ptr).to(tl.float32)
     else:
         beta = 1.0
-    # S's raw 16-bit values (left out by the compiler when neither form is written); groups of 4 along W's rows are the tiles' rows (s{r}0..s{r}3)
+    # S and its raw 16-bit values (dead code the compiler drops when neither form is written); the groups
+    # of 4 along W's rows are the tiles' rows: s{r}0..s{r}3
     s00, s01, s02, s03 = _masked_values(w00, w01, w02, w03, k00, k01, k02, k03, beta, SOFT, OUT_DTYPE)
     s10, s11, s12, s13 = _masked_values(w10, w11, w12, w13, k10, k11, k12, k13, beta, SOFT, OUT_DTYPE)
     s20, s21, s22, s23 = _masked_values(w20, w21, w22, w23, k20, k21, k22, k23, beta, SOFT, OUT_DTYPE)

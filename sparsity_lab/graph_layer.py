@@ -53,13 +53,6 @@ def release_device_seed(layer: SparseLinear) -> None:
 
 
 # --- the mask refresh inside the graph -------------------------------------------------------------------
-def refreshes_mask_with_own_hooks(layer: SparseLinear) -> bool:
-    """True when the layer's class keeps SparseLinear's own mask refresh (``refresh_mask``, ``_replace_mask``):
-    a sharded layer overrides them (collectives, a DTensor mask) and is refreshed eagerly."""
-    cls = type(layer)
-    return all(getattr(cls, name) is getattr(SparseLinear, name) for name in ("refresh_mask", "_replace_mask"))
-
-
 def mask_rule_capturable(layer: SparseLinear) -> bool:
     """True when the method computes its masks with the backend's mask (or declares its own rule capturable)."""
     handler = method_handler(layer.method)

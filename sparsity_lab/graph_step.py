@@ -68,9 +68,8 @@ import torch
 from torch import nn
 
 from .graph_layer import (after_graph_refresh, fill_device_seed, mask_rule_capturable, refresh_mask_in_graph,
-                          refreshes_mask_with_own_hooks, release_device_seed, release_graph_flips, use_device_seed,
-                          use_graph_flips)
-from .layers import SparseLinear
+                          release_device_seed, release_graph_flips, use_device_seed, use_graph_flips)
+from .layers import SparseLinear, refreshes_mask_with_own_hooks
 from .methods.handlers import method_handler
 from .training_hooks import sparse_layers
 from .backends.report import measures_products  # the interface only: no backend is named here

@@ -41,7 +41,7 @@ from .host_counters import COUNTER_TENSOR, HostCounter, new_counter_tensor
 from .graph_flips import DeviceSeed
 from .layer_products import CallPlan, SparseLinearFn, compute_dtype
 from .methods.config import STE, SparsityMethod
-from .methods.handlers import method_handler
+from .methods.handlers import MethodHandler, method_handler
 from .operand_cache import OperandCache
 from .validation import check_divisible, check_float_tensor, check_has_values
 
@@ -75,6 +75,44 @@ def next_mvue_generator(layer: "SparseLinear") -> torch.Generator:
     gen.manual_seed(mvue_stream_seed(layer.mvue_seed, rank, layer.mvue_calls))
     layer.mvue_calls += 1
     return gen
+
+
+def record_refresh(layer: "SparseLinear", flips: torch.Tensor | None) -> None:
+    """The host side of a mask refresh of ``layer``: its flips (a 0-d device tensor, or None for a first
+    mask or a layer that counts its own) joined to the flip counts, ``mask_step`` and ``mask_updates``
+    advanced, the prepared operand forgotten. The flips stay on the device until someone reads them
+    (``last_flips`` / ``flips_total``): a host sync in the step would stall the queue of cuSPARSELt calls."""
+    if flips is not None:
+        layer.flip_counts.add(flips)
+    layer.mask_step = layer.step
+    layer.mask_updates += 1
+    layer.operand_cache.clear()
+
+
+def refreshes_mask_with_own_hooks(layer: "SparseLinear") -> bool:
+    """True when the layer's class keeps SparseLinear's own mask refresh (``refresh_mask``, ``_replace_mask``):
+    a sharded layer overrides them (collectives, a DTensor mask)."""
+    cls = type(layer)
+    return all(getattr(cls, name) is getattr(SparseLinear, name) for name in ("refresh_mask", "_replace_mask"))
+
+
+@torch.no_grad()
+def refresh_mask_and_operand(layer: "SparseLinear", dtype: torch.dtype, backward: bool) -> None:
+    """``layer.refresh_mask()`` followed by this step's operand in ``dtype``, kept in the operand cache, from
+    one backend call (``Backend.refresh_and_prepare``: on cuSPARSELt one pass over W, kernel 21) when the
+    refresh is SparseLinear's own and the mask the backend's rule; otherwise ``refresh_mask()`` alone (the
+    operand is prepared when the products ask for it). The mask, the flips, the counters and the operand
+    are those of the separate calls. backward: the input gradient will be asked for."""
+    handler = method_handler(layer.method)
+    if not (refreshes_mask_with_own_hooks(layer) and type(handler).mask is MethodHandler.mask):
+        layer.refresh_mask()
+        return
+    m = layer.method
+    flips, operand = layer.backend.refresh_and_prepare(layer.weight.detach(), layer.mask, handler.beta(layer), m.n,
+                                                       m.m, m.transposable, dtype, backward=backward,
+                                                       count=layer.mask_updates > 0)
+    record_refresh(layer, flips)
+    layer.operand_cache.put(layer, dtype, operand)
 
 
 def _is_dtensor(tensor: torch.Tensor) -> bool:
@@ -265,14 +303,7 @@ class SparseLinear(nn.Linear):
     def refresh_mask(self) -> None:
         """Recompute the mask from the current weight (the method's rule) and count the flips."""
         new = method_handler(self.method).mask(self, self.weight.detach())
-        # counted on the device and read when someone asks (last_flips / flips_total): no host
-        # sync in the training step, which would stall the queue of cuSPARSELt calls
-        flips = self._replace_mask(new, count=self.mask_updates > 0)
-        if flips is not None:
-            self.flip_counts.add(flips)
-        self.mask_step = self.step
-        self.mask_updates += 1
-        self.operand_cache.clear()
+        record_refresh(self, self._replace_mask(new, count=self.mask_updates > 0))
 
     # hooks that a sharded layer (sparsity_lab.distributed) overrides: the mask buffer may hold only
     # this process's part, while the products need the full mask
@@ -347,20 +378,26 @@ class SparseLinear(nn.Linear):
         ``forward`` runs it, and under torch.compile the custom op of ``custom_ops.py`` does;
         ``layer_products`` runs the products of the plan. dtype: the products' dtype (default: as
         nn.Linear would, see ``layer_products.compute_dtype``)."""
+        refresh = False
         if training:
             if not self.attached_optimizer:
                 warnings.warn(
                     "SparseLinear is training but no optimizer is attached, so masks are not "
                     "refreshed and schedules do not advance: call "
                     "sparsity_lab.attach_optimizer(model, optimizer)", stacklevel=3)
-            if self.mask_due():
-                self.refresh_mask()
+            refresh = self.mask_due()
         dense = self.dense_now
         if dense and not self.backend.products_in_dense_phase:
+            if refresh:
+                self.refresh_mask()
             return None
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must have shape (..., in_features={self.in_features}), got {tuple(x.shape)}")
         dtype = dtype or compute_dtype(x, self.weight)
+        if refresh and dense:  # the dense phase's operand is the dense W: nothing to prepare with the mask
+            self.refresh_mask()
+        elif refresh:  # the new mask and this step's operand, from one backend call where it can
+            refresh_mask_and_operand(self, dtype, backward=grad_needed)
         operand = self.operand_cache.get(self, dtype, backward=grad_needed)
         if dense:  # an FP8 backend in a dense phase: dense products in its format, dense dW, no decay
             return CallPlan(backend=self.backend, operand=operand, dtype=dtype, mask=self._mask_for_products(),

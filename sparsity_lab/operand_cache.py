@@ -31,10 +31,21 @@ class OperandCache:
         the graph, and the captured one must not serve a later eager call)."""
         self.entry = None
 
+    @staticmethod
+    def _key(layer, dtype: torch.dtype) -> tuple:
+        return (layer.step, layer.weight._version, layer.mask._version, layer.beta._version, layer.mask_updates,
+                dtype, layer.weight.device)
+
+    def put(self, layer, dtype: torch.dtype, operand: Any) -> None:
+        """Keep ``operand``, prepared for the layer's state now in ``dtype`` together with its mask (a mask
+        refresh that writes the operand in the same pass, ``layers.refresh_mask_and_operand``): counted as a
+        preparation, served by ``get`` until the state changes."""
+        self.prepare_count += 1
+        self.entry = (self._key(layer, dtype), operand)
+
     def get(self, layer, dtype: torch.dtype, backward: bool = True) -> Any:
         """The operand of ``layer``'s products in ``dtype`` (backward: also what the input gradient needs)."""
-        key = (layer.step, layer.weight._version, layer.mask._version, layer.beta._version, layer.mask_updates,
-               dtype, layer.weight.device)
+        key = self._key(layer, dtype)
         if self.entry is None or self.entry[0] != key:
             self.prepare_count += 1
             weight = layer.weight.detach()

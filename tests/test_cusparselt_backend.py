@@ -355,6 +355,59 @@ def test_fused_prepare_writes_both_operands_in_one_pass(registry, monkeypatch, m
     torch.testing.assert_close(operand.weight.float(), cs.sparse_weight().to(torch.bfloat16).float())
 
 
+@pytest.mark.triton
+@pytest.mark.parametrize("method", [sl.SSTE(mvue=True, transposable=True), sl.SRSTE(decay=0.05, transposable=True)])
+def test_fused_refresh_trains_exactly_as_the_separate_kernels(registry, monkeypatch, method):
+    """Kernel 21 against kernels 2, 9 and 11 (all run by the interpreter on these CPU tensors) in a layer that
+    refreshes its mask every step: masks, flip counts, outputs, gradients, weights and the state dict are the
+    same to the bit at every step, and a run resumed from the fused run's checkpoint continues it exactly."""
+    import dataclasses
+    from sparsity_lab.backends.cusparselt import operand
+
+    monkeypatch.setattr(operand, "_triton_device", lambda t: True)
+    backends = {"fused": CusparseltBackend(ops=FakeCusparselt()),
+                "separate": CusparseltBackend(ops=FakeCusparselt(), fused_refresh=False)}
+    for name, backend in backends.items():
+        base.register_backend(f"cusparselt_{name}", lambda backend=backend: backend)
+
+    def build(name):
+        torch.manual_seed(0)
+        layer = SparseLinear(128, 64, method=dataclasses.replace(method, backend=f"cusparselt_{name}"),
+                             dtype=torch.bfloat16)
+        opt = torch.optim.SGD(layer.parameters(), lr=0.5)
+        sl.attach_optimizer(layer, opt)
+        return layer, opt
+
+    def step(layer, opt, x, dz):
+        out = layer(x)
+        out.backward(dz)  # a fixed dZ: MVUE then draws alike whatever the last ulp of the output
+        opt.step()
+        opt.zero_grad()
+        return out.detach()
+
+    (fused, fused_opt), (separate, separate_opt) = build("fused"), build("separate")
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(64, 128, generator=gen, dtype=torch.bfloat16),
+                torch.randn(64, 64, generator=gen, dtype=torch.bfloat16)) for _ in range(4)]
+    for i, (x, dz) in enumerate(batches[:3]):
+        assert torch.equal(step(fused, fused_opt, x, dz), step(separate, separate_opt, x, dz)), i
+        assert torch.equal(fused.mask, separate.mask) and torch.equal(fused.weight, separate.weight), i
+        assert (fused.last_flips, fused.flips_total) == (separate.last_flips, separate.flips_total), i
+    assert fused.mask_updates == separate.mask_updates == 3 and fused.flips_total > 0
+    assert backends["fused"].stats["fused_refreshes"] == 2 and backends["separate"].stats["fused_refreshes"] == 0
+    assert backends["separate"].stats["fused_prepares"] == 3  # kernel 11 after every refresh and the first step
+    saved = fused.state_dict()
+    assert saved.keys() == separate.state_dict().keys()
+    for key, value in separate.state_dict().items():
+        assert torch.equal(saved[key], value), key
+    resumed, resumed_opt = build("fused")
+    resumed.load_state_dict({k: v.clone() for k, v in saved.items()})
+    resumed_opt.load_state_dict(fused_opt.state_dict())
+    x, dz = batches[3]
+    assert torch.equal(step(resumed, resumed_opt, x, dz), step(fused, fused_opt, x, dz))
+    assert torch.equal(resumed.mask, fused.mask) and resumed.counters() == fused.counters()
+
+
 # --- algorithm choice --------------------------------------------------------------------------------------
 def test_check_product():
     ref = torch.randn(64, 48)

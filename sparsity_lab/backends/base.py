@@ -5,7 +5,8 @@ A training method decides *what* to compute; a backend decides *how*. The refere
 tensor cores) implement the same operations, subclass :class:`Backend` and register themselves here.
 
 Per optimizer step a layer calls ``mask`` (when its refresh interval is due) and ``prepare_masked``
-(once: the pruned — and, for hardware backends, compressed — weight, reused by every micro-step);
+(once: the pruned — and, for hardware backends, compressed — weight, reused by every micro-step), or
+both in one call, ``refresh_and_prepare``, when the refresh comes right before its products;
 per micro-step ``linear``, ``grad_input`` and ``grad_weight``; masked decay calls ``masked_decay_``.
 A 2:4 activation (``sparsity_lab.activation24``) asks for the products whose 2:4 operand is the
 activation, not the weight: ``act24_linear``, ``act24_grad``, ``act24_grad_input`` and
@@ -141,6 +142,19 @@ class Backend(abc.ABC):
         """The step's operand straight from the master W and the mask: ``prepare(sparse_weight_as(...))``.
         backward: whether the input gradient will be asked for (a backend may prepare both forms at once)."""
         return self.prepare(self.sparse_weight_as(weight, mask, beta, n, m, dtype))
+
+    def refresh_and_prepare(self, weight: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | None, n: int, m: int,
+                            transposable: bool, dtype: torch.dtype, backward: bool = True,
+                            count: bool = True) -> tuple[torch.Tensor | None, Any]:
+        """A mask refresh and the step's operand for the new mask (what ``SparseLinear`` runs when its mask is due
+        and its products come next): the N:M mask of ``weight`` written into ``mask`` in place, ``(flips,
+        operand)``: the entries where it differs from the mask it replaces (0-d int64 on the device; None
+        without ``count``) and ``prepare_masked``'s operand. Default: those separate calls (``mask``,
+        ``mask_flips``, a copy, ``prepare_masked``); a backend may do them in fewer passes over W."""
+        new = self.mask(weight, n, m, transposable)
+        flips = self.mask_flips(mask, new) if count else None
+        mask.copy_(new)
+        return flips, self.prepare_masked(weight, mask, beta, n, m, dtype, backward=backward)
 
     def prepare_dense(self, weight: torch.Tensor, dtype: torch.dtype) -> Any:
         """The operand of a dense phase's products from the dense W (out, in): asked only of backends with
