@@ -40,20 +40,19 @@ from .prepare24 import _TL_DTYPES, TILE, _masked_values, check_weight_mask_beta
 from .transposable24 import _join4_2d, _keep_flags, _pattern_code, _split4_2d
 
 DEFAULT_WARPS = 4
-_SIGN_OFF = 0x7FFF  # 16-bit values: "kept" means non-zero ignoring the sign bit (compress24's rule)
+_SIGN_OFF = tl.constexpr(0x7FFF)  # 16-bit values: "kept" means non-zero ignoring the sign bit (compress24's rule)
 
 
 @triton.jit
-def _flips_and_row(mask_at, n_cols, k0, k1, k2, k3, r: tl.constexpr, COUNT: tl.constexpr):
-    """Row r of every tile of the block: the entries where the new mask (k0..k3, each (16, 16)) differs from
-    the stored one (an int32 scalar, 0 without COUNT), and the new (16, 64) row slice, not yet stored."""
+def _row_slice(mask_at, n_cols, k0, k1, k2, k3, r: tl.constexpr, COUNT: tl.constexpr):
+    """Row r of every tile of the block: the new (16, 64) row slice of the mask (k0..k3 joined, not yet stored)
+    and, with COUNT, where it differs from the stored one (int32 0/1, summed by the caller; else 0)."""
     new = _join4_2d(k0, k1, k2, k3, 16, 16)
     if COUNT:
-        old = tl.load(mask_at + r * n_cols) != 0
-        flips = tl.sum(tl.sum((old != new).to(tl.int32), axis=1), axis=0)
+        differs = ((tl.load(mask_at + r * n_cols) != 0) != new).to(tl.int32)
     else:
-        flips = 0
-    return flips, new
+        differs = 0
+    return new, differs
 
 
 @triton.jit
@@ -76,12 +75,13 @@ def _refresh24_kernel(w_ptr, mask_ptr, beta_ptr, flips_ptr, vals_ptr, meta_ptr, 
     k00, k01, k02, k03, k10, k11, k12, k13, k20, k21, k22, k23, k30, k31, k32, k33 = _keep_flags(code)
 
     # the flips against the mask stored now, then the new mask over it (each program owns its tile)
-    f0, new0 = _flips_and_row(mask_at, n_cols, k00, k01, k02, k03, 0, COUNT)
-    f1, new1 = _flips_and_row(mask_at, n_cols, k10, k11, k12, k13, 1, COUNT)
-    f2, new2 = _flips_and_row(mask_at, n_cols, k20, k21, k22, k23, 2, COUNT)
-    f3, new3 = _flips_and_row(mask_at, n_cols, k30, k31, k32, k33, 3, COUNT)
-    if COUNT:
-        tl.atomic_add(flips_ptr, (f0 + f1 + f2 + f3).to(tl.int64), sem="relaxed")
+    new0, d0 = _row_slice(mask_at, n_cols, k00, k01, k02, k03, 0, COUNT)
+    new1, d1 = _row_slice(mask_at, n_cols, k10, k11, k12, k13, 1, COUNT)
+    new2, d2 = _row_slice(mask_at, n_cols, k20, k21, k22, k23, 2, COUNT)
+    new3, d3 = _row_slice(mask_at, n_cols, k30, k31, k32, k33, 3, COUNT)
+    if COUNT:  # one reduction over the block (added elementwise first), one relaxed atomic per program
+        flips = tl.sum(tl.sum(d0 + d1 + d2 + d3, axis=1), axis=0)
+        tl.atomic_add(flips_ptr, flips.to(tl.int64), sem="relaxed")
         # the old mask's loads and the new mask's stores may lay the tile out over the threads differently:
         # every thread's read of the old mask comes before any thread's write of the new one
         tl.debug_barrier()
@@ -161,7 +161,7 @@ def refresh24(w: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | float | 
     w: (out, in) float32 / bfloat16 / float16, any strides; out and in multiples of 64.
     mask: bool (out, in), contiguous: the previous mask on entry, the new one on return.
     beta: None for ``w.to(dtype) * mask`` (STE family), else the S-STE scale (a float or a 0-d float
-    tensor on w's device). out_dtype: bfloat16 / float16 (default: w's dtype).
+    tensor on w's device). out_dtype: bfloat16 / float16 (default: w's dtype; unused when no form is written).
     forward / transposed: which compressed forms to write (each may be left out, both too: then only
     the mask and its flips). count: count the flips (a first mask has nothing to count against).
 
@@ -172,6 +172,8 @@ def refresh24(w: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | float | 
         mask.copy_(new)
         fwd, bwd = prepare24(w, mask, beta, out_dtype, forward, transposed)   # None where not asked
     """
+    if not (forward or transposed):  # the mask and its flips only: no product dtype to check
+        out_dtype = out_dtype or torch.bfloat16
     out_dtype = out_dtype or w.dtype
     check_tensor(w, "w", HALF_AND_FLOAT)
     if w.dim() == 2 and (w.shape[0] % TILE or w.shape[1] % TILE):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import sys
 import warnings
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -96,23 +97,41 @@ def refreshes_mask_with_own_hooks(layer: "SparseLinear") -> bool:
     return all(getattr(cls, name) is getattr(SparseLinear, name) for name in ("refresh_mask", "_replace_mask"))
 
 
+def backend_refreshes(layer: "SparseLinear") -> bool:
+    """True when a mask refresh of ``layer`` is its backend's to run (``backend_refresh``), which may do it in
+    fewer passes: the layer keeps SparseLinear's own refresh and its method the backend's mask rule (a method
+    handler that overrides ``mask`` computes its masks itself)."""
+    return refreshes_mask_with_own_hooks(layer) and type(method_handler(layer.method)).mask is MethodHandler.mask
+
+
+def backend_refresh(layer: "SparseLinear", count: bool, request: tuple[torch.dtype, bool] | None = None
+                    ) -> tuple[torch.Tensor | None, Any]:
+    """The device work of a refresh of a layer that ``backend_refreshes``: ``(flips, operand)``. The new mask is
+    written into ``layer.mask`` and its flips counted (``count``: a 0-d device tensor, else None) by
+    ``Backend.refresh_mask_``; with ``request`` = (the products' dtype, whether the input gradient follows)
+    also this step's operand for the new mask, by ``Backend.refresh_and_prepare`` (else operand None). The
+    host counters are left alone."""
+    m, weight = layer.method, layer.weight.detach()
+    if request is None:
+        return layer.backend.refresh_mask_(weight, layer.mask, m.n, m.m, m.transposable, count=count), None
+    dtype, backward = request
+    return layer.backend.refresh_and_prepare(weight, layer.mask, method_handler(m).beta(layer), m.n, m.m,
+                                             m.transposable, dtype, backward=backward, count=count)
+
+
 @torch.no_grad()
 def refresh_mask_and_operand(layer: "SparseLinear", dtype: torch.dtype, backward: bool) -> None:
-    """``layer.refresh_mask()`` followed by this step's operand in ``dtype``, kept in the operand cache, from
-    one backend call (``Backend.refresh_and_prepare``: on cuSPARSELt one pass over W, kernel 21) when the
-    refresh is SparseLinear's own and the mask the backend's rule; otherwise ``refresh_mask()`` alone (the
-    operand is prepared when the products ask for it). The mask, the flips, the counters and the operand
-    are those of the separate calls. backward: the input gradient will be asked for."""
-    handler = method_handler(layer.method)
-    if not (refreshes_mask_with_own_hooks(layer) and type(handler).mask is MethodHandler.mask):
+    """``layer.refresh_mask()`` followed by this step's operand in ``dtype``, which the operand cache then
+    serves, from one backend call (``Backend.refresh_and_prepare``: on cuSPARSELt one pass over W, kernel 21)
+    where ``backend_refreshes``; otherwise ``refresh_mask()`` alone (the operand is prepared when the products
+    ask for it). The mask, flips, counters and operand are the separate calls'. backward: the input gradient
+    will be asked for."""
+    if not backend_refreshes(layer):
         layer.refresh_mask()
         return
-    m = layer.method
-    flips, operand = layer.backend.refresh_and_prepare(layer.weight.detach(), layer.mask, handler.beta(layer), m.n,
-                                                       m.m, m.transposable, dtype, backward=backward,
-                                                       count=layer.mask_updates > 0)
+    flips, operand = backend_refresh(layer, layer.mask_updates > 0, (dtype, backward))
     record_refresh(layer, flips)
-    layer.operand_cache.put(layer, dtype, operand)
+    layer.operand_cache.put(layer, dtype, operand, backward=backward)
 
 
 def _is_dtensor(tensor: torch.Tensor) -> bool:
@@ -302,8 +321,12 @@ class SparseLinear(nn.Linear):
     @torch.no_grad()
     def refresh_mask(self) -> None:
         """Recompute the mask from the current weight (the method's rule) and count the flips."""
-        new = method_handler(self.method).mask(self, self.weight.detach())
-        record_refresh(self, self._replace_mask(new, count=self.mask_updates > 0))
+        count = self.mask_updates > 0
+        if backend_refreshes(self):  # the backend's calls, which it may fuse (Backend.refresh_mask_)
+            flips = backend_refresh(self, count)[0]
+        else:
+            flips = self._replace_mask(method_handler(self.method).mask(self, self.weight.detach()), count)
+        record_refresh(self, flips)
 
     # hooks that a sharded layer (sparsity_lab.distributed) overrides: the mask buffer may hold only
     # this process's part, while the products need the full mask

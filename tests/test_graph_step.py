@@ -18,6 +18,7 @@ from sparsity_lab.graph_layer import (after_graph_refresh, refresh_mask_in_graph
                                       use_graph_flips)
 from sparsity_lab.graph_step import (CudaGraphStep, eager_refresh_reason, fill_seeds, mask_refresh_plan, mvue_layers,
                                      refresh_mode, release_device_seeds, use_device_seeds)
+from test_cusparselt_backend import FakeCusparselt, registry  # noqa: F401  (registry: a fixture)
 
 
 def _mlp(backend: str, device, d: int = 64, seed: int = 0, **method) -> nn.Module:
@@ -254,6 +255,55 @@ def test_refresh_in_the_graph_counts_what_an_eager_refresh_counts(schedule, read
         flips_per_step.append(eager[0].last_flips)
     assert _flip_state(graphed) == _flip_state(eager)
     assert eager[0].mask_updates == len(schedule) and sum(f > 0 for f in flips_per_step) >= len(schedule) - 2
+
+
+@pytest.mark.triton
+def test_in_graph_refresh_prepares_the_operand_the_forward_uses(registry, monkeypatch):
+    """On cuSPARSELt (products by a CPU stand-in, the Triton kernels in the interpreter) the captured refresh
+    writes the mask, its flips and both compressed operands in one pass (kernel 21), in the dtype the eager
+    steps used, and the layer's forward takes that operand instead of preparing one. Run eagerly here in the
+    order a capture and its replay run it: three steps equal an eager copy's to the bit."""
+    from sparsity_lab.backends.cusparselt import operand
+
+    monkeypatch.setattr(operand, "_triton_device", lambda t: True)
+    backend = CusparseltBackend(ops=FakeCusparselt())
+    registry.register_backend("cusparselt_cpu", lambda: backend)
+    eager = _mlp("cusparselt_cpu", "cpu").to(torch.bfloat16)
+    graphed = copy.deepcopy(eager)
+    layers = [layer for _, layer in sl.sparse_layers(graphed)]
+    for layer in layers:
+        use_graph_flips(layer, torch.device("cpu"))
+    opts = [torch.optim.SGD(m.parameters(), lr=1.0) for m in (eager, graphed)]
+    for model, opt in zip((eager, graphed), opts):
+        sl.attach_optimizer(model, opt)
+    gen = torch.Generator().manual_seed(4)
+    for k in range(3):
+        x, y = (torch.randn(32, 64, generator=gen).to(torch.bfloat16) for _ in range(2))
+        in_graph = k > 0  # step 0 has no refresh due (the mask comes from sparsify)
+        if in_graph:  # the capture: the refresh first, then the forward finds the mask fresh
+            mask_steps = [l.mask_step for l in layers]
+            prepared = [l.operand_cache.prepare_count for l in layers]
+            fused = backend.stats["fused_refreshes"]
+            assert [l.operand_cache.last_request for l in layers] == [(torch.bfloat16, True)] * 2
+            for layer in layers:
+                refresh_mask_in_graph(layer, layer.operand_cache.last_request)
+                layer.mask_step = layer.step
+        losses = []
+        for model, opt in zip((eager, graphed), opts):
+            opt.zero_grad(set_to_none=True)
+            losses.append(_eager_step(model, x, y))
+        if in_graph:  # one preparation per layer, the refresh's: the forward prepared nothing more
+            assert [l.operand_cache.prepare_count for l in layers] == [p + 1 for p in prepared]
+            assert backend.stats["fused_refreshes"] == fused + 4  # two layers, in the graph and in the eager copy
+            for layer, mask_step in zip(layers, mask_steps):
+                layer.mask_step = mask_step
+                after_graph_refresh(layer)  # the replay's bookkeeping
+        assert torch.equal(losses[0], losses[1]), k
+        for opt in opts:
+            opt.step()
+        for (_, a), b in zip(sl.sparse_layers(eager), layers):
+            assert torch.equal(a.mask, b.mask) and torch.equal(a.weight, b.weight), k
+    assert _flip_state(graphed) == _flip_state(eager) and eager[0].flips_total > 0
 
 
 def test_in_graph_refresh_needs_its_counts_and_a_previous_mask():

@@ -150,6 +150,10 @@ def test_in_place_update_version_and_the_parts_left_out():
     assert flips is None and fwd is None and bwd is None
     assert mask.data_ptr() == storage and mask._version > version  # written in place, and its version says so
     assert torch.equal(mask, transposable_mask24(w, pruned=False)[0])
+    w32 = w.float()  # the mask alone needs no product dtype, whatever W's dtype
+    mask.copy_(prev)
+    assert int(refresh24(w32, mask, forward=False, transposed=False)[0]) == int((prev != mask).sum()) > 0
+    assert torch.equal(mask, transposable_mask24(w32, pruned=False)[0])
     _assert_same_as_unfused(w, prev, None, torch.bfloat16, forward=False)
     _assert_same_as_unfused(w, prev, None, torch.bfloat16, transposed=False)
 
@@ -176,6 +180,55 @@ def test_bad_inputs_are_refused_with_the_reason():
     with pytest.raises(ValueError, match="beta"):
         refresh24(w, mask, torch.ones(2, device=DEVICE), out_dtype=torch.bfloat16)
     assert bool(mask.all()), "a refused call writes nothing"
+
+
+_COMPILE_FOR_SM90 = r"""
+import triton, triton.language as tl, importlib
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+def compile_for_sm90(fn, signature, constexprs, num_warps):
+    # what the JIT specializes on at whole-tile shapes: pointers and int32 sizes divisible by 16
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(signature.items())
+             if kind != "constexpr" and name not in constexprs}
+    triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                   target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+k21 = importlib.import_module("sparsity_lab.kernels.refresh24")._refresh24_kernel
+k11 = importlib.import_module("sparsity_lab.kernels.prepare24")._prepare24_kernel
+k2 = importlib.import_module("sparsity_lab.kernels.transposable24")._transposable24_kernel
+sig21 = dict(w_ptr="*bf16", mask_ptr="*u8", beta_ptr="*fp32", flips_ptr="*i64", vals_ptr="*i16", meta_ptr="*u8",
+             vals_t_ptr="*i16", meta_t_ptr="*u8", stride_r="i32", stride_c="i32", n_rows="i32", n_cols="i32",
+             SOFT="constexpr", COUNT="constexpr", WRITE_W="constexpr", WRITE_T="constexpr", OUT_DTYPE="constexpr")
+for soft, operands, warps in ((True, True, 4), (False, True, 8), (False, False, 4)):
+    compile_for_sm90(k21, sig21, dict(SOFT=soft, COUNT=True, WRITE_W=operands, WRITE_T=operands,
+                                      OUT_DTYPE=tl.bfloat16, stride_c=1), warps)
+sig11 = dict(w_ptr="*bf16", mask_ptr="*u8", beta_ptr="*fp32", vals_ptr="*i16", meta_ptr="*u8", vals_t_ptr="*i16",
+             meta_t_ptr="*u8", inv_scale_ptr="*u8", partial_ptr="*u8", stride_r="i32", stride_c="i32", n_rows="i32",
+             n_cols="i32", SOFT="constexpr", WRITE_W="constexpr", WRITE_T="constexpr", OUT_DTYPE="constexpr",
+             FP8="constexpr", WRITE_AMAX="constexpr", FMAX="constexpr", MBITS="constexpr", EMIN="constexpr",
+             SIGN_OFF="constexpr", TILE_COLS="constexpr")
+compile_for_sm90(k11, sig11, dict(SOFT=True, WRITE_W=True, WRITE_T=True, OUT_DTYPE=tl.bfloat16, stride_c=1, FP8=False,
+                                  WRITE_AMAX=False, FMAX=448.0, MBITS=3, EMIN=-6, SIGN_OFF=0x7FFF, TILE_COLS=32), 4)
+sig2 = dict(w_ptr="*bf16", mask_ptr="*u8", out_ptr="*bf16", out_t_ptr="*bf16", n_rows="i32", n_cols="i32",
+            WRITE_PRUNED="constexpr", WRITE_T="constexpr", BA="constexpr", BB="constexpr")
+compile_for_sm90(k2, sig2, dict(WRITE_PRUNED=False, WRITE_T=2, BA=4, BB=64), 4)
+print("compiled")
+"""
+
+
+def test_kernel_21_and_the_kernels_it_shares_code_with_compile_for_sm90_without_a_gpu():
+    """The interpreter runs what the GPU compiler refuses (a plain global read inside a kernel, for one): kernel 21,
+    and kernels 2 and 11 whose helpers it shares, compiled to sm_90 cubins here, with no GPU (a few seconds)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton's default, set to keep its notice out of the output
+    out = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0 and "compiled" in out.stdout, out.stderr[-3000:]
 
 
 @pytest.mark.gpu

@@ -65,12 +65,14 @@ from ..base import Backend, MvueSeed, kernel_seed
 from .algorithms import AlgorithmCache, ProductKey
 from ...methods.flip_rate import mask_flips_tensor
 from .reporting import CusparseltReporting
-from .operand import CusparseltOperand, OperandPreparation, _triton_device
+from . import operand as operand_module  # its _triton_device: where the Triton kernels run (tests widen it)
+from .operand import CusparseltOperand, OperandPreparation
 from .ops import (PRODUCT_DTYPES, SPARSE_MULTIPLE, check_product_dtype, check_sparse_shape, padded,
                   sparse_shape_problem, transposed_view, unavailable_reason)
 from ..torch_reference import TorchBackend
 
 MIN_MULTIPLE = min(SPARSE_MULTIPLE[d] for d in PRODUCT_DTYPES)  # 16: what any weight must meet
+REFRESH_WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what kernel 21 reads
 
 
 class BackendFallbackWarning(UserWarning):
@@ -89,6 +91,12 @@ class ReferenceFallback(TorchBackend):
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+def _refresh_kernel_shape(weight: torch.Tensor, mask: torch.Tensor) -> bool:
+    """Whether kernel 21 takes (weight, mask): a Triton device, whole 64 x 64 tiles, a contiguous mask."""
+    return (operand_module._triton_device(weight) and weight.dim() == 2 and weight.shape[0] % TILE == 0
+            and weight.shape[1] % TILE == 0 and mask.is_contiguous() and weight.dtype in REFRESH_WEIGHT_DTYPES)
 
 
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -112,6 +120,7 @@ class CusparseltBackend(OperandPreparation, Backend, CusparseltReporting):
 
     reads_seed_from_device = True  # MVUE runs in the Triton kernels, which read a device seed under graph capture
     mask_refresh_capturable = True  # masks and flip counts are the Triton kernels on CUDA tensors
+    fuses_refresh_and_prepare = True  # kernel 21: mask, flips and both compressed forms in one pass (operand.py)
 
     def __init__(self, ops: Any = None, policy: AutoPolicy | None = None, sweep: bool = True,
                  grad_weight_transpose_result: bool = False, fast_compress: bool = True,
@@ -170,7 +179,7 @@ class CusparseltBackend(OperandPreparation, Backend, CusparseltReporting):
             out_f, in_f = weight.shape
             if out_f % MIN_MULTIPLE or in_f % MIN_MULTIPLE:
                 check_sparse_shape(out_f, in_f, torch.bfloat16, "the layer's weight (out_features, in_features)")
-        if _triton_device(weight):
+        if operand_module._triton_device(weight):
             return self._k().transposable_mask24(weight, pruned=False)[0]
         return self._reference.mask(weight, n, m, transposable)
 
@@ -183,9 +192,18 @@ class CusparseltBackend(OperandPreparation, Backend, CusparseltReporting):
             return weight.to(dtype) * mask
         return self._k().soft_threshold24(weight, mask, beta, out_dtype=dtype)
 
+    def refresh_mask_(self, weight, mask, n, m, transposable, count=True):
+        """The mask refresh in one pass over W where kernel 21 runs (``kernels/refresh24.py`` writing neither
+        compressed form: the new mask over the old one and their flips, as kernels 2 and 9 and a copy give
+        them); elsewhere ``mask``, ``mask_flips`` and a copy."""
+        if not (self.fused_refresh and (n, m) == (2, 4) and transposable and _refresh_kernel_shape(weight, mask)):
+            return super().refresh_mask_(weight, mask, n, m, transposable, count=count)
+        self.stats["fused_refreshes"] += 1
+        return self._k().refresh24(weight, mask, forward=False, transposed=False, count=count)[0]
+
     def mask_flips(self, previous, current):
         """0-d int64 count of differing entries, on the device (kernel 9 on CUDA tensors)."""
-        if _triton_device(previous):
+        if operand_module._triton_device(previous):
             return self._k().count_flips(previous, current)
         return mask_flips_tensor(previous, current)
 
