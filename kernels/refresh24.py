@@ -37,22 +37,32 @@ import triton.language as tl
 from ._common import HALF_AND_FLOAT, check_tensor
 from .compress24 import _pick, _store_compressed
 from .prepare24 import _TL_DTYPES, TILE, _masked_values, check_weight_mask_beta
-from .transposable24 import _join4_2d, _keep_flags, _pattern_code, _split4_2d
+from .transposable24 import _keep_flags, _pattern_code, _split4_2d
 
 DEFAULT_WARPS = 4
 _SIGN_OFF = tl.constexpr(0x7FFF)  # 16-bit values: "kept" means non-zero ignoring the sign bit (compress24's rule)
 
 
 @triton.jit
-def _row_slice(mask_at, n_cols, k0, k1, k2, k3, r: tl.constexpr, COUNT: tl.constexpr):
-    """Row r of every tile of the block: the new (16, 64) row slice of the mask (k0..k3 joined, not yet stored)
-    and, with COUNT, where it differs from the stored one (int32 0/1, summed by the caller; else 0)."""
-    new = _join4_2d(k0, k1, k2, k3, 16, 16)
-    if COUNT:
-        differs = ((tl.load(mask_at + r * n_cols) != 0) != new).to(tl.int32)
-    else:
-        differs = 0
-    return new, differs
+def _row_word(code, r: tl.constexpr):
+    """Row r of every tile of the mask as its 4 bytes in one little-endian int32 word: byte c is bit 4r + c of
+    the tile's code. (nibble * 0x204081 puts bit c at bit 8c; the four shifted copies do not overlap.)"""
+    return (((code >> (4 * r)) & 0xF) * 0x204081) & 0x01010101
+
+
+@triton.jit
+def _nonzero_bytes(x):
+    """1 in each byte of the int32 words ``x`` that is non-zero, 0 in the others (a bool's byte: any non-zero is
+    True), folded down inside each byte: high nibble onto low, then bits 2-3 onto 0-1, then bit 1 onto 0."""
+    t = (x | (x >> 4)) & 0x0F0F0F0F
+    t = t | (t >> 2)
+    return (t | (t >> 1)) & 0x01010101
+
+
+@triton.jit
+def _byte_sum(x):
+    """The sum of the four bytes of each int32 word (each at most 1 here): the top byte of x * 0x01010101."""
+    return ((x * 0x01010101) >> 24) & 0xFF
 
 
 @triton.jit
@@ -65,31 +75,37 @@ def _refresh24_kernel(w_ptr, mask_ptr, beta_ptr, flips_ptr, vals_ptr, meta_ptr, 
     tile_row0 = (r0 + 4 * tl.arange(0, 16))[:, None]  # row 0 of each of the block's 16 tile-rows
     cols = (c0 + tl.arange(0, 64))[None, :]
     w_at = w_ptr + tile_row0 * stride_r + cols * stride_c
-    mask_at = mask_ptr + tile_row0 * n_cols + cols
+    # the mask as int32 words: word (a, b) of row slice r holds row r of tile (a, b), one byte per entry
+    words = n_cols // 4
+    mask_at = mask_ptr + tile_row0 * words + (c0 // 4 + tl.arange(0, 16))[None, :]
     # w{r}{c}[a, b] = W[r0 + 4a + r, c0 + 4b + c]: entry (r, c) of tile (a, b)
     w00, w01, w02, w03 = _split4_2d(tl.load(w_at), 16, 16)
     w10, w11, w12, w13 = _split4_2d(tl.load(w_at + stride_r), 16, 16)
     w20, w21, w22, w23 = _split4_2d(tl.load(w_at + 2 * stride_r), 16, 16)
     w30, w31, w32, w33 = _split4_2d(tl.load(w_at + 3 * stride_r), 16, 16)
     code = _pattern_code(w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33)
-    k00, k01, k02, k03, k10, k11, k12, k13, k20, k21, k22, k23, k30, k31, k32, k33 = _keep_flags(code)
 
-    # the flips against the mask stored now, then the new mask over it (each program owns its tile)
-    new0, d0 = _row_slice(mask_at, n_cols, k00, k01, k02, k03, 0, COUNT)
-    new1, d1 = _row_slice(mask_at, n_cols, k10, k11, k12, k13, 1, COUNT)
-    new2, d2 = _row_slice(mask_at, n_cols, k20, k21, k22, k23, 2, COUNT)
-    new3, d3 = _row_slice(mask_at, n_cols, k30, k31, k32, k33, 3, COUNT)
-    if COUNT:  # one reduction over the block (added elementwise first), one relaxed atomic per program
-        flips = tl.sum(tl.sum(d0 + d1 + d2 + d3, axis=1), axis=0)
-        tl.atomic_add(flips_ptr, flips.to(tl.int64), sem="relaxed")
-        # the old mask's loads and the new mask's stores may lay the tile out over the threads differently:
-        # every thread's read of the old mask comes before any thread's write of the new one
+    # the flips against the mask stored now, then the new mask over it (each program owns its tile): both
+    # as one int32 word per tile row, in the layout of the tiles' codes
+    new0 = _row_word(code, 0)
+    new1 = _row_word(code, 1)
+    new2 = _row_word(code, 2)
+    new3 = _row_word(code, 3)
+    if COUNT:  # summed per tile, then one reduction over the block and one relaxed atomic per program
+        d = (_byte_sum(_nonzero_bytes(tl.load(mask_at)) ^ new0)
+             + _byte_sum(_nonzero_bytes(tl.load(mask_at + words)) ^ new1)
+             + _byte_sum(_nonzero_bytes(tl.load(mask_at + 2 * words)) ^ new2)
+             + _byte_sum(_nonzero_bytes(tl.load(mask_at + 3 * words)) ^ new3))
+        tl.atomic_add(flips_ptr, tl.sum(tl.sum(d, axis=1), axis=0).to(tl.int64), sem="relaxed")
+        # should the loads and the stores lay the words out over the threads differently: every thread's
+        # read of the old mask comes before any thread's write of the new one
         tl.debug_barrier()
-    tl.store(mask_at, new0.to(tl.uint8))
-    tl.store(mask_at + n_cols, new1.to(tl.uint8))
-    tl.store(mask_at + 2 * n_cols, new2.to(tl.uint8))
-    tl.store(mask_at + 3 * n_cols, new3.to(tl.uint8))
+    tl.store(mask_at, new0)
+    tl.store(mask_at + words, new1)
+    tl.store(mask_at + 2 * words, new2)
+    tl.store(mask_at + 3 * words, new3)
 
+    k00, k01, k02, k03, k10, k11, k12, k13, k20, k21, k22, k23, k30, k31, k32, k33 = _keep_flags(code)
     if SOFT:
         beta = tl.load(beta_ptr).to(tl.float32)
     else:
@@ -181,16 +197,17 @@ def refresh24(w: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | float | 
                          "tiles of the compressed layout): for other shapes run transposable_mask24, count_flips "
                          "and torch._cslt_compress separately")
     beta = check_weight_mask_beta(w, mask, beta, out_dtype, "out_dtype")
-    if not mask.is_contiguous():
-        raise ValueError(f"mask must be contiguous (the new mask is written into it in place), got strides "
-                         f"{mask.stride()} for shape {tuple(mask.shape)}")
+    if not mask.is_contiguous() or mask.storage_offset() % 4:
+        raise ValueError(f"mask must be contiguous and start on a 4-byte boundary (the kernel reads and writes it in "
+                         f"place as int32 words), got strides {mask.stride()} and storage offset "
+                         f"{mask.storage_offset()} for shape {tuple(mask.shape)}")
     rows, cols = w.shape
-    mask_u8 = mask.view(torch.uint8)
+    mask_words = mask.view(torch.int32)  # (out, in / 4): in is a multiple of 64
     flips = torch.zeros((), dtype=torch.int64, device=w.device) if count else None
     fwd, fwd_vals, fwd_meta = _compressed_outputs(rows, cols, out_dtype, w.device) if forward else (None, w, w)
     bwd, bwd_vals, bwd_meta = _compressed_outputs(cols, rows, out_dtype, w.device) if transposed else (None, w, w)
     _refresh24_kernel[(rows // TILE, cols // TILE)](
-        w, mask_u8, beta.reshape(()).float() if beta is not None else w, flips if count else mask_u8,
+        w, mask_words, beta.reshape(()).float() if beta is not None else w, flips if count else mask_words,
         fwd_vals, fwd_meta, bwd_vals, bwd_meta, w.stride(0), w.stride(1), rows, cols,
         SOFT=beta is not None, COUNT=count, WRITE_W=forward, WRITE_T=transposed, OUT_DTYPE=_TL_DTYPES[out_dtype],
         num_warps=num_warps)

@@ -767,6 +767,44 @@ def test_fused_prepare_gives_the_same_products_on_gpu(soft):
     assert fused.stats["fused_prepares"] == 1 and b._weight is None
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", [sl.SSTE(mvue=True, transposable=True), sl.STE(transposable=True)])
+def test_fused_refresh_trains_exactly_as_the_separate_kernels_on_gpu(registry, method):
+    """The lab GPT's FFN up projection (4096 -> 16384, bf16 weights, 2048 tokens), four steps with the mask
+    refreshed every step: kernel 21 against kernels 2, 9 and 11 on the real backend (one algorithm choice):
+    outputs, masks, flip counts and weights bit for bit, and kernel 21 ran (mask alone at construction, then
+    mask and both operands at every refresh)."""
+    import dataclasses
+
+    fused, separate = CusparseltBackend(), CusparseltBackend(fused_refresh=False)
+    separate.algorithms = fused.algorithms
+    runs = []
+    for name, backend in (("fused", fused), ("separate", separate)):
+        base.register_backend(f"cusparselt_{name}", lambda backend=backend: backend)
+        torch.manual_seed(0)
+        layer = SparseLinear(4096, 16384, method=dataclasses.replace(method, backend=f"cusparselt_{name}"),
+                             device="cuda", dtype=torch.bfloat16)
+        opt = torch.optim.SGD(layer.parameters(), lr=1e-4)
+        sl.attach_optimizer(layer, opt)
+        runs.append((layer, opt))
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for k in range(4):
+        x = torch.randn(2048, 4096, device="cuda", generator=gen).to(torch.bfloat16)
+        dz = torch.randn(2048, 16384, device="cuda", generator=gen).to(torch.bfloat16)
+        outs = []
+        for layer, opt in runs:
+            out = layer(x)
+            out.backward(dz)
+            opt.step()
+            opt.zero_grad()
+            outs.append(out.detach())
+        (a, _), (b, _) = runs
+        assert torch.equal(outs[0], outs[1]) and torch.equal(a.mask, b.mask) and torch.equal(a.weight, b.weight), k
+        assert (a.last_flips, a.flips_total) == (b.last_flips, b.flips_total), k
+    assert a.flips_total > 0 and a.mask_updates == 4
+    assert fused.stats["fused_refreshes"] == 4 and separate.stats["fused_refreshes"] == 0
+
+
 # --- the auto policy's timing mode (eager or CUDA graph), each with its own decisions ---------------------
 def test_timing_modes_keep_their_own_decisions(registry):
     seen = []

@@ -530,6 +530,31 @@ def test_a_step_whose_in_graph_masks_are_not_due_runs_eagerly_on_gpu(backend):
 
 
 @pytest.mark.gpu
+def test_the_in_graph_refresh_on_cusparselt_writes_mask_and_operand_in_one_pass_on_gpu():
+    """The capture of a step that refreshes the masks inside the graph: on cuSPARSELt each layer's refresh is one
+    kernel 21 call that also writes the operand, which the captured forward takes (no kernel 11 captured);
+    eager steps before it do the same in their forwards. (The results equal eager mode:
+    test_mask_refresh_under_the_graph_equals_eager_on_gpu.)"""
+    model = _mlp("cusparselt", "cuda", d=256).to(torch.bfloat16)
+    backend = model[0].backend
+    step = CudaGraphStep(model, _loss, warmup_steps=3, masks_in_graph=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sl.attach_optimizer(model, opt)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    deltas = []
+    for _ in range(5):
+        x, y = (torch.randn(512, 256, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2))
+        before = (backend.stats["fused_refreshes"], backend.stats["fused_prepares"])
+        opt.zero_grad(set_to_none=True)
+        step(x, y)
+        opt.step()
+        deltas.append((backend.stats["fused_refreshes"] - before[0], backend.stats["fused_prepares"] - before[1]))
+    assert step.recaptures == 1 and step.mask_refresh == "graph"
+    # step 1: no refresh due, kernel 11 prepares; 2-3: eager refreshes with the operand; 4: the capture; 5: a replay
+    assert deltas == [(0, 2), (2, 0), (2, 0), (2, 0), (0, 0)], deltas
+
+
+@pytest.mark.gpu
 def test_the_dense_finetune_switch_recaptures_without_the_refresh_on_gpu():
     """Dense fine-tune from step 5 of 10: the first graph refreshes the masks inside, the switch takes
     one eager step and a new capture that refreshes none; counters and weights as in eager training."""

@@ -158,6 +158,20 @@ def test_in_place_update_version_and_the_parts_left_out():
     _assert_same_as_unfused(w, prev, None, torch.bfloat16, transposed=False)
 
 
+def test_any_non_zero_byte_of_the_previous_mask_counts_as_kept():
+    """A bool tensor viewed from other bytes may hold any non-zero byte for True: counted as kernel 9 counts it."""
+    gen = torch.Generator().manual_seed(8)
+    w = _weight(64, 64, torch.bfloat16, gen)
+    raw = torch.randint(0, 256, (64, 64), generator=gen, dtype=torch.uint8)
+    raw[torch.rand(64, 64, generator=gen) < 0.5] = 0
+    prev = raw.to(DEVICE).view(torch.bool)
+    mask = prev.clone()
+    flips, _, _ = refresh24(w, mask, count=True, forward=False, transposed=False)
+    new = transposable_mask24(w, pruned=False)[0]
+    assert torch.equal(mask, new) and mask.view(torch.uint8).max() == 1
+    assert int(flips) == int(count_flips(prev, new)) == int(((raw != 0).to(DEVICE) != new).sum())
+
+
 def test_bad_inputs_are_refused_with_the_reason():
     w = torch.randn(64, 128, device=DEVICE)
     mask = torch.ones(64, 128, dtype=torch.bool, device=DEVICE)
@@ -179,6 +193,9 @@ def test_bad_inputs_are_refused_with_the_reason():
         refresh24(w, torch.ones(128, 64, dtype=torch.bool, device=DEVICE).t(), out_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="beta"):
         refresh24(w, mask, torch.ones(2, device=DEVICE), out_dtype=torch.bfloat16)
+    shifted = torch.ones(64 * 128 + 2, dtype=torch.bool, device=DEVICE)[2:].view(64, 128)  # contiguous, offset 2
+    with pytest.raises(ValueError, match="4-byte boundary"):
+        refresh24(w, shifted, out_dtype=torch.bfloat16)
     assert bool(mask.all()), "a refused call writes nothing"
 
 
@@ -197,7 +214,7 @@ def compile_for_sm90(fn, signature, constexprs, num_warps):
 k21 = importlib.import_module("sparsity_lab.kernels.refresh24")._refresh24_kernel
 k11 = importlib.import_module("sparsity_lab.kernels.prepare24")._prepare24_kernel
 k2 = importlib.import_module("sparsity_lab.kernels.transposable24")._transposable24_kernel
-sig21 = dict(w_ptr="*bf16", mask_ptr="*u8", beta_ptr="*fp32", flips_ptr="*i64", vals_ptr="*i16", meta_ptr="*u8",
+sig21 = dict(w_ptr="*bf16", mask_ptr="*i32", beta_ptr="*fp32", flips_ptr="*i64", vals_ptr="*i16", meta_ptr="*u8",
              vals_t_ptr="*i16", meta_t_ptr="*u8", stride_r="i32", stride_c="i32", n_rows="i32", n_cols="i32",
              SOFT="constexpr", COUNT="constexpr", WRITE_W="constexpr", WRITE_T="constexpr", OUT_DTYPE="constexpr")
 for soft, operands, warps in ((True, True, 4), (False, True, 8), (False, False, 4)):

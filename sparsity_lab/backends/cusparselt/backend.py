@@ -66,13 +66,12 @@ from .algorithms import AlgorithmCache, ProductKey
 from ...methods.flip_rate import mask_flips_tensor
 from .reporting import CusparseltReporting
 from . import operand as operand_module  # its _triton_device: where the Triton kernels run (tests widen it)
-from .operand import CusparseltOperand, OperandPreparation
+from .operand import CusparseltOperand, OperandPreparation, refresh_kernel_takes
 from .ops import (PRODUCT_DTYPES, SPARSE_MULTIPLE, check_product_dtype, check_sparse_shape, padded,
                   sparse_shape_problem, transposed_view, unavailable_reason)
 from ..torch_reference import TorchBackend
 
 MIN_MULTIPLE = min(SPARSE_MULTIPLE[d] for d in PRODUCT_DTYPES)  # 16: what any weight must meet
-REFRESH_WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what kernel 21 reads
 
 
 class BackendFallbackWarning(UserWarning):
@@ -91,12 +90,6 @@ class ReferenceFallback(TorchBackend):
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
-
-
-def _refresh_kernel_shape(weight: torch.Tensor, mask: torch.Tensor) -> bool:
-    """Whether kernel 21 takes (weight, mask): a Triton device, whole 64 x 64 tiles, a contiguous mask."""
-    return (operand_module._triton_device(weight) and weight.dim() == 2 and weight.shape[0] % TILE == 0
-            and weight.shape[1] % TILE == 0 and mask.is_contiguous() and weight.dtype in REFRESH_WEIGHT_DTYPES)
 
 
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -196,7 +189,7 @@ class CusparseltBackend(OperandPreparation, Backend, CusparseltReporting):
         """The mask refresh in one pass over W where kernel 21 runs (``kernels/refresh24.py`` writing neither
         compressed form: the new mask over the old one and their flips, as kernels 2 and 9 and a copy give
         them); elsewhere ``mask``, ``mask_flips`` and a copy."""
-        if not (self.fused_refresh and (n, m) == (2, 4) and transposable and _refresh_kernel_shape(weight, mask)):
+        if not (self.fused_refresh and (n, m) == (2, 4) and transposable and refresh_kernel_takes(weight, mask)):
             return super().refresh_mask_(weight, mask, n, m, transposable, count=count)
         self.stats["fused_refreshes"] += 1
         return self._k().refresh24(weight, mask, forward=False, transposed=False, count=count)[0]

@@ -62,6 +62,14 @@ def _triton_device(t: torch.Tensor) -> bool:
     return t.is_cuda
 
 
+def refresh_kernel_takes(weight: torch.Tensor, mask: torch.Tensor) -> bool:
+    """Whether kernel 21 (``kernels/refresh24.py``) takes (weight, mask): a Triton device, a float32 / 16-bit W
+    of whole 64 x 64 tiles, a contiguous mask on a 4-byte boundary (the kernel reads it as int32 words)."""
+    return (_triton_device(weight) and weight.dim() == 2 and weight.shape[0] % 64 == 0 and weight.shape[1] % 64 == 0
+            and weight.dtype in (torch.float32, torch.bfloat16, torch.float16) and mask.is_contiguous()
+            and mask.storage_offset() % 4 == 0)
+
+
 class OperandPreparation:
     """Building and compressing the step's operand: the part of ``CusparseltBackend`` before its
     products. Uses the backend's ``_ops`` (the cuSPARSELt calls), ``policy``, ``fast_compress``,
@@ -117,7 +125,7 @@ class OperandPreparation:
         product runs sparse (no auto policy: it would compress what a dense product never reads), the operand
         would be written straight from W and ``fused_refresh`` is on; elsewhere the separate calls run."""
         if not (self.fused_refresh and self.policy is None and (n, m) == (2, 4) and transposable
-                and self._from_weight(weight, mask, dtype)):
+                and self._from_weight(weight, mask, dtype) and refresh_kernel_takes(weight, mask)):
             return super().refresh_and_prepare(weight, mask, beta, n, m, transposable, dtype, backward=backward,
                                                count=count)
         operand = self.prepare_masked(weight, mask, beta, n, m, dtype, backward=backward)
