@@ -25,6 +25,7 @@ package (named in its docstring) and a test against it (tests/test_kernels_*.py)
     prepare24_fp8     18. q(S(W)) and q(S(W))^T in FP8 (kernel 11 casting before its stores), and amax(S(W))
     mvue_compress24   19. mvue_compress24_fp8: kernel 10 casting MVUE(dZ) to FP8 before its store, and its amax
     adamw_master      20. AdamW on float32 masters from bf16 gradients, the bf16 weights written back, one pass
+    refresh24         21. a step's mask refresh: kernels 2, 9 and 11 in one pass (mask in place, flips, S(W), S(W)^T)
     prepare24_cutlass 22. S(W) and S(W)^T (bf16, or E4M3 with a given scale) straight from W into CUTLASS's SM90 layout
 
 Importing this package imports triton: set TRITON_INTERPRET=1 first to run on a CPU.
@@ -45,6 +46,7 @@ from .prepare24_fp8 import prepare24_amax, prepare24_fp8
 from .prepare24_cutlass import prepare24_cutlass, prepare24_cutlass_amax, prepare24_cutlass_fp8
 from .prune24 import pack_mask24, prune24, unpack_mask24
 from .prune24_tokens import prune24_tokens
+from .refresh24 import refresh24
 from .relu2 import relu2_backward, relu2_forward
 from .scale_product import scale_product_
 from .soft_threshold24 import soft_threshold24
@@ -52,7 +54,7 @@ from .transposable24 import transposable_mask24
 
 __all__ = [
     "act24", "act24_backward", "adamw_master_", "amax", "compress24", "count_flips", "dequantize_fp8", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "mvue24_amax", "mvue_compress24", "mvue_compress24_fp8", "pack_mask24",
-    "prepare24", "prepare24_amax", "prepare24_cutlass", "prepare24_cutlass_amax", "prepare24_cutlass_fp8", "prepare24_fp8", "prune24", "prune24_tokens", "quantize_fp8", "quantize_fp8_transposed", "quantize_fp8_with_scale", "relu2_backward",
+    "prepare24", "prepare24_amax", "prepare24_cutlass", "prepare24_cutlass_amax", "prepare24_cutlass_fp8", "prepare24_fp8", "prune24", "prune24_tokens", "quantize_fp8", "quantize_fp8_transposed", "quantize_fp8_with_scale", "refresh24", "relu2_backward",
     "relu2_forward", "scale_product_",
     "soft_threshold24", "transposable_mask24",
     "unpack_mask24",

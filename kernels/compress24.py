@@ -74,18 +74,23 @@ def _nibble(r, g, col_tiles, EIGHT_BIT: tl.constexpr):
 
 @triton.jit
 def _store_compressed(vals_ptr, meta_ptr, row0, g0, v0, v1, code, half_cols, col_tiles,
-                      EIGHT_BIT: tl.constexpr, BLOCK_G: tl.constexpr):
-    """Write a 64-row x BLOCK_G-group tile: kept values (v0, v1) and 4-bit codes, each (64, BLOCK_G)."""
-    rows = row0 + tl.arange(0, 64)
+                      EIGHT_BIT: tl.constexpr, BLOCK_G: tl.constexpr, STEP: tl.constexpr = 1,
+                      OFFSET: tl.constexpr = 0):
+    """Write a 64-row x BLOCK_G-group tile: kept values (v0, v1) and 4-bit codes, each (64, BLOCK_G).
+
+    STEP, OFFSET: the tile's rows row0 + OFFSET + STEP * i, i < 64 / STEP, only (v0, v1, code then have
+    64 / STEP rows): kernel 21 writes every fourth row of a tile at a time (16-bit dtypes, STEP 1 or 4)."""
+    rows = row0 + OFFSET + STEP * tl.arange(0, 64 // STEP)
     # values: (v0, v1) of group g at columns 2g, 2g + 1 of the row: one contiguous store per row
     tl.store(vals_ptr + rows[:, None] * half_cols + (2 * g0 + tl.arange(0, 2 * BLOCK_G))[None, :],
-             tl.reshape(tl.join(v0, v1), [64, 2 * BLOCK_G]))
+             tl.reshape(tl.join(v0, v1), [64 // STEP, 2 * BLOCK_G]))
     if EIGHT_BIT:  # a byte holds groups (g, g + 1) of one row: lo = even groups
-        lo, hi = tl.split(tl.reshape(code, [64, BLOCK_G // 2, 2]))
+        lo, hi = tl.split(tl.reshape(code, [64 // STEP, BLOCK_G // 2, 2]))
         nib = _nibble(rows[:, None], g0 + 2 * tl.arange(0, BLOCK_G // 2)[None, :], col_tiles, EIGHT_BIT)
     else:  # a byte holds rows (r, r + 8) of one group: r = 16a + 8b + c, lo = b == 0
-        lo, hi = tl.split(tl.permute(tl.reshape(code, [4, 2, 8, BLOCK_G]), (0, 2, 3, 1)))  # (4, 8, BLOCK_G)
-        r_lo = row0 + 16 * tl.arange(0, 4)[:, None, None] + tl.arange(0, 8)[None, :, None]
+        # each (4, 8 / STEP, BLOCK_G)
+        lo, hi = tl.split(tl.permute(tl.reshape(code, [4, 2, 8 // STEP, BLOCK_G]), (0, 2, 3, 1)))
+        r_lo = row0 + OFFSET + 16 * tl.arange(0, 4)[:, None, None] + STEP * tl.arange(0, 8 // STEP)[None, :, None]
         nib = _nibble(r_lo, g0 + tl.arange(0, BLOCK_G)[None, None, :], col_tiles, EIGHT_BIT)
     tl.store(meta_ptr + (nib >> 1), (lo | (hi << 4)).to(tl.uint8))
 

@@ -57,6 +57,31 @@ def _join_groups(x0, x1, x2, x3):
 
 
 @triton.jit
+def _masked_values(w0, w1, w2, w3, k0, k1, k2, k3, beta, SOFT: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """S of groups of 4 along W's rows, members w0..w3 (any float dtype, any one shape) kept where k0..k3:
+    ``beta * m * sign(w) * max(|w| - t, 0)`` (SOFT; beta a float32 scalar) or ``w * m``, computed in float32
+    and rounded once to OUT_DTYPE (the module docstring gives the two formulas)."""
+    if SOFT:
+        f0 = w0.to(tl.float32)
+        f1 = w1.to(tl.float32)
+        f2 = w2.to(tl.float32)
+        f3 = w3.to(tl.float32)
+        # t = largest pruned magnitude of the group (soft_threshold24's order of operations)
+        t = tl.maximum(tl.maximum(tl.where(k0, 0.0, tl.abs(f0)), tl.where(k1, 0.0, tl.abs(f1))),
+                       tl.maximum(tl.where(k2, 0.0, tl.abs(f2)), tl.where(k3, 0.0, tl.abs(f3))))
+        s0 = (_shrink(f0, k0, t) * beta).to(OUT_DTYPE)
+        s1 = (_shrink(f1, k1, t) * beta).to(OUT_DTYPE)
+        s2 = (_shrink(f2, k2, t) * beta).to(OUT_DTYPE)
+        s3 = (_shrink(f3, k3, t) * beta).to(OUT_DTYPE)
+    else:  # w * m in float32, one rounding: round(w) * m exactly, -0.0 for a pruned negative w
+        s0 = (w0.to(tl.float32) * k0.to(tl.float32)).to(OUT_DTYPE)
+        s1 = (w1.to(tl.float32) * k1.to(tl.float32)).to(OUT_DTYPE)
+        s2 = (w2.to(tl.float32) * k2.to(tl.float32)).to(OUT_DTYPE)
+        s3 = (w3.to(tl.float32) * k3.to(tl.float32)).to(OUT_DTYPE)
+    return s0, s1, s2, s3
+
+
+@triton.jit
 def _fp8_bits(s, inv_scale, FMAX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
     """s (the operand dtype) cast to FP8 with ``inv_scale`` as ``quantize_fp8_with_scale`` casts it: the
     FP8 byte (uint8), -0.0 kept as the sign bit alone.
@@ -91,24 +116,10 @@ def _sparse_groups(w, m, beta_ptr, SOFT: tl.constexpr, OUT_DTYPE: tl.constexpr):
     k2 = m2 != 0
     k3 = m3 != 0
     if SOFT:
-        f0 = w0.to(tl.float32)
-        f1 = w1.to(tl.float32)
-        f2 = w2.to(tl.float32)
-        f3 = w3.to(tl.float32)
-        # t = largest pruned magnitude of the group (soft_threshold24's order of operations)
-        t = tl.maximum(tl.maximum(tl.where(k0, 0.0, tl.abs(f0)), tl.where(k1, 0.0, tl.abs(f1))),
-                       tl.maximum(tl.where(k2, 0.0, tl.abs(f2)), tl.where(k3, 0.0, tl.abs(f3))))
         beta = tl.load(beta_ptr).to(tl.float32)
-        s0 = (_shrink(f0, k0, t) * beta).to(OUT_DTYPE)
-        s1 = (_shrink(f1, k1, t) * beta).to(OUT_DTYPE)
-        s2 = (_shrink(f2, k2, t) * beta).to(OUT_DTYPE)
-        s3 = (_shrink(f3, k3, t) * beta).to(OUT_DTYPE)
-    else:  # w * m in float32, one rounding: round(w) * m exactly, -0.0 for a pruned negative w
-        s0 = (w0.to(tl.float32) * k0.to(tl.float32)).to(OUT_DTYPE)
-        s1 = (w1.to(tl.float32) * k1.to(tl.float32)).to(OUT_DTYPE)
-        s2 = (w2.to(tl.float32) * k2.to(tl.float32)).to(OUT_DTYPE)
-        s3 = (w3.to(tl.float32) * k3.to(tl.float32)).to(OUT_DTYPE)
-    return s0, s1, s2, s3
+    else:
+        beta = 1.0
+    return _masked_values(w0, w1, w2, w3, k0, k1, k2, k3, beta, SOFT, OUT_DTYPE)
 
 
 @triton.jit

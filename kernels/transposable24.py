@@ -295,6 +295,65 @@ def _power_of_two_scale(top):
 
 
 @triton.jit
+def _pattern_code(w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33):
+    """The best pattern's code (``_best_pattern``) of every tile from its 16 entries w{r}{c}, each
+    [BA, BB] of any float dtype: the magnitudes in float32, scaled per tile by a power of two."""
+    a00 = tl.abs(w00.to(tl.float32))
+    a01 = tl.abs(w01.to(tl.float32))
+    a02 = tl.abs(w02.to(tl.float32))
+    a03 = tl.abs(w03.to(tl.float32))
+    a10 = tl.abs(w10.to(tl.float32))
+    a11 = tl.abs(w11.to(tl.float32))
+    a12 = tl.abs(w12.to(tl.float32))
+    a13 = tl.abs(w13.to(tl.float32))
+    a20 = tl.abs(w20.to(tl.float32))
+    a21 = tl.abs(w21.to(tl.float32))
+    a22 = tl.abs(w22.to(tl.float32))
+    a23 = tl.abs(w23.to(tl.float32))
+    a30 = tl.abs(w30.to(tl.float32))
+    a31 = tl.abs(w31.to(tl.float32))
+    a32 = tl.abs(w32.to(tl.float32))
+    a33 = tl.abs(w33.to(tl.float32))
+    m0 = tl.maximum(tl.maximum(a00, a01), tl.maximum(a02, a03))
+    m1 = tl.maximum(tl.maximum(a10, a11), tl.maximum(a12, a13))
+    m2 = tl.maximum(tl.maximum(a20, a21), tl.maximum(a22, a23))
+    m3 = tl.maximum(tl.maximum(a30, a31), tl.maximum(a32, a33))
+    top = tl.maximum(tl.maximum(m0, m1), tl.maximum(m2, m3))
+    # the tile's max into [1, 4): its scores cannot overflow (near 3e38 every pattern tied at inf).
+    # NaN/Inf need no mapping: a NaN score never wins a comparison and an Inf one ties, so the
+    # code is always one of the 90 valid patterns (which one is unspecified). The scaling costs a few
+    # percent on the H100 (docs/measuring.md).
+    sc = _power_of_two_scale(top)
+    return _best_pattern(
+        a00 * sc, a01 * sc, a02 * sc, a03 * sc,
+        a10 * sc, a11 * sc, a12 * sc, a13 * sc,
+        a20 * sc, a21 * sc, a22 * sc, a23 * sc,
+        a30 * sc, a31 * sc, a32 * sc, a33 * sc)
+
+
+@triton.jit
+def _keep_flags(code):
+    """The 16 keep flags k{r}{c} of every tile (bool, code's shape): entry (r, c) is kept when bit 4r + c is set."""
+    k00 = (code & 1) != 0
+    k01 = (code & 2) != 0
+    k02 = (code & 4) != 0
+    k03 = (code & 8) != 0
+    k10 = (code & 16) != 0
+    k11 = (code & 32) != 0
+    k12 = (code & 64) != 0
+    k13 = (code & 128) != 0
+    k20 = (code & 256) != 0
+    k21 = (code & 512) != 0
+    k22 = (code & 1024) != 0
+    k23 = (code & 2048) != 0
+    k30 = (code & 4096) != 0
+    k31 = (code & 8192) != 0
+    k32 = (code & 16384) != 0
+    k33 = (code & 32768) != 0
+    return k00, k01, k02, k03, k10, k11, k12, k13, k20, k21, k22, k23, k30, k31, k32, k33
+
+
+@triton.jit
 def _split4_2d(x, BA: tl.constexpr, BB: tl.constexpr):
     """[BA, 4 * BB] -> four [BA, BB]: the members of each group of 4 consecutive columns."""
     even, odd = tl.split(tl.reshape(x, [BA, BB, 2, 2]))
@@ -358,54 +417,8 @@ def _transposable24_kernel(w_ptr, mask_ptr, out_ptr, out_t_ptr, n_rows, n_cols,
     w10, w11, w12, w13 = _split4_2d(r1, BA, BB)
     w20, w21, w22, w23 = _split4_2d(r2, BA, BB)
     w30, w31, w32, w33 = _split4_2d(r3, BA, BB)
-    a00 = tl.abs(w00.to(tl.float32))
-    a01 = tl.abs(w01.to(tl.float32))
-    a02 = tl.abs(w02.to(tl.float32))
-    a03 = tl.abs(w03.to(tl.float32))
-    a10 = tl.abs(w10.to(tl.float32))
-    a11 = tl.abs(w11.to(tl.float32))
-    a12 = tl.abs(w12.to(tl.float32))
-    a13 = tl.abs(w13.to(tl.float32))
-    a20 = tl.abs(w20.to(tl.float32))
-    a21 = tl.abs(w21.to(tl.float32))
-    a22 = tl.abs(w22.to(tl.float32))
-    a23 = tl.abs(w23.to(tl.float32))
-    a30 = tl.abs(w30.to(tl.float32))
-    a31 = tl.abs(w31.to(tl.float32))
-    a32 = tl.abs(w32.to(tl.float32))
-    a33 = tl.abs(w33.to(tl.float32))
-    m0 = tl.maximum(tl.maximum(a00, a01), tl.maximum(a02, a03))
-    m1 = tl.maximum(tl.maximum(a10, a11), tl.maximum(a12, a13))
-    m2 = tl.maximum(tl.maximum(a20, a21), tl.maximum(a22, a23))
-    m3 = tl.maximum(tl.maximum(a30, a31), tl.maximum(a32, a33))
-    top = tl.maximum(tl.maximum(m0, m1), tl.maximum(m2, m3))
-    # the tile's max into [1, 4): its scores cannot overflow (near 3e38 every pattern tied at inf).
-    # NaN/Inf need no mapping: a NaN score never wins a comparison and an Inf one ties, so the
-    # code is always one of the 90 valid patterns (which one is unspecified). The scaling costs a few
-    # percent on the H100 (docs/measuring.md).
-    sc = _power_of_two_scale(top)
-    code = _best_pattern(
-        a00 * sc, a01 * sc, a02 * sc, a03 * sc,
-        a10 * sc, a11 * sc, a12 * sc, a13 * sc,
-        a20 * sc, a21 * sc, a22 * sc, a23 * sc,
-        a30 * sc, a31 * sc, a32 * sc, a33 * sc)
-    # keep bits of row r: (code >> 4r) & 15, member c at bit c
-    k00 = (code & 1) != 0
-    k01 = (code & 2) != 0
-    k02 = (code & 4) != 0
-    k03 = (code & 8) != 0
-    k10 = (code & 16) != 0
-    k11 = (code & 32) != 0
-    k12 = (code & 64) != 0
-    k13 = (code & 128) != 0
-    k20 = (code & 256) != 0
-    k21 = (code & 512) != 0
-    k22 = (code & 1024) != 0
-    k23 = (code & 2048) != 0
-    k30 = (code & 4096) != 0
-    k31 = (code & 8192) != 0
-    k32 = (code & 16384) != 0
-    k33 = (code & 32768) != 0
+    code = _pattern_code(w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33)
+    k00, k01, k02, k03, k10, k11, k12, k13, k20, k21, k22, k23, k30, k31, k32, k33 = _keep_flags(code)
     tl.store(mask_ptr + row0, _join4_2d(k00, k01, k02, k03, BA, BB).to(tl.uint8), mask=ok)
     tl.store(mask_ptr + row0 + n_cols, _join4_2d(k10, k11, k12, k13, BA, BB).to(tl.uint8), mask=ok)
     tl.store(mask_ptr + row0 + 2 * n_cols, _join4_2d(k20, k21, k22, k23, BA, BB).to(tl.uint8), mask=ok)

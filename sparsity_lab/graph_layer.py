@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .graph_flips import DeviceSeed, GraphFlipCounts
-from .layers import SparseLinear, next_mvue_generator
+from .layers import SparseLinear, backend_refresh, backend_refreshes, next_mvue_generator
 from .methods.handlers import MethodHandler, method_handler
 
 
@@ -53,13 +53,6 @@ def release_device_seed(layer: SparseLinear) -> None:
 
 
 # --- the mask refresh inside the graph -------------------------------------------------------------------
-def refreshes_mask_with_own_hooks(layer: SparseLinear) -> bool:
-    """True when the layer's class keeps SparseLinear's own mask refresh (``refresh_mask``, ``_replace_mask``):
-    a sharded layer overrides them (collectives, a DTensor mask) and is refreshed eagerly."""
-    cls = type(layer)
-    return all(getattr(cls, name) is getattr(SparseLinear, name) for name in ("refresh_mask", "_replace_mask"))
-
-
 def mask_rule_capturable(layer: SparseLinear) -> bool:
     """True when the method computes its masks with the backend's mask (or declares its own rule capturable)."""
     handler = method_handler(layer.method)
@@ -84,19 +77,30 @@ def release_graph_flips(layer: SparseLinear) -> None:
 
 
 @torch.no_grad()
-def refresh_mask_in_graph(layer: SparseLinear) -> None:
+def refresh_mask_in_graph(layer: SparseLinear, request: tuple[torch.dtype, bool] | None = None) -> None:
     """The device work of ``refresh_mask`` for a CUDA-graph capture: the new mask from the weight into the
     mask buffer (in place) and its flips against the previous mask into the graph flip counts. The host
     counters are not touched here (a capture runs nothing); ``after_graph_refresh`` updates them after each
-    replay. Needs ``use_graph_flips`` first and a previous mask (``mask_updates`` >= 1)."""
+    replay. Needs ``use_graph_flips`` first and a previous mask (``mask_updates`` >= 1).
+
+    request: (the products' dtype, whether the input gradient follows) of the operand the captured step will
+    ask for, on a backend that writes it with the mask (``Backend.fuses_refresh_and_prepare``): it is prepared
+    here, in the same pass, and the layer's forward takes it from the operand cache."""
     counts = layer.flip_counts.source
     if counts is None:
         raise RuntimeError("refresh_mask_in_graph needs use_graph_flips(layer, device) first")
     if layer.mask_updates < 1:
         raise RuntimeError("refresh_mask_in_graph counts flips against the previous mask; this layer has "
                            "none yet (mask_updates 0): refresh it eagerly first")
-    new = method_handler(layer.method).mask(layer, layer.weight.detach())
-    counts.record(layer._replace_mask(new, count=True))
+    if backend_refreshes(layer):
+        if not layer.backend.fuses_refresh_and_prepare:
+            request = None  # the separate calls: the forward prepares the operand, as in eager mode
+        flips, operand = backend_refresh(layer, True, request)
+        if operand is not None:
+            layer.operand_cache.put(layer, request[0], operand, backward=request[1])
+    else:
+        flips = layer._replace_mask(method_handler(layer.method).mask(layer, layer.weight.detach()), count=True)
+    counts.record(flips)
 
 
 def after_graph_refresh(layer: SparseLinear) -> None:

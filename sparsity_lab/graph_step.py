@@ -29,7 +29,9 @@ the FP8 backends), with the backend's mask rule (a method handler's own rule onl
 ``own_mask_capturable``) and SparseLinear's own refresh (not a sharded layer), is refreshed *inside* the
 graph (``graph_layer.py``): at the start of the captured step its new mask is computed from the weight into its mask
 buffer, and its flips r_t = ||m_t XOR m_{t-1}||_1 are counted into a static device buffer that also
-keeps their running sum (``graph_flips.py``). After a replay the host only advances the layer's
+keeps their running sum (``graph_flips.py``); on a backend that writes the mask and the operand in one pass
+(``Backend.fuses_refresh_and_prepare``: cuSPARSELt's kernel 21) the operand is prepared there too, in the
+dtype its eager steps used, and the layer's forward reuses it. After a replay the host only advances the layer's
 Python counters (``mask_step``, ``mask_updates``); ``last_flips`` / ``flips_total`` read the device
 counts when asked (one host sync), the values an eager refresh gives. Every other layer that tracks
 masks is refreshed eagerly before each replay when due: a mask due only every k > 1 steps would need
@@ -68,9 +70,8 @@ import torch
 from torch import nn
 
 from .graph_layer import (after_graph_refresh, fill_device_seed, mask_rule_capturable, refresh_mask_in_graph,
-                          refreshes_mask_with_own_hooks, release_device_seed, release_graph_flips, use_device_seed,
-                          use_graph_flips)
-from .layers import SparseLinear
+                          release_device_seed, release_graph_flips, use_device_seed, use_graph_flips)
+from .layers import SparseLinear, refreshes_mask_with_own_hooks
 from .methods.handlers import method_handler
 from .training_hooks import sparse_layers
 from .backends.report import measures_products  # the interface only: no backend is named here
@@ -325,10 +326,13 @@ class CudaGraphStep:
             p.grad = None  # the backward allocates the gradients in the graph's pool
         graph = torch.cuda.CUDAGraph()
         mask_steps = [layer.mask_step for layer in inside]
+        # the operand each layer's eager steps prepared: with it, a backend that writes mask and operand in one
+        # pass (Backend.fuses_refresh_and_prepare) prepares it with the in-graph refresh
+        requests = [layer.operand_cache.last_request for layer in inside]
         try:
             with torch.cuda.graph(graph), graph_timing(self.model):
-                for layer in inside:
-                    refresh_mask_in_graph(layer)
+                for layer, request in zip(inside, requests):
+                    refresh_mask_in_graph(layer, request)
                     layer.mask_step = layer.step  # captured: the forward below must not refresh it again
                 loss = self.loss_fn(self.model, *self._static_inputs)
                 loss.backward()

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import sys
 import warnings
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +42,7 @@ from .host_counters import COUNTER_TENSOR, HostCounter, new_counter_tensor
 from .graph_flips import DeviceSeed
 from .layer_products import CallPlan, SparseLinearFn, compute_dtype
 from .methods.config import STE, SparsityMethod
-from .methods.handlers import method_handler
+from .methods.handlers import MethodHandler, method_handler
 from .operand_cache import OperandCache
 from .validation import check_divisible, check_float_tensor, check_has_values
 
@@ -75,6 +76,62 @@ def next_mvue_generator(layer: "SparseLinear") -> torch.Generator:
     gen.manual_seed(mvue_stream_seed(layer.mvue_seed, rank, layer.mvue_calls))
     layer.mvue_calls += 1
     return gen
+
+
+def record_refresh(layer: "SparseLinear", flips: torch.Tensor | None) -> None:
+    """The host side of a mask refresh of ``layer``: its flips (a 0-d device tensor, or None for a first
+    mask or a layer that counts its own) joined to the flip counts, ``mask_step`` and ``mask_updates``
+    advanced, the prepared operand forgotten. The flips stay on the device until someone reads them
+    (``last_flips`` / ``flips_total``): a host sync in the step would stall the queue of cuSPARSELt calls."""
+    if flips is not None:
+        layer.flip_counts.add(flips)
+    layer.mask_step = layer.step
+    layer.mask_updates += 1
+    layer.operand_cache.clear()
+
+
+def refreshes_mask_with_own_hooks(layer: "SparseLinear") -> bool:
+    """True when the layer's class keeps SparseLinear's own mask refresh (``refresh_mask``, ``_replace_mask``):
+    a sharded layer overrides them (collectives, a DTensor mask)."""
+    cls = type(layer)
+    return all(getattr(cls, name) is getattr(SparseLinear, name) for name in ("refresh_mask", "_replace_mask"))
+
+
+def backend_refreshes(layer: "SparseLinear") -> bool:
+    """True when a mask refresh of ``layer`` is its backend's to run (``backend_refresh``), which may do it in
+    fewer passes: the layer keeps SparseLinear's own refresh and its method the backend's mask rule (a method
+    handler that overrides ``mask`` computes its masks itself)."""
+    return refreshes_mask_with_own_hooks(layer) and type(method_handler(layer.method)).mask is MethodHandler.mask
+
+
+def backend_refresh(layer: "SparseLinear", count: bool, request: tuple[torch.dtype, bool] | None = None
+                    ) -> tuple[torch.Tensor | None, Any]:
+    """The device work of a refresh of a layer that ``backend_refreshes``: ``(flips, operand)``. The new mask is
+    written into ``layer.mask`` and its flips counted (``count``: a 0-d device tensor, else None) by
+    ``Backend.refresh_mask_``; with ``request`` = (the products' dtype, whether the input gradient follows)
+    also this step's operand for the new mask, by ``Backend.refresh_and_prepare`` (else operand None). The
+    host counters are left alone."""
+    m, weight = layer.method, layer.weight.detach()
+    if request is None:
+        return layer.backend.refresh_mask_(weight, layer.mask, m.n, m.m, m.transposable, count=count), None
+    dtype, backward = request
+    return layer.backend.refresh_and_prepare(weight, layer.mask, method_handler(m).beta(layer), m.n, m.m,
+                                             m.transposable, dtype, backward=backward, count=count)
+
+
+@torch.no_grad()
+def refresh_mask_and_operand(layer: "SparseLinear", dtype: torch.dtype, backward: bool) -> None:
+    """``layer.refresh_mask()`` followed by this step's operand in ``dtype``, which the operand cache then
+    serves, from one backend call (``Backend.refresh_and_prepare``: on cuSPARSELt one pass over W, kernel 21)
+    where ``backend_refreshes``; otherwise ``refresh_mask()`` alone (the operand is prepared when the products
+    ask for it). The mask, flips, counters and operand are the separate calls'. backward: the input gradient
+    will be asked for."""
+    if not backend_refreshes(layer):
+        layer.refresh_mask()
+        return
+    flips, operand = backend_refresh(layer, layer.mask_updates > 0, (dtype, backward))
+    record_refresh(layer, flips)
+    layer.operand_cache.put(layer, dtype, operand, backward=backward)
 
 
 def _is_dtensor(tensor: torch.Tensor) -> bool:
@@ -264,15 +321,12 @@ class SparseLinear(nn.Linear):
     @torch.no_grad()
     def refresh_mask(self) -> None:
         """Recompute the mask from the current weight (the method's rule) and count the flips."""
-        new = method_handler(self.method).mask(self, self.weight.detach())
-        # counted on the device and read when someone asks (last_flips / flips_total): no host
-        # sync in the training step, which would stall the queue of cuSPARSELt calls
-        flips = self._replace_mask(new, count=self.mask_updates > 0)
-        if flips is not None:
-            self.flip_counts.add(flips)
-        self.mask_step = self.step
-        self.mask_updates += 1
-        self.operand_cache.clear()
+        count = self.mask_updates > 0
+        if backend_refreshes(self):  # the backend's calls, which it may fuse (Backend.refresh_mask_)
+            flips = backend_refresh(self, count)[0]
+        else:
+            flips = self._replace_mask(method_handler(self.method).mask(self, self.weight.detach()), count)
+        record_refresh(self, flips)
 
     # hooks that a sharded layer (sparsity_lab.distributed) overrides: the mask buffer may hold only
     # this process's part, while the products need the full mask
@@ -347,20 +401,26 @@ class SparseLinear(nn.Linear):
         ``forward`` runs it, and under torch.compile the custom op of ``custom_ops.py`` does;
         ``layer_products`` runs the products of the plan. dtype: the products' dtype (default: as
         nn.Linear would, see ``layer_products.compute_dtype``)."""
+        refresh = False
         if training:
             if not self.attached_optimizer:
                 warnings.warn(
                     "SparseLinear is training but no optimizer is attached, so masks are not "
                     "refreshed and schedules do not advance: call "
                     "sparsity_lab.attach_optimizer(model, optimizer)", stacklevel=3)
-            if self.mask_due():
-                self.refresh_mask()
+            refresh = self.mask_due()
         dense = self.dense_now
         if dense and not self.backend.products_in_dense_phase:
+            if refresh:
+                self.refresh_mask()
             return None
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must have shape (..., in_features={self.in_features}), got {tuple(x.shape)}")
         dtype = dtype or compute_dtype(x, self.weight)
+        if refresh and dense:  # the dense phase's operand is the dense W: nothing to prepare with the mask
+            self.refresh_mask()
+        elif refresh:  # the new mask and this step's operand, from one backend call where it can
+            refresh_mask_and_operand(self, dtype, backward=grad_needed)
         operand = self.operand_cache.get(self, dtype, backward=grad_needed)
         if dense:  # an FP8 backend in a dense phase: dense products in its format, dense dW, no decay
             return CallPlan(backend=self.backend, operand=operand, dtype=dtype, mask=self._mask_for_products(),

@@ -15,7 +15,12 @@ from .methods.handlers import method_handler
 
 class OperandCache:
     """``get(layer, dtype, backward)``: the operand for this call, prepared at most once per state of the
-    layer; ``clear()`` forgets it; ``prepare_count`` counts preparations (a diagnostic, not saved)."""
+    layer; ``put`` keeps one prepared elsewhere; ``clear()`` forgets it; ``prepare_count`` counts
+    preparations (a diagnostic, not saved)."""
+
+    # (dtype, backward) of the latest preparation, kept by clear(): a CUDA-graph capture that refreshes the mask
+    # prepares the operand the products will ask for together with it (``graph_layer.refresh_mask_in_graph``)
+    last_request: tuple[torch.dtype, bool] | None = None
 
     def __init__(self) -> None:
         self.entry: tuple[tuple, Any] | None = None
@@ -31,12 +36,25 @@ class OperandCache:
         the graph, and the captured one must not serve a later eager call)."""
         self.entry = None
 
+    @staticmethod
+    def _key(layer, dtype: torch.dtype) -> tuple:
+        return (layer.step, layer.weight._version, layer.mask._version, layer.beta._version, layer.mask_updates,
+                dtype, layer.weight.device)
+
+    def put(self, layer, dtype: torch.dtype, operand: Any, backward: bool = True) -> None:
+        """Keep ``operand``, prepared for the layer's state now in ``dtype`` together with its mask (a mask
+        refresh that writes the operand in the same pass, ``layers.refresh_mask_and_operand``): counted as a
+        preparation, served by ``get`` until the state changes."""
+        self.prepare_count += 1
+        self.last_request = (dtype, backward)
+        self.entry = (self._key(layer, dtype), operand)
+
     def get(self, layer, dtype: torch.dtype, backward: bool = True) -> Any:
         """The operand of ``layer``'s products in ``dtype`` (backward: also what the input gradient needs)."""
-        key = (layer.step, layer.weight._version, layer.mask._version, layer.beta._version, layer.mask_updates,
-               dtype, layer.weight.device)
+        key = self._key(layer, dtype)
         if self.entry is None or self.entry[0] != key:
             self.prepare_count += 1
+            self.last_request = (dtype, backward)
             weight = layer.weight.detach()
             if layer.dense_now:  # only reached for a backend with products_in_dense_phase
                 operand = layer.backend.prepare_dense(weight, dtype)

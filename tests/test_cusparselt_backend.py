@@ -355,6 +355,60 @@ def test_fused_prepare_writes_both_operands_in_one_pass(registry, monkeypatch, m
     torch.testing.assert_close(operand.weight.float(), cs.sparse_weight().to(torch.bfloat16).float())
 
 
+@pytest.mark.triton
+@pytest.mark.parametrize("method", [sl.SSTE(mvue=True, transposable=True), sl.SRSTE(decay=0.05, transposable=True)])
+def test_fused_refresh_trains_exactly_as_the_separate_kernels(registry, monkeypatch, method):
+    """Kernel 21 against kernels 2, 9 and 11 (all run by the interpreter on these CPU tensors) in a layer that
+    refreshes its mask every step: masks, flip counts, outputs, gradients, weights and the state dict are the
+    same to the bit at every step, and a run resumed from the fused run's checkpoint continues it exactly."""
+    import dataclasses
+    from sparsity_lab.backends.cusparselt import operand
+
+    monkeypatch.setattr(operand, "_triton_device", lambda t: True)
+    backends = {"fused": CusparseltBackend(ops=FakeCusparselt()),
+                "separate": CusparseltBackend(ops=FakeCusparselt(), fused_refresh=False)}
+    for name, backend in backends.items():
+        base.register_backend(f"cusparselt_{name}", lambda backend=backend: backend)
+
+    def build(name):
+        torch.manual_seed(0)
+        layer = SparseLinear(128, 64, method=dataclasses.replace(method, backend=f"cusparselt_{name}"),
+                             dtype=torch.bfloat16)
+        opt = torch.optim.SGD(layer.parameters(), lr=0.5)
+        sl.attach_optimizer(layer, opt)
+        return layer, opt
+
+    def step(layer, opt, x, dz):
+        out = layer(x)
+        out.backward(dz)  # a fixed dZ: MVUE then draws alike whatever the last ulp of the output
+        opt.step()
+        opt.zero_grad()
+        return out.detach()
+
+    (fused, fused_opt), (separate, separate_opt) = build("fused"), build("separate")
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(64, 128, generator=gen, dtype=torch.bfloat16),
+                torch.randn(64, 64, generator=gen, dtype=torch.bfloat16)) for _ in range(4)]
+    for i, (x, dz) in enumerate(batches[:3]):
+        assert torch.equal(step(fused, fused_opt, x, dz), step(separate, separate_opt, x, dz)), i
+        assert torch.equal(fused.mask, separate.mask) and torch.equal(fused.weight, separate.weight), i
+        assert (fused.last_flips, fused.flips_total) == (separate.last_flips, separate.flips_total), i
+    assert fused.mask_updates == separate.mask_updates == 3 and fused.flips_total > 0
+    # kernel 21: the first mask (mask only, at construction), then mask and operands at steps 1 and 2
+    assert backends["fused"].stats["fused_refreshes"] == 3 and backends["separate"].stats["fused_refreshes"] == 0
+    assert backends["separate"].stats["fused_prepares"] == 3  # kernel 11 after every refresh and the first step
+    saved = fused.state_dict()
+    assert saved.keys() == separate.state_dict().keys()
+    for key, value in separate.state_dict().items():
+        assert torch.equal(saved[key], value), key
+    resumed, resumed_opt = build("fused")
+    resumed.load_state_dict({k: v.clone() for k, v in saved.items()})
+    resumed_opt.load_state_dict(fused_opt.state_dict())
+    x, dz = batches[3]
+    assert torch.equal(step(resumed, resumed_opt, x, dz), step(fused, fused_opt, x, dz))
+    assert torch.equal(resumed.mask, fused.mask) and resumed.counters() == fused.counters()
+
+
 # --- algorithm choice --------------------------------------------------------------------------------------
 def test_check_product():
     ref = torch.randn(64, 48)
@@ -711,6 +765,44 @@ def test_fused_prepare_gives_the_same_products_on_gpu(soft):
     assert torch.equal(plain.linear(x, a, None), fused.linear(x, b, None))
     assert torch.equal(plain.grad_input(dz, a), fused.grad_input(dz, b))
     assert fused.stats["fused_prepares"] == 1 and b._weight is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", [sl.SSTE(mvue=True, transposable=True), sl.STE(transposable=True)])
+def test_fused_refresh_trains_exactly_as_the_separate_kernels_on_gpu(registry, method):
+    """The lab GPT's FFN up projection (4096 -> 16384, bf16 weights, 2048 tokens), four steps with the mask
+    refreshed every step: kernel 21 against kernels 2, 9 and 11 on the real backend (one algorithm choice):
+    outputs, masks, flip counts and weights bit for bit, and kernel 21 ran (mask alone at construction, then
+    mask and both operands at every refresh)."""
+    import dataclasses
+
+    fused, separate = CusparseltBackend(), CusparseltBackend(fused_refresh=False)
+    separate.algorithms = fused.algorithms
+    runs = []
+    for name, backend in (("fused", fused), ("separate", separate)):
+        base.register_backend(f"cusparselt_{name}", lambda backend=backend: backend)
+        torch.manual_seed(0)
+        layer = SparseLinear(4096, 16384, method=dataclasses.replace(method, backend=f"cusparselt_{name}"),
+                             device="cuda", dtype=torch.bfloat16)
+        opt = torch.optim.SGD(layer.parameters(), lr=1e-4)
+        sl.attach_optimizer(layer, opt)
+        runs.append((layer, opt))
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for k in range(4):
+        x = torch.randn(2048, 4096, device="cuda", generator=gen).to(torch.bfloat16)
+        dz = torch.randn(2048, 16384, device="cuda", generator=gen).to(torch.bfloat16)
+        outs = []
+        for layer, opt in runs:
+            out = layer(x)
+            out.backward(dz)
+            opt.step()
+            opt.zero_grad()
+            outs.append(out.detach())
+        (a, _), (b, _) = runs
+        assert torch.equal(outs[0], outs[1]) and torch.equal(a.mask, b.mask) and torch.equal(a.weight, b.weight), k
+        assert (a.last_flips, a.flips_total) == (b.last_flips, b.flips_total), k
+    assert a.flips_total > 0 and a.mask_updates == 4
+    assert fused.stats["fused_refreshes"] == 4 and separate.stats["fused_refreshes"] == 0
 
 
 # --- the auto policy's timing mode (eager or CUDA graph), each with its own decisions ---------------------

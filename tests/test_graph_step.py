@@ -18,6 +18,7 @@ from sparsity_lab.graph_layer import (after_graph_refresh, refresh_mask_in_graph
                                       use_graph_flips)
 from sparsity_lab.graph_step import (CudaGraphStep, eager_refresh_reason, fill_seeds, mask_refresh_plan, mvue_layers,
                                      refresh_mode, release_device_seeds, use_device_seeds)
+from test_cusparselt_backend import FakeCusparselt, registry  # noqa: F401  (registry: a fixture)
 
 
 def _mlp(backend: str, device, d: int = 64, seed: int = 0, **method) -> nn.Module:
@@ -256,6 +257,55 @@ def test_refresh_in_the_graph_counts_what_an_eager_refresh_counts(schedule, read
     assert eager[0].mask_updates == len(schedule) and sum(f > 0 for f in flips_per_step) >= len(schedule) - 2
 
 
+@pytest.mark.triton
+def test_in_graph_refresh_prepares_the_operand_the_forward_uses(registry, monkeypatch):
+    """On cuSPARSELt (products by a CPU stand-in, the Triton kernels in the interpreter) the captured refresh
+    writes the mask, its flips and both compressed operands in one pass (kernel 21), in the dtype the eager
+    steps used, and the layer's forward takes that operand instead of preparing one. Run eagerly here in the
+    order a capture and its replay run it: three steps equal an eager copy's to the bit."""
+    from sparsity_lab.backends.cusparselt import operand
+
+    monkeypatch.setattr(operand, "_triton_device", lambda t: True)
+    backend = CusparseltBackend(ops=FakeCusparselt())
+    registry.register_backend("cusparselt_cpu", lambda: backend)
+    eager = _mlp("cusparselt_cpu", "cpu").to(torch.bfloat16)
+    graphed = copy.deepcopy(eager)
+    layers = [layer for _, layer in sl.sparse_layers(graphed)]
+    for layer in layers:
+        use_graph_flips(layer, torch.device("cpu"))
+    opts = [torch.optim.SGD(m.parameters(), lr=1.0) for m in (eager, graphed)]
+    for model, opt in zip((eager, graphed), opts):
+        sl.attach_optimizer(model, opt)
+    gen = torch.Generator().manual_seed(4)
+    for k in range(3):
+        x, y = (torch.randn(32, 64, generator=gen).to(torch.bfloat16) for _ in range(2))
+        in_graph = k > 0  # step 0 has no refresh due (the mask comes from sparsify)
+        if in_graph:  # the capture: the refresh first, then the forward finds the mask fresh
+            mask_steps = [l.mask_step for l in layers]
+            prepared = [l.operand_cache.prepare_count for l in layers]
+            fused = backend.stats["fused_refreshes"]
+            assert [l.operand_cache.last_request for l in layers] == [(torch.bfloat16, True)] * 2
+            for layer in layers:
+                refresh_mask_in_graph(layer, layer.operand_cache.last_request)
+                layer.mask_step = layer.step
+        losses = []
+        for model, opt in zip((eager, graphed), opts):
+            opt.zero_grad(set_to_none=True)
+            losses.append(_eager_step(model, x, y))
+        if in_graph:  # one preparation per layer, the refresh's: the forward prepared nothing more
+            assert [l.operand_cache.prepare_count for l in layers] == [p + 1 for p in prepared]
+            assert backend.stats["fused_refreshes"] == fused + 4  # two layers, in the graph and in the eager copy
+            for layer, mask_step in zip(layers, mask_steps):
+                layer.mask_step = mask_step
+                after_graph_refresh(layer)  # the replay's bookkeeping
+        assert torch.equal(losses[0], losses[1]), k
+        for opt in opts:
+            opt.step()
+        for (_, a), b in zip(sl.sparse_layers(eager), layers):
+            assert torch.equal(a.mask, b.mask) and torch.equal(a.weight, b.weight), k
+    assert _flip_state(graphed) == _flip_state(eager) and eager[0].flips_total > 0
+
+
 def test_in_graph_refresh_needs_its_counts_and_a_previous_mask():
     layer = sl.sparse_layers(_mlp("torch", "cpu"))[0][1]
     with pytest.raises(RuntimeError, match="use_graph_flips"):
@@ -477,6 +527,31 @@ def test_a_step_whose_in_graph_masks_are_not_due_runs_eagerly_on_gpu(backend):
     assert step.recaptures == 1 and step.eager_steps == 4 and step.mask_refresh == "graph"
     _same_masks_and_counters(eager, graphed, want_seen, got_seen)
     assert all(l.mask_updates == 9 for l in _layers(graphed))
+
+
+@pytest.mark.gpu
+def test_the_in_graph_refresh_on_cusparselt_writes_mask_and_operand_in_one_pass_on_gpu():
+    """The capture of a step that refreshes the masks inside the graph: on cuSPARSELt each layer's refresh is one
+    kernel 21 call that also writes the operand, which the captured forward takes (no kernel 11 captured);
+    eager steps before it do the same in their forwards. (The results equal eager mode:
+    test_mask_refresh_under_the_graph_equals_eager_on_gpu.)"""
+    model = _mlp("cusparselt", "cuda", d=256).to(torch.bfloat16)
+    backend = model[0].backend
+    step = CudaGraphStep(model, _loss, warmup_steps=3, masks_in_graph=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sl.attach_optimizer(model, opt)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    deltas = []
+    for _ in range(5):
+        x, y = (torch.randn(512, 256, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2))
+        before = (backend.stats["fused_refreshes"], backend.stats["fused_prepares"])
+        opt.zero_grad(set_to_none=True)
+        step(x, y)
+        opt.step()
+        deltas.append((backend.stats["fused_refreshes"] - before[0], backend.stats["fused_prepares"] - before[1]))
+    assert step.recaptures == 1 and step.mask_refresh == "graph"
+    # step 1: no refresh due, kernel 11 prepares; 2-3: eager refreshes with the operand; 4: the capture; 5: a replay
+    assert deltas == [(0, 2), (2, 0), (2, 0), (2, 0), (0, 0)], deltas
 
 
 @pytest.mark.gpu

@@ -21,7 +21,7 @@ def test_bench_kernels_smoke_run_checks_every_kernel_and_writes_json(tmp_path):
     assert result["smoke"] is True and "provenance" in result
     kernels = {row["kernel"] for row in result["rows"]}
     assert {"1 prune24", "2 transposable24", "3 soft_threshold24", "4 mvue24", "5 masked_decay_", "6 gated",
-            "7 fp8", "16 relu2"} <= kernels
+            "7 fp8", "16 relu2", "21 refresh24"} <= kernels
 
 
 def test_bench_kernels_only_runs_the_named_sections_and_names_its_file(tmp_path):

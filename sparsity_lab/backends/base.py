@@ -4,8 +4,10 @@ A training method decides *what* to compute; a backend decides *how*. The refere
 ("torch") is plain PyTorch and runs anywhere. Faster backends (Triton kernels, cuSPARSELt sparse
 tensor cores) implement the same operations, subclass :class:`Backend` and register themselves here.
 
-Per optimizer step a layer calls ``mask`` (when its refresh interval is due) and ``prepare_masked``
-(once: the pruned — and, for hardware backends, compressed — weight, reused by every micro-step);
+Per optimizer step a layer calls ``refresh_mask_`` (when its refresh interval is due: ``mask``, then
+``mask_flips``, by default) and ``prepare_masked`` (once: the pruned — and, for hardware backends,
+compressed — weight, reused by every micro-step), or both in one call, ``refresh_and_prepare``, when
+the refresh comes right before its products;
 per micro-step ``linear``, ``grad_input`` and ``grad_weight``; masked decay calls ``masked_decay_``.
 A 2:4 activation (``sparsity_lab.activation24``) asks for the products whose 2:4 operand is the
 activation, not the weight: ``act24_linear``, ``act24_grad``, ``act24_grad_input`` and
@@ -68,7 +70,7 @@ class Backend(abc.ABC):
     Required: ``name`` (str, the registry name or a description of what runs) and the seven abstract
     methods. Optional methods have defaults in terms of the required ones. Capabilities (class
     attributes a subclass sets): ``reads_seed_from_device``, ``mask_refresh_capturable``,
-    ``products_in_dense_phase``, ``token_feature_multiple``.
+    ``products_in_dense_phase``, ``fuses_refresh_and_prepare``, ``token_feature_multiple``.
     """
 
     name: str
@@ -87,6 +89,11 @@ class Backend(abc.ABC):
     """True when ``mask`` (2:4) and ``mask_flips`` on CUDA tensors are device kernels only (no host sync, no
     CPU solver, no shape that depends on the values), so that a CUDA graph can capture a mask refresh
     (``CudaGraphStep`` refreshes due-every-step masks inside its graph on such backends)."""
+
+    fuses_refresh_and_prepare: ClassVar[bool] = False
+    """True when ``refresh_and_prepare`` writes the mask and the operand in fewer passes than the separate calls:
+    a CUDA-graph step that refreshes a mask inside its graph then prepares the operand with it (at the start
+    of the captured step) instead of in the layer's forward."""
 
     token_feature_multiple: int = 1
     """``tokens24_weight_grad``'s features pruned along the tokens come in whole groups of this many
@@ -141,6 +148,28 @@ class Backend(abc.ABC):
         """The step's operand straight from the master W and the mask: ``prepare(sparse_weight_as(...))``.
         backward: whether the input gradient will be asked for (a backend may prepare both forms at once)."""
         return self.prepare(self.sparse_weight_as(weight, mask, beta, n, m, dtype))
+
+    def refresh_and_prepare(self, weight: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | None, n: int, m: int,
+                            transposable: bool, dtype: torch.dtype, backward: bool = True,
+                            count: bool = True) -> tuple[torch.Tensor | None, Any]:
+        """A mask refresh and the step's operand for the new mask (what ``SparseLinear`` runs when its mask is due
+        and its products come next): the N:M mask of ``weight`` written into ``mask`` in place, ``(flips,
+        operand)``: the entries where it differs from the mask it replaces (0-d int64 on the device; None
+        without ``count``) and ``prepare_masked``'s operand. Default: those separate calls (``mask``,
+        ``mask_flips``, a copy, ``prepare_masked``); a backend may do them in fewer passes over W (and then
+        sets ``fuses_refresh_and_prepare``)."""
+        flips = self.refresh_mask_(weight, mask, n, m, transposable, count=count)
+        return flips, self.prepare_masked(weight, mask, beta, n, m, dtype, backward=backward)
+
+    def refresh_mask_(self, weight: torch.Tensor, mask: torch.Tensor, n: int, m: int, transposable: bool,
+                      count: bool = True) -> torch.Tensor | None:
+        """A mask refresh: the N:M mask of ``weight`` written into ``mask`` in place; returns the entries where
+        it differs from the mask it replaces (0-d int64 on the device), None without ``count``. Default:
+        ``mask``, ``mask_flips``, a copy; a backend may do it in one pass."""
+        new = self.mask(weight, n, m, transposable)
+        flips = self.mask_flips(mask, new) if count else None
+        mask.copy_(new)
+        return flips
 
     def prepare_dense(self, weight: torch.Tensor, dtype: torch.dtype) -> Any:
         """The operand of a dense phase's products from the dense W (out, in): asked only of backends with

@@ -17,7 +17,9 @@ result as dW (``transpose_result=False``; the other layout is measured by the pr
 Per optimizer step (``operand.py``): ``prepare_masked`` (what SparseLinear calls) makes a :class:`CusparseltOperand`
 from W, the mask and beta; on first use kernel 11 (``kernels/prepare24.py``) writes the compressed
 S(W) and S(W)^T in one pass over W, and the dense S(W) is made only if a dense product asks for it
-(``prepare`` wraps an already masked S(W) instead). The operand is reused by every micro-step (the
+(``prepare`` wraps an already masked S(W) instead). When the mask is recomputed right before the
+step's products, ``refresh_and_prepare`` does mask, flip count and both compressed forms in one pass
+over W (kernel 21, ``kernels/refresh24.py``). The operand is reused by every micro-step (the
 layer caches it per step). The MVUE operand of the weight gradient is drawn straight into the
 compressed layout by kernel 10 (``kernels/mvue_compress24.py``). Both exist only because the mask is
 transposable: S(W)^T is 2:4 along ``out`` only then, so ``mask`` refuses ``transposable=False``.
@@ -63,7 +65,8 @@ from ..base import Backend, MvueSeed, kernel_seed
 from .algorithms import AlgorithmCache, ProductKey
 from ...methods.flip_rate import mask_flips_tensor
 from .reporting import CusparseltReporting
-from .operand import CusparseltOperand, OperandPreparation
+from . import operand as operand_module  # its _triton_device: where the Triton kernels run (tests widen it)
+from .operand import CusparseltOperand, OperandPreparation, refresh_kernel_takes
 from .ops import (PRODUCT_DTYPES, SPARSE_MULTIPLE, check_product_dtype, check_sparse_shape, padded,
                   sparse_shape_problem, transposed_view, unavailable_reason)
 from ..torch_reference import TorchBackend
@@ -102,17 +105,19 @@ class CusparseltBackend(OperandPreparation, Backend, CusparseltReporting):
     sweep: try every algorithm id, not only cuSPARSELt's own pick.
     grad_weight_transpose_result: take the weight gradient's result as (in, out) and return its
     ``.t()`` view (the probe measures which layout is faster).
-    fast_compress, fused_mvue_compress, fused_prepare: the Triton kernels 8, 10 and 11 (compress24,
-    MVUE drawn straight into the compressed layout, S(W) and S(W)^T compressed straight from W); False
-    brings back the slower path each replaces (same bytes), for a benchmark's A/B run.
+    fast_compress, fused_mvue_compress, fused_prepare, fused_refresh: the Triton kernels 8, 10, 11 and 21
+    (compress24, MVUE drawn straight into the compressed layout, S(W) and S(W)^T compressed straight from W,
+    and the mask refresh with its flips and both compressed forms in one pass); False brings back the
+    slower path each replaces (same bytes), for a benchmark's A/B run.
     """
 
     reads_seed_from_device = True  # MVUE runs in the Triton kernels, which read a device seed under graph capture
     mask_refresh_capturable = True  # masks and flip counts are the Triton kernels on CUDA tensors
+    fuses_refresh_and_prepare = True  # kernel 21: mask, flips and both compressed forms in one pass (operand.py)
 
     def __init__(self, ops: Any = None, policy: AutoPolicy | None = None, sweep: bool = True,
                  grad_weight_transpose_result: bool = False, fast_compress: bool = True,
-                 fused_mvue_compress: bool = True, fused_prepare: bool = True) -> None:
+                 fused_mvue_compress: bool = True, fused_prepare: bool = True, fused_refresh: bool = True) -> None:
         if ops is None:  # the direct binding (cached plans), PyTorch's ops if it cannot start (warned)
             from .direct import make_ops
             ops = make_ops()
@@ -128,6 +133,9 @@ class CusparseltBackend(OperandPreparation, Backend, CusparseltReporting):
         # kernel 11 (S(W) and S(W)^T compressed straight from W): the same bytes as soft threshold +
         # compress24 twice (tested); prepare_masked uses it where shapes allow
         self.fused_prepare = bool(fused_prepare)
+        # kernel 21 (mask, flips and both compressed forms in one pass over W, when a refresh precedes the
+        # products): the same mask, count and bytes as kernels 2, 9 and 11 (tested); refresh_and_prepare
+        self.fused_refresh = bool(fused_refresh)
         self.stats: Counter = Counter()
         self._decided: dict[tuple, bool] = {}  # (product, out, in, tokens, dtype) -> sparse, the policy's choice
         self.slow_compress_reasons: Counter = Counter()
@@ -164,7 +172,7 @@ class CusparseltBackend(OperandPreparation, Backend, CusparseltReporting):
             out_f, in_f = weight.shape
             if out_f % MIN_MULTIPLE or in_f % MIN_MULTIPLE:
                 check_sparse_shape(out_f, in_f, torch.bfloat16, "the layer's weight (out_features, in_features)")
-        if weight.is_cuda:
+        if operand_module._triton_device(weight):
             return self._k().transposable_mask24(weight, pruned=False)[0]
         return self._reference.mask(weight, n, m, transposable)
 
@@ -177,9 +185,18 @@ class CusparseltBackend(OperandPreparation, Backend, CusparseltReporting):
             return weight.to(dtype) * mask
         return self._k().soft_threshold24(weight, mask, beta, out_dtype=dtype)
 
+    def refresh_mask_(self, weight, mask, n, m, transposable, count=True):
+        """The mask refresh in one pass over W where kernel 21 runs (``kernels/refresh24.py`` writing neither
+        compressed form: the new mask over the old one and their flips, as kernels 2 and 9 and a copy give
+        them); elsewhere ``mask``, ``mask_flips`` and a copy."""
+        if not (self.fused_refresh and (n, m) == (2, 4) and transposable and refresh_kernel_takes(weight, mask)):
+            return super().refresh_mask_(weight, mask, n, m, transposable, count=count)
+        self.stats["fused_refreshes"] += 1
+        return self._k().refresh24(weight, mask, forward=False, transposed=False, count=count)[0]
+
     def mask_flips(self, previous, current):
         """0-d int64 count of differing entries, on the device (kernel 9 on CUDA tensors)."""
-        if previous.is_cuda:
+        if operand_module._triton_device(previous):
             return self._k().count_flips(previous, current)
         return mask_flips_tensor(previous, current)
 

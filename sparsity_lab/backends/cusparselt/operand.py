@@ -6,7 +6,9 @@
 (``prepare``, ``prepare_masked``, ``compress_operand``); the products that use them are in
 ``backend.py``. Compression goes through ``kernels/compress24.py`` (bit for bit the bytes of
 ``_cslt_compress``) where shapes allow, through kernel 11 (``kernels/prepare24.py``: both forms
-from W in one pass) when the operand was made by ``prepare_masked``, else ``_cslt_compress``.
+from W in one pass) when the operand was made by ``prepare_masked``, else ``_cslt_compress``. A mask
+refresh right before the step's products (``refresh_and_prepare``) writes the mask, its flips and both
+forms in one pass over W instead (kernel 21, ``kernels/refresh24.py``).
 """
 from __future__ import annotations
 
@@ -62,16 +64,25 @@ def _triton_device(t: torch.Tensor) -> bool:
     return t.is_cuda
 
 
+def refresh_kernel_takes(weight: torch.Tensor, mask: torch.Tensor) -> bool:
+    """Whether kernel 21 (``kernels/refresh24.py``) takes (weight, mask): a Triton device, a float32 / 16-bit W
+    of whole 64 x 64 tiles, a contiguous mask on a 4-byte boundary (the kernel reads it as int32 words)."""
+    return (_triton_device(weight) and weight.dim() == 2 and weight.shape[0] % 64 == 0 and weight.shape[1] % 64 == 0
+            and weight.dtype in (torch.float32, torch.bfloat16, torch.float16) and mask.is_contiguous()
+            and mask.storage_offset() % 4 == 0)
+
+
 class OperandPreparation:
     """Building and compressing the step's operand: the part of ``CusparseltBackend`` before its
     products. Uses the backend's ``_ops`` (the cuSPARSELt calls), ``policy``, ``fast_compress``,
-    ``fused_prepare``, ``stats``, ``slow_compress_reasons``, ``_k()`` (the Triton kernels) and
-    ``sparse_weight_as``."""
+    ``fused_prepare``, ``fused_refresh``, ``stats``, ``slow_compress_reasons``, ``_k()`` (the Triton kernels)
+    and ``sparse_weight_as``."""
 
     _ops: Any
     policy: Any
     fast_compress: bool
     fused_prepare: bool
+    fused_refresh: bool
     stats: Counter
     slow_compress_reasons: Counter
 
@@ -99,10 +110,34 @@ class OperandPreparation:
 
         def dense() -> torch.Tensor:
             return self.sparse_weight_as(weight, mask, beta, n, m, dtype).contiguous()
-        fusable = (self.fast_compress and self.fused_prepare and _triton_device(weight) and mask.is_contiguous()
-                   and dtype in PRODUCT_DTYPES and fast_layout_problem(*weight.shape, dtype) is None)
         return CusparseltOperand(shape=tuple(weight.shape), dtype=dtype, dense_fn=dense, backward=backward,
-                                 source=(weight, mask, beta, dtype) if fusable else None)
+                                 source=(weight, mask, beta, dtype) if self._from_weight(weight, mask, dtype) else None)
+
+    def _from_weight(self, weight: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> bool:
+        """Whether the compressed forms of (weight, mask) in ``dtype`` are written straight from W (kernels 11
+        and 21): a Triton device, whole 64 x 64 tiles, a contiguous mask, the fast compression switched on."""
+        return (self.fast_compress and self.fused_prepare and _triton_device(weight) and mask.is_contiguous()
+                and dtype in PRODUCT_DTYPES and fast_layout_problem(*weight.shape, dtype) is None)
+
+    def refresh_and_prepare(self, weight, mask, beta, n, m, transposable, dtype, backward: bool = True,
+                            count: bool = True):
+        """``Backend.refresh_and_prepare`` in one pass over W where it applies (kernel 21, ``kernels/refresh24.py``):
+        the transposable 2:4 mask written into ``mask``, its flips, and the compressed S(W) and (``backward``)
+        S(W)^T in the operand, bit for bit the separate calls' (kernels 2, 9 and 11). It applies when every
+        product runs sparse (no auto policy: it would compress what a dense product never reads), the operand
+        would be written straight from W and ``fused_refresh`` is on; elsewhere the separate calls run."""
+        if not (self.fused_refresh and self.policy is None and (n, m) == (2, 4) and transposable
+                and self._from_weight(weight, mask, dtype) and refresh_kernel_takes(weight, mask)):
+            return super().refresh_and_prepare(weight, mask, beta, n, m, transposable, dtype, backward=backward,
+                                               count=count)
+        operand = self.prepare_masked(weight, mask, beta, n, m, dtype, backward=backward)
+        flips, fwd, bwd = self._k().refresh24(weight, mask, beta, out_dtype=dtype, transposed=backward, count=count)
+        operand.compressed, operand.compressed_t = fwd, bwd
+        written = 1 + int(backward)
+        self.stats["compressions"] += written
+        self.stats["fast_compressions"] += written
+        self.stats["fused_refreshes"] += 1
+        return flips, operand
 
     def compress_operand(self, operand: CusparseltOperand, transposed: bool, want_other: bool) -> None:
         """Fill ``operand.compressed`` (or ``compressed_t`` when ``transposed``); with ``want_other``

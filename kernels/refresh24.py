@@ -1,0 +1,217 @@
+"""Kernel 21: a step's mask refresh in one pass over W: the transposable mask, its flips, S(W) and S(W)^T.
+
+The idea
+    A 2:4 layer whose transposable mask is recomputed every step runs, per step, kernel 2 (read W,
+    write the new mask), kernel 9 (read the old and the new mask, count the flips), a copy of the new
+    mask into the layer's mask buffer and kernel 11 (read W and the mask again, write S(W) and S(W)^T
+    compressed in cuSPARSELt's layout). Here one program owns a 64 x 64 tile of W and does all of it:
+
+    * it loads row r of every 4x4 tile of its block (rows 4a + r, a < 16: four (16, 64) loads of W)
+      and splits each load into the tiles' four columns, so entry (r, c) of the 16 x 16 tiles is a
+      (16, 16) tensor w{r}{c}, as kernel 2 holds them;
+    * the mask is kernel 2's own code (``_pattern_code``: the 90-pattern search with its float32
+      scores, power-of-two tile scaling and lowest-index ties), so the masks are kernel 2's bit for bit;
+    * it reads the previous mask of the tile, counts the entries that differ and adds the count to one
+      int64 device counter (kernel 9's count), then writes the new mask over the old one, in place;
+    * S is kernel 11's arithmetic on the same values (``_masked_values``): beta * soft threshold, or
+      w * m, rounded once to the product dtype; S(W) is compressed from each row slice (rows 4a + r:
+      groups of 4 along W's rows are the tiles' rows) and S(W)^T from each column slice (column
+      4b + c of W is row 4b + c of S(W)^T; its groups are the tiles' columns), the latter through a
+      (16, 16) register transpose. ``compress24``'s store writes both, one row slice at a time, so
+      the bytes are those kernel 11 writes.
+
+    The result equals ``transposable_mask24(w, pruned=False)`` -> ``count_flips(old, new)`` ->
+    ``mask.copy_(new)`` -> ``prepare24(w, mask, beta)`` (tested, bit for bit).
+
+Bytes (W of O x I elements n, element size s; products in a 16-bit dtype)
+    read ``s n`` (W) + ``n`` (previous mask); write ``n`` (new mask) + ``2 (n + n / 8)`` (two compressed
+    forms, values and metadata). bf16 W: 6.25 bytes per element, against 12.25 for the unfused
+    chain (kernel 2: 3n, kernel 9: 2n, the mask copy: 2n, kernel 11: 5.25n).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import HALF_AND_FLOAT, check_tensor
+from .compress24 import _pick, _store_compressed
+from .prepare24 import _TL_DTYPES, TILE, _masked_values, check_weight_mask_beta
+from .transposable24 import _keep_flags, _pattern_code, _split4_2d
+
+DEFAULT_WARPS = 4
+_SIGN_OFF = tl.constexpr(0x7FFF)  # 16-bit values: "kept" means non-zero ignoring the sign bit (compress24's rule)
+
+
+@triton.jit
+def _row_word(code, r: tl.constexpr):
+    """Row r of every tile of the mask as its 4 bytes in one little-endian int32 word: byte c is bit 4r + c of
+    the tile's code. (nibble * 0x204081 puts bit c at bit 8c; the four shifted copies do not overlap.)"""
+    return (((code >> (4 * r)) & 0xF) * 0x204081) & 0x01010101
+
+
+@triton.jit
+def _nonzero_bytes(x):
+    """1 in each byte of the int32 words ``x`` that is non-zero, 0 in the others (a bool's byte: any non-zero is
+    True), folded down inside each byte: high nibble onto low, then bits 2-3 onto 0-1, then bit 1 onto 0."""
+    t = (x | (x >> 4)) & 0x0F0F0F0F
+    t = t | (t >> 2)
+    return (t | (t >> 1)) & 0x01010101
+
+
+@triton.jit
+def _byte_sum(x):
+    """The sum of the four bytes of each int32 word (each at most 1 here): the top byte of x * 0x01010101."""
+    return ((x * 0x01010101) >> 24) & 0xFF
+
+
+@triton.jit
+def _refresh24_kernel(w_ptr, mask_ptr, beta_ptr, flips_ptr, vals_ptr, meta_ptr, vals_t_ptr, meta_t_ptr,
+                      stride_r, stride_c, n_rows, n_cols,
+                      SOFT: tl.constexpr, COUNT: tl.constexpr, WRITE_W: tl.constexpr, WRITE_T: tl.constexpr,
+                      OUT_DTYPE: tl.constexpr):
+    r0 = tl.program_id(0) * 64
+    c0 = tl.program_id(1) * 64
+    tile_row0 = (r0 + 4 * tl.arange(0, 16))[:, None]  # row 0 of each of the block's 16 tile-rows
+    cols = (c0 + tl.arange(0, 64))[None, :]
+    w_at = w_ptr + tile_row0 * stride_r + cols * stride_c
+    # the mask as int32 words: word (a, b) of row slice r holds row r of tile (a, b), one byte per entry
+    words = n_cols // 4
+    mask_at = mask_ptr + tile_row0 * words + (c0 // 4 + tl.arange(0, 16))[None, :]
+    # w{r}{c}[a, b] = W[r0 + 4a + r, c0 + 4b + c]: entry (r, c) of tile (a, b)
+    w00, w01, w02, w03 = _split4_2d(tl.load(w_at), 16, 16)
+    w10, w11, w12, w13 = _split4_2d(tl.load(w_at + stride_r), 16, 16)
+    w20, w21, w22, w23 = _split4_2d(tl.load(w_at + 2 * stride_r), 16, 16)
+    w30, w31, w32, w33 = _split4_2d(tl.load(w_at + 3 * stride_r), 16, 16)
+    code = _pattern_code(w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33)
+
+    # the flips against the mask stored now, then the new mask over it (each program owns its tile): both
+    # as one int32 word per tile row, in the layout of the tiles' codes
+    new0 = _row_word(code, 0)
+    new1 = _row_word(code, 1)
+    new2 = _row_word(code, 2)
+    new3 = _row_word(code, 3)
+    if COUNT:  # summed per tile, then one reduction over the block and one relaxed atomic per program
+        d = (_byte_sum(_nonzero_bytes(tl.load(mask_at)) ^ new0)
+             + _byte_sum(_nonzero_bytes(tl.load(mask_at + words)) ^ new1)
+             + _byte_sum(_nonzero_bytes(tl.load(mask_at + 2 * words)) ^ new2)
+             + _byte_sum(_nonzero_bytes(tl.load(mask_at + 3 * words)) ^ new3))
+        tl.atomic_add(flips_ptr, tl.sum(tl.sum(d, axis=1), axis=0).to(tl.int64), sem="relaxed")
+        # should the loads and the stores lay the words out over the threads differently: every thread's
+        # read of the old mask comes before any thread's write of the new one
+        tl.debug_barrier()
+    tl.store(mask_at, new0)
+    tl.store(mask_at + words, new1)
+    tl.store(mask_at + 2 * words, new2)
+    tl.store(mask_at + 3 * words, new3)
+
+    k00, k01, k02, k03, k10, k11, k12, k13, k20, k21, k22, k23, k30, k31, k32, k33 = _keep_flags(code)
+    if SOFT:
+        beta = tl.load(beta_ptr).to(tl.float32)
+    else:
+        beta = 1.0
+    # S and its raw 16-bit values (dead code the compiler drops when neither form is written); the groups
+    # of 4 along W's rows are the tiles' rows: s{r}0..s{r}3
+    s00, s01, s02, s03 = _masked_values(w00, w01, w02, w03, k00, k01, k02, k03, beta, SOFT, OUT_DTYPE)
+    s10, s11, s12, s13 = _masked_values(w10, w11, w12, w13, k10, k11, k12, k13, beta, SOFT, OUT_DTYPE)
+    s20, s21, s22, s23 = _masked_values(w20, w21, w22, w23, k20, k21, k22, k23, beta, SOFT, OUT_DTYPE)
+    s30, s31, s32, s33 = _masked_values(w30, w31, w32, w33, k30, k31, k32, k33, beta, SOFT, OUT_DTYPE)
+    b00 = s00.to(tl.int16, bitcast=True)
+    b01 = s01.to(tl.int16, bitcast=True)
+    b02 = s02.to(tl.int16, bitcast=True)
+    b03 = s03.to(tl.int16, bitcast=True)
+    b10 = s10.to(tl.int16, bitcast=True)
+    b11 = s11.to(tl.int16, bitcast=True)
+    b12 = s12.to(tl.int16, bitcast=True)
+    b13 = s13.to(tl.int16, bitcast=True)
+    b20 = s20.to(tl.int16, bitcast=True)
+    b21 = s21.to(tl.int16, bitcast=True)
+    b22 = s22.to(tl.int16, bitcast=True)
+    b23 = s23.to(tl.int16, bitcast=True)
+    b30 = s30.to(tl.int16, bitcast=True)
+    b31 = s31.to(tl.int16, bitcast=True)
+    b32 = s32.to(tl.int16, bitcast=True)
+    b33 = s33.to(tl.int16, bitcast=True)
+    if WRITE_W:  # S(W): row slice r holds rows r0 + 4a + r, groups c0 / 4 + b
+        half, tiles = n_cols // 2, n_cols // 32
+        v0, v1, c = _pick(b00, b01, b02, b03, _SIGN_OFF)
+        _store_compressed(vals_ptr, meta_ptr, r0, c0 // 4, v0, v1, c, half, tiles, False, 16, 4, 0)
+        v0, v1, c = _pick(b10, b11, b12, b13, _SIGN_OFF)
+        _store_compressed(vals_ptr, meta_ptr, r0, c0 // 4, v0, v1, c, half, tiles, False, 16, 4, 1)
+        v0, v1, c = _pick(b20, b21, b22, b23, _SIGN_OFF)
+        _store_compressed(vals_ptr, meta_ptr, r0, c0 // 4, v0, v1, c, half, tiles, False, 16, 4, 2)
+        v0, v1, c = _pick(b30, b31, b32, b33, _SIGN_OFF)
+        _store_compressed(vals_ptr, meta_ptr, r0, c0 // 4, v0, v1, c, half, tiles, False, 16, 4, 3)
+    if WRITE_T:  # S(W)^T: column slice c is rows c0 + 4b + c, groups r0 / 4 + a, after a (16, 16) transpose
+        half_t, tiles_t = n_rows // 2, n_rows // 32
+        v0, v1, c = _pick(b00, b10, b20, b30, _SIGN_OFF)
+        _store_compressed(vals_t_ptr, meta_t_ptr, c0, r0 // 4, tl.trans(v0), tl.trans(v1), tl.trans(c), half_t,
+                          tiles_t, False, 16, 4, 0)
+        v0, v1, c = _pick(b01, b11, b21, b31, _SIGN_OFF)
+        _store_compressed(vals_t_ptr, meta_t_ptr, c0, r0 // 4, tl.trans(v0), tl.trans(v1), tl.trans(c), half_t,
+                          tiles_t, False, 16, 4, 1)
+        v0, v1, c = _pick(b02, b12, b22, b32, _SIGN_OFF)
+        _store_compressed(vals_t_ptr, meta_t_ptr, c0, r0 // 4, tl.trans(v0), tl.trans(v1), tl.trans(c), half_t,
+                          tiles_t, False, 16, 4, 2)
+        v0, v1, c = _pick(b03, b13, b23, b33, _SIGN_OFF)
+        _store_compressed(vals_t_ptr, meta_t_ptr, c0, r0 // 4, tl.trans(v0), tl.trans(v1), tl.trans(c), half_t,
+                          tiles_t, False, 16, 4, 3)
+
+
+def _compressed_outputs(rows: int, cols: int, dtype: torch.dtype, device):
+    """An empty compressed operand of a (rows, cols) matrix and the two views the kernel writes: the
+    values (int16) and the metadata (uint8) (``prepare24``'s layout)."""
+    from sparsity_lab.references import cusparselt_layout as layout
+
+    out = torch.empty(layout.compressed_shape(rows, cols, dtype), dtype=dtype, device=device)
+    n_values = rows * cols // 2
+    return out, out.view(torch.int16).reshape(-1)[:n_values], out.view(torch.uint8).reshape(-1)[2 * n_values:]
+
+
+def refresh24(w: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | float | None = None,
+              out_dtype: torch.dtype | None = None, forward: bool = True, transposed: bool = True,
+              count: bool = True, num_warps: int = DEFAULT_WARPS
+              ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """The transposable 2:4 mask of ``w`` written into ``mask`` in place, its flips, and S(W), S(W)^T compressed.
+
+    w: (out, in) float32 / bfloat16 / float16, any strides; out and in multiples of 64.
+    mask: bool (out, in), contiguous: the previous mask on entry, the new one on return.
+    beta: None for ``w.to(dtype) * mask`` (STE family), else the S-STE scale (a float or a 0-d float
+    tensor on w's device). out_dtype: bfloat16 / float16 (default: w's dtype; unused when no form is written).
+    forward / transposed: which compressed forms to write (each may be left out, both too: then only
+    the mask and its flips). count: count the flips (a first mask has nothing to count against).
+
+    Returns ``(flips, fwd, bwd)``, the results of the unfused chain::
+
+        new = transposable_mask24(w, pruned=False)[0]
+        flips = count_flips(mask, new)          # 0-d int64 on w's device; None when count=False
+        mask.copy_(new)
+        fwd, bwd = prepare24(w, mask, beta, out_dtype, forward, transposed)   # None where not asked
+    """
+    if not (forward or transposed):  # the mask and its flips only: no product dtype to check
+        out_dtype = out_dtype or torch.bfloat16
+    out_dtype = out_dtype or w.dtype
+    check_tensor(w, "w", HALF_AND_FLOAT)
+    if w.dim() == 2 and (w.shape[0] % TILE or w.shape[1] % TILE):
+        raise ValueError(f"w has shape {tuple(w.shape)}; out and in must be multiples of {TILE} (whole 64 x 64 "
+                         "tiles of the compressed layout): for other shapes run transposable_mask24, count_flips "
+                         "and torch._cslt_compress separately")
+    beta = check_weight_mask_beta(w, mask, beta, out_dtype, "out_dtype")
+    if not mask.is_contiguous() or mask.storage_offset() % 4:
+        raise ValueError(f"mask must be contiguous and start on a 4-byte boundary (the kernel reads and writes it in "
+                         f"place as int32 words), got strides {mask.stride()} and storage offset "
+                         f"{mask.storage_offset()} for shape {tuple(mask.shape)}")
+    rows, cols = w.shape
+    mask_words = mask.view(torch.int32)  # (out, in / 4): in is a multiple of 64
+    flips = torch.zeros((), dtype=torch.int64, device=w.device) if count else None
+    fwd, fwd_vals, fwd_meta = _compressed_outputs(rows, cols, out_dtype, w.device) if forward else (None, w, w)
+    bwd, bwd_vals, bwd_meta = _compressed_outputs(cols, rows, out_dtype, w.device) if transposed else (None, w, w)
+    _refresh24_kernel[(rows // TILE, cols // TILE)](
+        w, mask_words, beta.reshape(()).float() if beta is not None else w, flips if count else mask_words,
+        fwd_vals, fwd_meta, bwd_vals, bwd_meta, w.stride(0), w.stride(1), rows, cols,
+        SOFT=beta is not None, COUNT=count, WRITE_W=forward, WRITE_T=transposed, OUT_DTYPE=_TL_DTYPES[out_dtype],
+        num_warps=num_warps)
+    # the kernel wrote the mask in place: its version counter says so, as mask.copy_(new) would
+    torch.autograd.graph.increment_version(mask)
+    return flips, fwd, bwd
+
