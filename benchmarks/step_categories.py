@@ -12,8 +12,8 @@ an operator (``aten::...``, a CPU run): one of ``CATEGORIES``. The names it know
 * optimizer: fused or foreach AdamW (``FusedAdamMathFunctor``, ``multi_tensor_apply_kernel``: every
   foreach op, the master-weight copies of ``--bf16-weights`` included); ``aten::_fused_adamw_``, ``aten::_foreach_*``
 * 2:4 work: the project's Triton kernels for masks, flip counts, soft threshold, compression, MVUE,
-  masked decay (``_transposable24_kernel``, ``_prepare24_kernel``, ``_mvue_compress24_kernel``, ...) and
-  cuSPARSELt's own compression
+  masked decay (``_transposable24_kernel``, ``_refresh24_kernel``, ``_prepare24_kernel``,
+  ``_mvue_compress24_kernel``, ...) and cuSPARSELt's own compression
 * norms, casts, elementwise: layer norm, PyTorch's elementwise and copy kernels (the autocast casts),
   Inductor's fused kernels (``triton_poi_/triton_per_/triton_red_fused_...``), the activations
 * other: everything else (embedding, the loss's softmax, memset/memcpy, reductions, the profiler's own)
@@ -32,7 +32,7 @@ LABELS = {"dense_gemm": "dense GEMMs", "sparse_gemm": "sparse GEMMs (cuSPARSELt)
           "two4_work": "2:4 work (masks, soft threshold, compression, MVUE)", "other": "other"}
 
 # the project's 2:4 Triton kernels (kernels/*.py): masks, flips, soft threshold, compression, MVUE, decay
-_TWO4 = re.compile(r"(^|[\s:<])_(transposable24|transpose|count_flips|soft_threshold24|prepare24\w*|compress24"
+_TWO4 = re.compile(r"(^|[\s:<])_(transposable24|transpose|count_flips|refresh24|soft_threshold24|prepare24\w*|compress24"
                    r"|mvue\w*|masked_decay|prune24\w*)_kernel")
 _SPARSE_GEMM = re.compile(r"sparse_gemm|sptensor|spmma|cusparselt.*(gemm|mma)")
 _ATTENTION = re.compile(r"flash|fmha|sdpa|attention|scaled_dot_product")

@@ -12,7 +12,9 @@ The idea
     * the mask is kernel 2's own code (``_pattern_code``: the 90-pattern search with its float32
       scores, power-of-two tile scaling and lowest-index ties), so the masks are kernel 2's bit for bit;
     * it reads the previous mask of the tile, counts the entries that differ and adds the count to one
-      int64 device counter (kernel 9's count), then writes the new mask over the old one, in place;
+      int64 device counter (kernel 9's count), then writes the new mask over the old one, in place; both
+      masks are handled as one int32 word per tile row (its four bool bytes), in the tiles' own layout,
+      so the count is a few integer operations per word (see ``_row_word`` and ``_byte_sum``);
     * S is kernel 11's arithmetic on the same values (``_masked_values``): beta * soft threshold, or
       w * m, rounded once to the product dtype; S(W) is compressed from each row slice (rows 4a + r:
       groups of 4 along W's rows are the tiles' rows) and S(W)^T from each column slice (column

@@ -37,6 +37,7 @@ SAMPLES = {
     "_transposable24_kernel": "two4_work",
     "_transpose_kernel": "two4_work",
     "_count_flips_kernel": "two4_work",
+    "_refresh24_kernel": "two4_work",
     "_soft_threshold24_kernel": "two4_work",
     "_prepare24_kernel": "two4_work",
     "_compress24_kernel": "two4_work",
