@@ -4,7 +4,8 @@
 an operator (``aten::...``, a CPU run): one of ``CATEGORIES``. The names it knows, seen on the H100
 (``results/*profile*_h100.txt``) or in PyTorch's and the project's sources:
 
-* sparse GEMMs: cuSPARSELt's kernels, ``sm90_xmma_sparse_gemm_bf16bf16_...``, ``..._sptensor...``
+* sparse GEMMs: cuSPARSELt's kernels, ``sm90_xmma_sparse_gemm_bf16bf16_...``, ``..._sptensor...``; CUTLASS's
+  SM90 sparse GEMMs (``...MainloopSm90TmaGmmaWarpSpecializedSparse...``, the "cutlass" backends)
 * dense GEMMs: cuBLAS's ``nvjet_sm90_tst_...``, ``sm90_xmma_gemm_...``, ``ampere_bf16_s16816gemm...``,
   CUTLASS ``cutlass_80_tensorop_...gemm...``, ``gemv...``, split-K reductions; ``aten::mm``/``addmm`` on a CPU
 * attention: flash attention (``pytorch_flash::flash_fwd_kernel``), cuDNN's ``..._sdpa_...``,
@@ -13,7 +14,8 @@ an operator (``aten::...``, a CPU run): one of ``CATEGORIES``. The names it know
   foreach op, the master-weight copies of ``--bf16-weights`` included); ``aten::_fused_adamw_``, ``aten::_foreach_*``
 * 2:4 work: the project's Triton kernels for masks, flip counts, soft threshold, compression, MVUE,
   masked decay (``_transposable24_kernel``, ``_refresh24_kernel``, ``_prepare24_kernel``,
-  ``_mvue_compress24_kernel``, ...) and cuSPARSELt's own compression
+  ``_mvue_compress24_kernel``, ...), cuSPARSELt's own compression and CUTLASS's
+  (``SM90StructuredSparseCompressor``)
 * norms, casts, elementwise: layer norm, PyTorch's elementwise and copy kernels (the autocast casts),
   Inductor's fused kernels (``triton_poi_/triton_per_/triton_red_fused_...``), the activations
 * other: everything else (embedding, the loss's softmax, memset/memcpy, reductions, the profiler's own)
@@ -34,7 +36,8 @@ LABELS = {"dense_gemm": "dense GEMMs", "sparse_gemm": "sparse GEMMs (cuSPARSELt)
 # the project's 2:4 Triton kernels (kernels/*.py): masks, flips, soft threshold, compression, MVUE, decay
 _TWO4 = re.compile(r"(^|[\s:<])_(transposable24|transpose|count_flips|refresh24|soft_threshold24|prepare24\w*|compress24"
                    r"|mvue\w*|masked_decay|prune24\w*)_kernel")
-_SPARSE_GEMM = re.compile(r"sparse_gemm|sptensor|spmma|cusparselt.*(gemm|mma)")
+# CUTLASS's SM90 sparse GEMMs show as mangled names holding their mainloop, ...GmmaWarpSpecializedSparse...
+_SPARSE_GEMM = re.compile(r"sparse_gemm|sptensor|spmma|cusparselt.*(gemm|mma)|warpspecializedsparse")
 _ATTENTION = re.compile(r"flash|fmha|sdpa|attention|scaled_dot_product")
 _OPTIMIZER = re.compile(r"adam|multi_tensor_apply|_foreach_")
 _DENSE_GEMM = re.compile(r"gemm|nvjet|s16816|s1688|gemv|splitkreduce|cublas|^aten::(mm|addmm|bmm|baddbmm|addmv|mv)$"
@@ -51,7 +54,7 @@ def classify(name: str) -> str:
     n = name.lower()
     if _SPARSE_GEMM.search(n):
         return "sparse_gemm"
-    if _TWO4.search(n) or ("cusparselt" in n and "compress" in n):
+    if _TWO4.search(n) or ("cusparselt" in n and "compress" in n) or "structuredsparsecompressor" in n:
         return "two4_work"
     if _ATTENTION.search(n):
         return "attention"

@@ -45,6 +45,12 @@ SAMPLES = {
     "_mvue24_strided_tile16_kernel": "two4_work",
     "_masked_decay_kernel": "two4_work",
     "void cusparseLt::compress_kernel<...>": "two4_work",
+    # CUTLASS's SM90 sparse GEMM and compressor (the "cutlass" backends), as an H200 profile named them (cut at 160)
+    '_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalIN4cute5tupleIJiiiiEEENS1_10collective13Col'
+    'lectiveMmaINS1_40MainloopSm90TmaGmmaWarpSpecializedSparseILi': "sparse_gemm",
+    'void cutlass::device_kernel<cutlass::transform::kernel::SM90StructuredSparseCompressor<cute::tuple<i'
+    'nt, int, int, int>, cutlass::float_e4m3_t, cutlass::layout::': "two4_work",
+    "_prepare24_cutlass_kernel": "two4_work",
     "void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)"
     "::{lambda()#1}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul> >(int, ...)": "norm_cast_elementwise",
     "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float, false>(...)": "norm_cast_elementwise",
