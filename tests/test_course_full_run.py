@@ -77,3 +77,19 @@ def test_a_full_run_of_two_tiny_notebooks_in_two_queues(tmp_path):
     # full size: the notebooks' own parameters (n = 50), not the CI ones
     executed = tmp_path / "out" / f"queue_{merged['notebooks'][0]['queue']}" / "_build" / "executed-full"
     assert "points: 50" in (executed / "01_tiny.ipynb").read_text()
+
+
+def test_the_gpu_wheel_list_pins_what_a_headless_run_imports():
+    """sparsity_lab/course/gpu_wheels.txt: one name==version a line, and among them every package the
+    headless run needs that a GPU machine's torch environment lacks."""
+    from pathlib import Path
+
+    import sparsity_lab.course as course
+
+    lines = [line.strip() for line in (Path(course.__file__).parent / "gpu_wheels.txt").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    pins = dict(line.split("==") for line in lines)
+    assert all(len(line.split("==")) == 2 and line.split("==")[1] for line in lines), lines
+    needed = {"papermill", "nbformat", "nbclient", "ipykernel", "jupyter_client", "ipywidgets", "plotly",
+              "anywidget", "ortools"}
+    assert needed <= set(pins), needed - set(pins)
