@@ -97,8 +97,8 @@ def kernel_bench_figure(data: dict, title: str | None = None):
         shapes.append({"type": "line", "x0": s["target_fraction"], "x1": s["target_fraction"], "yref": "paper",
                        "y0": 0, "y1": 1, "line": {"dash": "dash", "color": "#d62728"}})
     default = (f"fraction of the copy ceiling ({s.get('copy_gbps', float('nan')):.0f} GB/s) on "
-               f"{p.get('gpu') or 'CPU'}; red dashes: {s.get('target_fraction', float('nan')):.2f}, "
-               "the bar for the blue kernels")
+               f"{p.get('gpu') or 'CPU'}<br><sup>red dashes: {s.get('target_fraction', float('nan')):.2f}, "
+               "the bar for the blue kernels</sup>")
     fig.update_layout(title=title or default, xaxis={"title": "counted bytes / time / copy bandwidth", "range": [0, 1.15]},
                       yaxis={"autorange": "reversed"}, shapes=shapes, height=140 + 26 * len(rows),
                       margin={"l": 360})
