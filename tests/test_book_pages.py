@@ -60,6 +60,9 @@ CHECK_JS = r"""() => {
     const CODE_LINE = %d;
     // a figure's titles, axis titles, annotations and legend entries (tick labels left out)
     const LABELS = '.infolayer .gtitle, .infolayer [class*="title"] text, .annotation-text-g text, .legendtext';
+    // benchmark-internal names: FFN variants (ours_mvue, auto), kernel numbers ("1 prune24: ..."), and a
+    // method key with a number where a legend should name the method ("srste 1e-02")
+    const INTERNAL_NAME = /\bours_\w+|\bauto(_refresh\d+)?\b|^\d+ [a-z_]+\d*: |^(srste|sste|ste|masked_decay\w*) \d/;
     const article = document.querySelector('article.bd-article');
     const col = article.getBoundingClientRect();
     const inside = r => r.width > 0 && r.left >= col.left - 1 && r.right <= col.right + 1;
@@ -103,6 +106,17 @@ CHECK_JS = r"""() => {
             .map(t => ({text: t.textContent.trim().slice(0, 50), r: t.getBoundingClientRect()})).filter(t => t.r.width > 0);
         labels.filter(t => t.r.left < drawn.left - 1 || t.r.right > drawn.right + 1)
             .forEach(t => problems.push(`${name}: '${t.text}' is cut off at the figure's edge`));
+        // a benchmark's own names for its variants and kernels are not a reader's: a legend entry, a title
+        // or a category label says what the run is
+        Array.from(fig.querySelectorAll(LABELS + ', .ytick text, .xtick text')).map(t => t.textContent.trim())
+            .filter(t => INTERNAL_NAME.test(t))
+            .forEach(t => problems.push(`${name}: the internal name '${t.slice(0, 50)}' in a label`));
+        // crowded labels of a log axis are tilted by plotly: too many ticks for the axis
+        const full = fig._fullLayout || {};
+        Object.keys(full).filter(k => /^[xy]axis\d*$/.test(k) && full[k].type === 'log').forEach(k => {
+            const angle = (full[k]._tickAngles || {})[full[k]._id + 'tick'];
+            if (angle) problems.push(`${name}: the tick labels of its log axis ${k} are crowded (tilted ${angle} degrees)`);
+        });
         labels.forEach((a, k) => labels.slice(k + 1).forEach(b => {
             const w = Math.min(a.r.right, b.r.right) - Math.max(a.r.left, b.r.left);
             const h = Math.min(a.r.bottom, b.r.bottom) - Math.max(a.r.top, b.r.top);
@@ -348,7 +362,8 @@ BROKEN_PAGE = """<!DOCTYPE html><html><body style="margin:0"><main><article clas
 <div class="cell_output"><pre>| a | b |
 |---|---|</pre></div>
 <div class="js-plotly-plot" style="width:900px;height:100px"><svg class="main-svg" width="900" height="100">
-<g class="infolayer"><text class="gtitle" x="820" y="50">a title running past the edge</text></g></svg>
+<g class="infolayer"><text class="gtitle" x="820" y="50">a title running past the edge</text></g>
+<g class="legend"><text class="legendtext" x="10" y="90">2:4 + MVUE (ours_mvue)</text></g></svg>
 <div class="draglayer"><svg class="nsewdrag" style="position:absolute;left:700px" width="150" height="50"></svg></div>
 <svg width="300" height="60"><g class="annotation-text-g"><text x="10" y="20">first label</text></g>
 <g class="annotation-text-g"><text x="14" y="24">second label</text></g></svg></div>
@@ -374,7 +389,8 @@ def test_the_checks_catch_each_kind_of_trouble(tmp_path, browser_ready):
     for expected in ("figure 1", "subplot panel", "no scrollbar", "**bold** markers", "a table rule",
                      "a '#' heading line", "a [text](link)", "'issue 5'", "'papermill'", "scrolls sideways",
                      "'first label' is drawn over 'second label'", "maths not typeset", "100 wanted",
-                     "cut off at the figure's edge", "table cell 'masked_decay_weights' is cut off"):
+                     "cut off at the figure's edge", "table cell 'masked_decay_weights' is cut off",
+                     "the internal name '2:4 + MVUE (ours_mvue)' in a label"):
         assert expected in report, f"the checks missed {expected!r}:\n{report}"
 
 

@@ -228,6 +228,22 @@ def test_the_kernel_runs_without_the_tcp_warning(tmp_path, capfd):
     assert "running over TCP" not in captured.err + captured.out
 
 
+def test_the_kernel_is_not_interrupted_when_it_shuts_down(tmp_path, monkeypatch):
+    """jupyter_client interrupts a kernel before its shutdown; the SIGINT landed in the handler of the last
+    request and the kernel logged "KeyboardInterrupt caught in kernel" to the headless run's terminal."""
+    from jupyter_client import AsyncKernelManager
+
+    interrupts = []
+
+    async def recorded(self):
+        interrupts.append(self.shutting_down)
+
+    monkeypatch.setattr(AsyncKernelManager, "_async_interrupt_kernel", recorded)
+    source = tiny_notebook(tmp_path / "notebooks", body="print('points:', n)")
+    execute(source, tmp_path / "run" / source.name)
+    assert interrupts == [], "the kernel was interrupted while it shut down"
+
+
 def test_a_failed_run_is_never_reused(tmp_path):
     source = tiny_notebook(tmp_path / "notebooks", body="raise RuntimeError('no')")
     with pytest.raises(NotebookFailed) as failure:

@@ -36,6 +36,18 @@ def test_a_failed_command_reports_its_own_error(capsys):
         run_command("python -c 1")
 
 
+def test_errors_only_shows_one_line_on_success_and_the_error_in_full(capsys):
+    """A lesson's command that succeeds shows one line, not its log; one that fails shows its error."""
+    run_command([sys.executable, "-c", "print('step 1: loss 5.5'); print('log: /somewhere/log.jsonl')"],
+                label="the two-process run", show="errors")
+    assert capsys.readouterr().out == "the two-process run: ok\n"
+    run_command([sys.executable, "-c", "import sys; sys.exit('rank 1: no log written')"], label="the run",
+                show="errors")
+    assert "the run FAILED (exit status 1)" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="show"):
+        run_command([sys.executable, "-c", "1"], show="quiet")
+
+
 def test_torchrun_command_line():
     assert torchrun(2, ["sparsity_lab", "train"])[1:] == ["-m", "torch.distributed.run", "--standalone",
                                                           "--nproc-per-node", "2", "-m", "sparsity_lab", "train"]

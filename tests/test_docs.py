@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 
 # a module path such as sparsity_lab/masks/greedy.py or sparsity_lab/lab/ (not part of a dotted name)
-PATH_RE = re.compile(r"(?<![\w.])sparsity_lab(?:/[A-Za-z_][\w]*)+(?:\.py)?/?")
+PATH_RE = re.compile(r"(?<![\w.])sparsity_lab(?:/[A-Za-z_][\w]*)+(?:\.(?:py|txt|json|md))?/?")
 # a dotted name such as sparsity_lab.masks.greedy.solve_greedy_keep
 NAME_RE = re.compile(r"(?<![\w/])sparsity_lab(?:\.[A-Za-z_]\w*)+")
 # arXiv links; the identifier is checked separately so that a malformed one is reported, not skipped

@@ -20,8 +20,10 @@ NUMBER = {
     "ms": r"(?<![\w.])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)? ms\b",
     "%": r"(?<![\w.])[+-]?\d+(?:\.\d+)? ?%",
 }
-# figures that are not measurements: the hardware's promise and the targets the runs are judged by
-NOT_MEASURED = re.compile(r"(?<![\w.])2x\b|within \d+ ?%|under \d+(?:\.\d+)? s\b|\d\.\d\d of the copy rate or more")
+# figures that are not measurements: the hardware's promise, the targets the runs are judged by, and a
+# prediction computed from measured parts (notebook 08's Amdahl exercise)
+NOT_MEASURED = re.compile(r"(?<![\w.])2x\b|within \d+ ?%|under \d+(?:\.\d+)? s\b|\d\.\d\d of the copy rate or more"
+                          r"|predicts \d+\.\d+x")
 
 # where each fact must be quoted (a figure nobody quotes needs no check; one the README drops is lost)
 QUOTED_IN = {
@@ -127,3 +129,57 @@ def test_step_profile_parts_are_the_runs_own_amdahl_figures(facts):
     assert facts["profiled_step_speedup"].value == pytest.approx(recorded["speedup_vs_fastest_dense"], rel=1e-9)
     assert parts["mode"] == run["summary"]["fastest_dense"] and parts["sparse_ms"] < parts["dense_ms"]
     assert facts["profiled_products_share"].text == f"{f:.2f}"
+
+
+# --- the printed outputs: a notebook's checked cells (tests/nbval_reference/) quote the same figures ----------
+
+REFERENCE = ROOT / "tests" / "nbval_reference"
+TABLE_ROW = re.compile(r"\d\s{2,}\S")  # columns of numbers: a row of a printed table
+
+
+def output_clauses(text: str) -> list[str]:
+    """The clauses of a printed output: each line (a wrapped line, indented 4 or more and not a table row,
+    joined to the one it continues) together with the first line of its paragraph, which titles a table
+    or a list; the first line alone too."""
+    out = []
+    for para in re.split(r"\n\s*\n", text):
+        lines = []
+        for line in para.splitlines():
+            if not line.strip():
+                continue
+            if lines and line.startswith("    ") and not TABLE_ROW.search(line):
+                lines[-1] += " " + line.strip()
+            else:
+                lines.append(line.strip())
+        if lines:
+            out += [lines[0]] + [f"{lines[0]} {line}" for line in lines[1:]]
+    return out
+
+
+def checked_outputs() -> dict[str, str]:
+    """The printed text of every checked cell of every notebook's reference copy, by notebook."""
+    found = {}
+    for path in sorted(REFERENCE.glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        found[path.name] = "\n\n".join("".join(out.get("text", "")) for c in cells for out in c.get("outputs", [])
+                                       if out.get("output_type") == "stream")
+    return found
+
+
+@pytest.mark.parametrize("name", list(checked_outputs()))
+def test_printed_outputs_quote_the_headline_figures(name, facts):
+    """A recorded figure a cell prints (a table of another run, a summary line) gives no second number for
+    a headline fact: notebook 10 printed 1.43x for the FFN at 16384 x 4096, 06 a 1.25x FP8 FFN step."""
+    bad = [b for clause in output_clauses(checked_outputs()[name]) for b in disagreements(clause, facts)]
+    assert not bad, f"{name} prints figures that differ from sparsity_lab.course.headlines:\n" + "\n".join(bad)
+
+
+def test_the_output_check_reads_tables_and_wrapped_lines(facts):
+    table = ("2:4 FFN (S-STE + MVUE), fwd + bwd, paired:\n  tokens  d_model  2:4 speed-up\n"
+             "   16384     4096          1.43x\n    4096     1024          0.17x")
+    assert [b.split("'")[1] for c in output_clauses(table) for b in disagreements(c, facts)] == ["1.43x"]
+    wrapped = (f"FP8 2:4 FFN block, forward + backward, 16384 tokens x d_model 4096: "
+               f"{facts['fp8_ffn_speedup'].text} against dense FP8\n"
+               f"the same FP8 2:4 FFN block with cuSPARSELt's host alpha in place of a scale pass after each\n"
+               f"    product: {facts['fp8_host_alpha_gain'].text} against the step with the scale pass")
+    assert not [b for c in output_clauses(wrapped) for b in disagreements(c, facts)]

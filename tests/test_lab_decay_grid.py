@@ -25,7 +25,7 @@ def grid(corpus):
 
 def test_grid_runs_the_dense_reference_and_one_run_per_distinct_decay(grid):
     assert grid.decays == (0.0, 0.3)  # sorted, duplicates dropped
-    assert [c.label for c in grid.curves()] == ["dense reference", "STE (decay 0)", "srste 3e-01"]
+    assert [c.label for c in grid.curves()] == ["dense reference", "STE (decay 0)", "SR-STE, lambda_W = 3e-01"]
     for curve in grid.curves():
         assert curve.status == "ok"
         assert curve.steps == tuple(range(1, STEPS + 1))
@@ -80,7 +80,8 @@ def test_late_statistics_average_the_last_tenth_and_skip_missing_values():
 
 def test_decay_label():
     assert decay_label("srste", 0.0) == "STE (decay 0)"
-    assert decay_label("masked_decay", 3e-4) == "masked_decay 3e-04"
+    assert decay_label("masked_decay", 3e-4) == "masked decay, lambda_W = 3e-04"
+    assert decay_label("srste", 1e-2) == "SR-STE, lambda_W = 1e-02"
 
 
 @pytest.mark.parametrize("kwargs,match", [

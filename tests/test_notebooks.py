@@ -47,12 +47,23 @@ def test_runs_with_papermill_at_ci_sizes(path, executed_dir):
         execute(path, executed_dir / path.name, sizes="ci")
 
 
+# a run's progress log ("[compare] dense: final val ...", "[decay-search] lambda_W ..."): a lesson shows
+# what a run found, in its own cells, not the log the command writes as it goes
+RUN_LOG = re.compile(r"^\[[a-z][a-z0-9-]*\] ", re.MULTILINE)
+# a path of the machine the notebook ran on (the corpus under /root/.pyenv/..., a temporary folder)
+MACHINE_PATH = re.compile(r"(?<![\w.~])/(?:root|home|tmp|work|opt|var|Users|private)/\S+")
+# an exercise check's verdict line (sparsity_lab/course/exercises/checking.py)
+VERDICT = re.compile(r"^\[(?:TODO|PASS|FAIL)\] .*$", re.MULTILINE)
+
+
 def _output_problems(nb) -> list[str]:
-    """Warnings, tracebacks and errors in the outputs, and printed lines wider than the book's column."""
+    """Warnings, tracebacks and errors in the outputs, printed lines wider than the book's column, run
+    logs, paths of the machine that ran it, and an exercise's verdict shown twice by one cell."""
     from test_notebook_prose import MAX_CODE_LINE
 
     found = []
     for i, cell in enumerate(nb.cells):
+        verdicts = []
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
                 found.append(f"cell {i}: {out.get('ename')}: {out.get('evalue', '')[:120]}")
@@ -66,7 +77,33 @@ def _output_problems(nb) -> list[str]:
                 found.append(f"cell {i}: {text.strip()[:160]!r}")
             found += [f"cell {i}: a printed line of {len(line)} characters: {line[:80]!r}"
                       for line in text.splitlines() if len(line) > MAX_CODE_LINE]
+            found += [f"cell {i}: a run's log line {m.group(0)!r}: {text[m.start():].splitlines()[0][:80]!r}"
+                      for m in RUN_LOG.finditer(text)]
+            found += [f"cell {i}: a path of the machine that ran it: {m.group(0)[:80]!r}"
+                      for m in MACHINE_PATH.finditer(text)]
+            verdicts += VERDICT.findall(text)
+        found += [f"cell {i}: the exercise verdict {v!r} shown twice (end the check's line with ';')"
+                  for v in sorted({v for v in verdicts if verdicts.count(v) > 1})]
     return found
+
+
+def test_the_output_checks_see_logs_paths_and_a_verdict_shown_twice():
+    """The checks are not vacuous: a cell with each fault is reported for it, a clean cell is not."""
+    def stream(text):
+        return {"output_type": "stream", "name": "stdout", "text": text}
+
+    todo = "[TODO] shard_rows: the rows FSDP2 gives each rank: not attempted yet."
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("a"), nbformat.v4.new_code_cell("b"), nbformat.v4.new_code_cell("c")]
+    nb.cells[0].outputs = [stream("[compare] dense: final val 3.458, 2.1 s (ok)\n"),
+                           stream("corpus python-stdlib:/root/.pyenv/versions/3.11.7/lib (180,000 bytes)\n")]
+    nb.cells[1].outputs = [stream(todo + "\n"), {"output_type": "execute_result", "execution_count": 1,
+                                                  "metadata": {}, "data": {"text/plain": todo}}]
+    nb.cells[2].outputs = [stream(todo + "\n[HOLDS] 1. the flip rate falls\nlog: runs/12/two/log.jsonl\n")]
+    found = "\n".join(_output_problems(nb))
+    assert "cell 0: a run's log line '[compare] '" in found and "cell 0: a path of the machine" in found
+    assert "cell 1: the exercise verdict" in found and "shown twice" in found
+    assert "cell 2" not in found, found
 
 
 # notebooks whose executed outputs still print a warning, stderr or a line wider than the column (their

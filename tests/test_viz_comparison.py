@@ -204,6 +204,10 @@ def test_explorer_switches_runs(results):
     assert [t.name for t in fig.data if t.xaxis == "x"] == ["dense", "dyad"]
     assert list(fig.data[0].x) == [r["tokens"] for r in found[-1].logs()["dense"]]
     assert "structures" in info.value and claims.value.count("NOT TESTED") == 5
+    later = comparison_explorer(found, start=len(found) - 1)
+    assert later.children[0].value == "structures" and "structures" in later.children[1].value
+    with pytest.raises(ValueError, match="start"):
+        comparison_explorer(found, start=len(found))
 
 
 def test_the_recorded_comparisons_load_and_the_first_is_the_most_complete():

@@ -24,8 +24,8 @@ def grid():
     dense = curve("dense reference", "dense", None, [None, 0.04, 0.02, 0.01], [5.0, 4.0, 3.0, 2.5], val=2.0)
     runs = {
         0.0: curve("STE (decay 0)", "srste", 0.0, [None, 0.05, 0.03, 0.02], [5.0, 4.1, 3.1, 2.6], val=2.1),
-        0.01: curve("srste 1e-02", "srste", 0.01, [None, 0.03, 0.01, 0.005], [5.0, 4.2, 3.2, 2.7], val=2.2),
-        0.1: curve("srste 1e-01", "srste", 0.1, [None, 0.02, 0.004, 0.001], [5.0, 4.4, 3.5, 3.0], val=2.4),
+        0.01: curve("SR-STE, lambda_W = 1e-02", "srste", 0.01, [None, 0.03, 0.01, 0.005], [5.0, 4.2, 3.2, 2.7], val=2.2),
+        0.1: curve("SR-STE, lambda_W = 1e-01", "srste", 0.1, [None, 0.02, 0.004, 0.001], [5.0, 4.4, 3.5, 3.0], val=2.4),
     }
     return DecayGrid(method="srste", decays=(0.0, 0.01, 0.1), runs=runs, dense=dense, config={})
 
@@ -51,6 +51,9 @@ def test_decay_explorer_swaps_the_selected_run_when_the_slider_moves(grid):
     assert list(loss.y) == [5.0, 4.4, 3.5, 3.0]
     assert list(flip.x) == [1, 2, 3, 4]
     assert "1e-01" in fig.layout.title.text
+    # the reader's method name, not the CLI key, in the title, the slider and the summary
+    assert fig.layout.title.text.startswith("SR-STE,") and slider.description.startswith("SR-STE")
+    assert summary.value.startswith("SR-STE, lambda_W")
     assert "final val loss 2.4000" in summary.value and "+20.00 %" in summary.value  # 2.4 vs dense 2.0
     assert "late flip rate 1.00e-03" in summary.value  # the last 10 % of 4 steps = the last step
     # the flip-rate axis (log) is relabelled for the selected run: whole numbers down to its lowest rate
@@ -100,7 +103,7 @@ def test_summary_text_without_dense_reference(grid):
 def test_curves_figure_draws_two_panels_per_run(grid):
     fig = curves_figure([grid.dense, grid.runs[0.0], grid.runs[0.1]], title="t")
     assert len(fig.data) == 6
-    assert [t.name for t in fig.data[::2]] == ["dense reference", "STE (decay 0)", "srste 1e-01"]
+    assert [t.name for t in fig.data[::2]] == ["dense reference", "STE (decay 0)", "SR-STE, lambda_W = 1e-01"]
     assert list(fig.data[4].y) == [None, 0.02, 0.004, 0.001]  # NaN sent as a gap
     assert fig.layout.yaxis.type == "log"
 
@@ -137,6 +140,9 @@ def test_finetune_figure_marks_the_switch_and_stops_flip_rates_after_it():
     assert list(fig.data[5].x) == list(range(2, 13))
     assert [shape.x0 for shape in fig.layout.shapes] == [10, 10]
     assert "step 10" in fig.layout.annotations[-1].text
+    # the legend names the runs for a reader, not by the CLI's variant keys
+    assert [t.name for t in fig.data if t.showlegend is not False] == ["masked decay, dense fine-tune",
+                                                                       "masked decay, no fine-tune"]
 
 
 def test_finetune_figure_on_the_recorded_h100_logs():

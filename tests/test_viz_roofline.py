@@ -71,3 +71,21 @@ def test_intensity_exercise():
     for fn, why in ((no_metadata, "metadata"), (no_output, "output")):
         result = check_intensity(fn, show=False)
         assert result.status == FAILED and why in result.message
+
+
+def test_sustained_load_is_the_busiest_section_with_enough_samples():
+    from sparsity_lab.course.viz.roofline_view import sustained_load
+
+    def section(samples, mhz, watts):
+        return {"samples": samples, "sm_mhz": {"median": mhz}, "power_w": {"median": watts}}
+
+    conditions = {"sections": {"baseline (end)": section(3, 1365, 690), "gpt step": section(75, 1620, 578),
+                               "paired 16384x2048": section(17, 1530, 684)}}
+    busy = sustained_load(conditions)  # not the 3-sample section, though its clock is the lowest
+    assert busy == {"section": "paired 16384x2048", "what": "dense and 2:4 timed in turns at 16384 x 2048",
+                    "samples": 17, "sm_mhz": 1530, "power_w": 684}
+    assert sustained_load(conditions, min_samples=20)["what"] == "the GPT step"
+    with pytest.raises(ValueError, match="100 samples"):
+        sustained_load(conditions, min_samples=100)
+    recorded = sustained_load(read_result("ffn_speed_h100_2026-11-24")["conditions"])
+    assert recorded["samples"] >= 10 and recorded["power_w"] > 600  # the recorded run sat near its 700 W cap

@@ -150,7 +150,7 @@ def test_kernel_vs_pytorch_lists_every_baseline_timed():
     ]}
     fig = kernel_vs_pytorch_figure(data)
     assert list(fig.data[0].x) == [50.0, 2.0, 0.5]  # the baseline that could not run has no bar
-    assert list(fig.data[0].y) == ["1 prune24: vs PyTorch (vs topk)", "2 t24: sep (vs a)", "2 t24: sep (vs b)"]
+    assert list(fig.data[0].y) == ["prune24: vs PyTorch (vs topk)", "t24: sep (vs a)", "t24: sep (vs b)"]
     with pytest.raises(ValueError, match="speedup"):
         kernel_vs_pytorch_figure({"provenance": {}, "rows": data["rows"][:1]})
 
@@ -264,6 +264,13 @@ def test_paired_rounds_table_and_figure():
     assert paired_speedups({"rows": []}) == [] and paired_speedups(None) == []
     with pytest.raises(ValueError, match="no paired rounds"):
         paired_figure({"rows": []})
+    # a shape quoted from another run is left out; only the variants asked for are drawn
+    [bar] = paired_figure(_paired_table(), variants=["ours_mvue"], leave_out=["16384x4096x16384"]).data
+    assert list(bar.x) == ["4096x1024x4096"]
+    with pytest.raises(ValueError, match="no paired rounds"):
+        paired_figure(_paired_table(), variants=["auto"])
+    with pytest.raises(ValueError, match="leaves no shape"):
+        paired_figure(_paired_table(), leave_out=["16384x4096x16384", "4096x1024x4096"])
     with pytest.raises(ValueError, match="phase"):
         paired_speedups(_paired_table(), phase="backward")
 

@@ -93,6 +93,10 @@ def test_tile_figure_draws_each_solvers_mask():
         assert torch.equal(_kept_in_panel(fig, k), torch.tensor(s["mask"]))
         assert f"kept {s['kept']:.4g}" in fig.layout.annotations[k].text
     assert "at most 2" in fig.layout.annotations[2].text and "exactly 2" in fig.layout.annotations[0].text
+    # every panel's axes tick the tile's own indices 0-3 and stop at the tile (no axis running to 4)
+    for axis in (fig.layout.xaxis, fig.layout.xaxis4, fig.layout.yaxis, fig.layout.yaxis3):
+        assert list(axis.tickvals) == [0, 1, 2, 3]
+    assert fig.layout.xaxis.constrain == "domain"
 
 
 def test_tile_editor_re_solves_on_every_edit_and_preset():

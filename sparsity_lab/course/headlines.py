@@ -32,13 +32,14 @@ CALLS_RUN = "cusparselt_calls_h100"           # benchmarks cslt-calls: one produ
 MASKS_RUN = "mask_solvers_cpu"                # benchmarks masks: the exact transposable solvers on a CPU
 FP8_SPEED_RUN = "fp8_training_h100_fused"     # benchmarks fp8_training: the FP8 2:4 FFN step, casts fused
 FP8_LOSS_RUN = "lab_compare_h100_fp8"         # sparsity-lab compare: FP8 against bf16 training, seed 0
+HOST_ALPHA_RUN = "fp8_training_host_alpha_h100"  # benchmarks fp8-training: the scale pass against host alpha
 STEP_PROFILE_RUN = "step_profile_h100"        # benchmarks step-profile: where a whole step's time goes
 STEP_PROFILE_CONFIG = "all24"                 # its 2:4 step quoted: every block linear 2:4, mask every step
 
 SOURCES = {FFN_RUN: f"results/{FFN_RUN}.json", KERNELS_RUN: f"results/{KERNELS_RUN}.json",
            CALLS_RUN: f"results/{CALLS_RUN}.json", MASKS_RUN: f"results/{MASKS_RUN}.json",
            FP8_SPEED_RUN: f"results/{FP8_SPEED_RUN}.json", FP8_LOSS_RUN: f"results/{FP8_LOSS_RUN}/results.json",
-           STEP_PROFILE_RUN: f"results/{STEP_PROFILE_RUN}.json"}
+           STEP_PROFILE_RUN: f"results/{STEP_PROFILE_RUN}.json", HOST_ALPHA_RUN: f"results/{HOST_ALPHA_RUN}.json"}
 
 
 @dataclass(frozen=True)
@@ -76,11 +77,20 @@ def _where(prov: dict) -> str:
     return f"{machine}, {prov['date'][:10]}"
 
 
+def ffn_headline_shape() -> str:
+    """The FFN shape of the FFN headlines, tokens x d_model x ffn ("16384x4096x16384"): a table or figure of
+    another run leaves it out, so that one fact has one number."""
+    shape = read_result(FFN_RUN)["target_shape"]
+    return f"{shape['tokens']}x{shape['d_model']}x{shape['ffn']}"
+
+
 def _ffn_facts() -> list[Headline]:
     run = read_result(FFN_RUN)
     where, src, t = _where(run["provenance"]), SOURCES[FFN_RUN], run["targets"]
     ffn, fwd, gpt, gpt_all = (t["ffn_fwd_bwd_ours_mvue"], t["ffn_fwd_ours"], t["gpt_step"], t["gpt_step_all_linears"])
     ffn_cue = r"^(?!.*\bFP8\b).*(FFN\b.*16384.*4096|16384 (tokens )?x (d_model )?4096)"  # bf16, not FP8
+    c = run["gpt_step"]["config"]
+    gpt_model = f"{c['n_layer']} layers, {c['batch']} x {c['context']} tokens"  # not the profiled step's model
     return [
         Headline("ffn_speedup", "2:4 FFN block, forward + backward, 16384 tokens x d_model 4096 "
                  "(S-STE + MVUE, mask every step)", _ratio(ffn["measured"]),
@@ -89,12 +99,14 @@ def _ffn_facts() -> list[Headline]:
         Headline("ffn_forward_speedup", "2:4 FFN forward alone, 16384 tokens x d_model 4096",
                  _ratio(fwd["measured"]), f"against the fastest dense forward of the run ({fwd['dense_ms']:.2f} ms)",
                  where, src, r"FFN forward alone|forward alone", "x"),
-        Headline("gpt_step_speedup", "GPT training step at d_model 4096, FFN linears 2:4", _ratio(gpt["measured"]),
+        Headline("gpt_step_speedup", f"GPT training step at d_model 4096 ({gpt_model}), FFN linears 2:4",
+                 _ratio(gpt["measured"]),
                  f"against the fastest dense step of the run ({gpt['dense_ms']:.1f} ms, "
                  f"{gpt['dense_tflops']:.0f} TFLOP/s)", where, src, r"GPT (training )?step", "x"),
-        Headline("gpt_step_all_linears_speedup", "GPT training step at d_model 4096, every block linear 2:4",
+        Headline("gpt_step_all_linears_speedup", f"GPT training step at d_model 4096 ({gpt_model}), every block "
+                 "linear 2:4",
                  _ratio(gpt_all["measured"]), "against the same dense step", where, src,
-                 r"every (block )?linear", "x"),
+                 r"GPT (training )?step.*every (block )?linear", "x"),
     ]
 
 
@@ -157,12 +169,18 @@ def _fp8_facts() -> list[Headline]:
     loss = read_result("results", directory=RESULTS_DIR / FP8_LOSS_RUN)
     final = {row["variant"]: row["final_val_loss"] for row in loss["table"]}
     gap = 100 * (final["sste_mvue_fp8"] / final["sste_mvue"] - 1)
+    alpha = read_result(HOST_ALPHA_RUN)
     return [
         Headline("fp8_ffn_speedup", "FP8 2:4 FFN block, forward + backward, 16384 tokens x d_model 4096",
                  _ratio(ffn["fp8_24_vs_fp8_dense"]), f"against dense FP8 ({fp8_dense:.0f} TFLOP/s)", where,
-                 SOURCES[FP8_SPEED_RUN], r"FP8 2:4.*(faster|against dense FP8|vs dense FP8)", "x"),
+                 SOURCES[FP8_SPEED_RUN], r"FP8 2:4.*(faster|against dense FP8|vs dense FP8|over dense FP8)", "x"),
         Headline("fp8_ffn_vs_bf16", "the same FP8 2:4 FFN block", _ratio(ffn["fp8_24_vs_bf16_dense"]),
                  "against dense bf16", where, SOURCES[FP8_SPEED_RUN], r"FP8 2:4.*dense bf16", "x"),
+        Headline("fp8_host_alpha_gain", "the same FP8 2:4 FFN block with cuSPARSELt's host alpha in place of a "
+                 "scale pass after each product", _ratio(alpha["ffn"]["fp8_24_host_alpha_vs_fp8_24"]),
+                 f"against the step with the scale pass, paired in {alpha['ffn']['rounds']} rounds",
+                 _where(alpha["provenance"]), SOURCES[HOST_ALPHA_RUN], r"host alpha.*(faster|against|over)", "x",
+                 alpha["ffn"]["fp8_24_host_alpha_vs_fp8_24"]),
         Headline("fp8_loss_gap", "final validation loss of FP8 2:4 training (S-STE + MVUE, 21M tokens)",
                  f"{gap:+.2f} %", "against the same run in bf16 2:4 (seed 0)", _where(loss["provenance"]),
                  SOURCES[FP8_LOSS_RUN], r"FP8 2:4.*(loss|bf16 2:4)", "%"),

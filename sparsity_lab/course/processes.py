@@ -55,23 +55,28 @@ class CommandResult:
     def __bool__(self) -> bool:
         return self.ok
 
-    def report(self) -> str:
-        """The output on success; on failure the exit status and the end of the command's error output."""
+    def report(self, output: bool = True) -> str:
+        """On success the output (``output=False``: one line saying the command succeeded); on failure the
+        exit status and the end of the command's error output."""
         if self.ok:
-            return self.stdout.rstrip()
+            return self.stdout.rstrip() if output else f"{self.label or 'the command'}: ok"
         err = (self.stderr or self.stdout).rstrip()
         return (f"{self.label or 'the command'} FAILED (exit status {self.returncode}); its error output ends:\n"
                 f"{err[-self.tail_chars:]}")
 
 
-def run_command(args: list[str], label: str = "", env: dict | None = None, show: bool = True) -> CommandResult:
-    """Run ``args`` (a list, no shell), capture its output; print :meth:`CommandResult.report` when ``show``."""
+def run_command(args: list[str], label: str = "", env: dict | None = None, show: bool | str = True) -> CommandResult:
+    """Run ``args`` (a list, no shell), capture its output and print :meth:`CommandResult.report`: with
+    ``show=True`` the output or the error, with ``"errors"`` one line on success (a lesson shows what the
+    command wrote in its own cells, not its log) and the error in full on failure, with ``False`` nothing."""
     if not isinstance(args, (list, tuple)) or not args or not all(isinstance(a, str) for a in args):
         raise ValueError(f"args must be a non-empty list of strings, got {args!r}")
+    if not (show is True or show is False or show == "errors"):
+        raise ValueError(f"show must be True, False or 'errors', got {show!r}")
     done = subprocess.run(list(args), capture_output=True, text=True, env={**os.environ, **(env or {})})
     result = CommandResult(list(args), done.returncode, done.stdout, done.stderr, label)
-    if show:
-        print(result.report())
+    if show is not False:
+        print(result.report(output=show is True))
     return result
 
 

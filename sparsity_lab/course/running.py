@@ -113,6 +113,24 @@ def _kernel_config():
     return config
 
 
+def finished_kernel_manager():
+    """The kernel manager papermill starts each notebook's kernel with: jupyter_client's, except that a
+    shutdown sends no interrupt first. jupyter_client interrupts a kernel before asking it to shut down, to
+    stop code still running; papermill shuts a kernel down only after its last reply, so the SIGINT could
+    land only inside the kernel's handler of that last request, and its log line ("KeyboardInterrupt
+    caught in kernel") reached the terminal of ``course --headless``. An interrupt outside a shutdown (a
+    cell's timeout) is sent as before."""
+    from jupyter_client import AsyncKernelManager
+
+    class FinishedKernelManager(AsyncKernelManager):
+        async def _async_interrupt_kernel(self) -> None:
+            if self.shutting_down:
+                return
+            await super()._async_interrupt_kernel()
+
+    return FinishedKernelManager
+
+
 def execute(path: Path, out: Path, sizes: str = "ci", cwd: Path | None = None, progress_bar: bool = False,
             prepare_only: bool = False):
     """Run notebook ``path`` with papermill and write the executed copy to ``out``.
@@ -137,7 +155,7 @@ def execute(path: Path, out: Path, sizes: str = "ci", cwd: Path | None = None, p
         return papermill.execute_notebook(str(path), str(out), parameters=parameters, kernel_name="python3",
                                           cwd=str(cwd), progress_bar=progress_bar, prepare_only=prepare_only,
                                           extra_arguments=[f"--IPKernelApp.exec_lines={KERNEL_LINE}"],
-                                          config=_kernel_config())
+                                          config=_kernel_config(), kernel_manager_class=finished_kernel_manager())
     except papermill.PapermillExecutionError as err:
         raise _cell_failure(Path(path), Path(out), err) from err
     except Exception as err:  # a dead kernel or a timeout: no cell index to report

@@ -104,9 +104,19 @@ class DecayGrid:
         return rows
 
 
+# how a legend or a printed line names a method (the keys are the CLI's --method names)
+METHOD_NAMES = {"ste": "STE", "srste": "SR-STE", "masked_decay": "masked decay",
+                "masked_decay_weights": "masked decay on weights"}
+
+
+def method_name(method: str) -> str:
+    """The reader's name of ``method``: 'SR-STE' for 'srste'; a method without one keeps its key."""
+    return METHOD_NAMES.get(method, method)
+
+
 def decay_label(method: str, decay: float) -> str:
-    """'STE (decay 0)' for 0, else e.g. 'srste 1e-02'."""
-    return "STE (decay 0)" if decay == 0 else f"{method} {decay:.0e}"
+    """'STE (decay 0)' for 0, else e.g. 'SR-STE, lambda_W = 1e-02'."""
+    return "STE (decay 0)" if decay == 0 else f"{method_name(method)}, lambda_W = {decay:.0e}"
 
 
 def _train(cfg: TrainConfig, corpus: ByteCorpus) -> tuple[list[dict], str]:

@@ -122,7 +122,7 @@ def search_decay(base: TrainConfig, grid=DEFAULT_GRID, trial_steps: int | None =
 
 def print_evidence(result: dict) -> None:
     d, s = result["dense"], result["ste"]
-    print(f"\nDecay search over {result['trial_steps']} warm-up steps ({result['procedure']})")
+    print(f"\nDecay search over {result['trial_steps']} warm-up steps; the rule is {result['procedure']}")
     print(f"  dense reference: val {d['val_loss']:.4f}, flip {d['flip_rate']:.3e}")
     print(f"  STE (lambda 0):  val {s['val_loss']:.4f}, flip {s['flip_rate']:.3e}")
     print(f"  {'lambda_W':>9} {'val loss':>9} {'gap %':>7} {'flip':>10} {'flip/dense':>10}  loss ok")

@@ -16,7 +16,10 @@ has more helpers):
     comparison_view      09  comparison_explorer, find_comparisons
     dyad_view            10  dyad_explorer
     block_mask_view      11  prune_regrow_explorer
+
+and ``clean_log_ticks(fig)``, which any notebook's own plotly figure can call for readable log axes.
 """
+from ._axes import clean_log_ticks
 from .block_mask_view import block_mask_figure, mask_changes, prune_regrow_explorer, prune_regrow_trace
 from .comparison_view import comparison_explorer, find_comparisons
 from .decay_view import curves_figure, decay_explorer, decay_search_figure
@@ -31,7 +34,7 @@ from .soft_threshold_view import beta_figure, soft_threshold_explorer
 from .speedup_view import ffn_speedup_figure, ffn_wins_heatmap, ours_vs_pytorch_figure, paired_figure
 from .tile_solver_view import diversity_figure, solver_bars, tile_editor
 
-__all__ = ["beta_figure", "block_mask_figure", "comparison_explorer", "curves_figure", "decay_explorer",
+__all__ = ["beta_figure", "block_mask_figure", "clean_log_ticks", "comparison_explorer", "curves_figure", "decay_explorer",
            "decay_search_figure", "diversity_figure", "dyad_explorer", "dyad_figure", "dyad_structure",
            "ffn_speedup_figure", "ffn_wins_heatmap", "find_comparisons", "finetune_figure", "flip_band_figure", "fp8_explorer",
            "kept_magnitude_figure", "kernel_bench_figure", "late_flip_figure", "mask_changes", "mask_explorer",

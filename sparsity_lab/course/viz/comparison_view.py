@@ -283,16 +283,20 @@ def describe(comparison: RecordedComparison, html: bool = True, width: int = TEX
     return "<br>".join(lines) if html else "\n".join(_fill(line, width) for line in lines)
 
 
-def comparison_explorer(comparisons: list[RecordedComparison]):
-    """A dropdown over the recorded comparisons; the loss curves and the claims follow the choice."""
+def comparison_explorer(comparisons: list[RecordedComparison], start: int = 0):
+    """A dropdown over the recorded comparisons; the loss curves and the claims follow the choice.
+    ``start``: the index of the comparison shown first (a page that already showed the first one in
+    detail starts on another)."""
     if not comparisons:
         raise ValueError("comparisons is empty: no comparison folder was found")
+    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < len(comparisons):
+        raise ValueError(f"start must be an index into the {len(comparisons)} comparisons, got {start!r}")
     widgets, go = ipywidgets(), plotly_go()
     by_name = {c.name: c for c in comparisons}
-    choice = widgets.Dropdown(options=list(by_name), value=comparisons[0].name, description="run")
+    choice = widgets.Dropdown(options=list(by_name), value=comparisons[start].name, description="run")
     info = widgets.HTML()
     claims = widgets.HTML()
-    fig = go.FigureWidget(loss_figure(comparisons[0].logs()))
+    fig = go.FigureWidget(loss_figure(comparisons[start].logs()))
 
     def show(_change=None) -> None:
         comparison = by_name[choice.value]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ...lab.decay_grid import DecayGrid, RunCurve
+from ...lab.decay_grid import DecayGrid, RunCurve, method_name
 from ._axes import clean_log_ticks
 from ._optional import ipywidgets, plotly_go
 
@@ -62,7 +62,7 @@ def _fmt_decay(decay: float) -> str:
 def summary_text(grid: DecayGrid, decay: float) -> str:
     """One line: the selected run's final val loss and late flip rate, against the dense reference."""
     run = grid.runs[decay]
-    text = (f"{grid.method} lambda_W = {_fmt_decay(decay)}: final val loss {run.final_val_loss:.4f}, "
+    text = (f"{method_name(grid.method)}, lambda_W = {_fmt_decay(decay)}: final val loss {run.final_val_loss:.4f}, "
             f"late flip rate {run.late_flip_rate:.2e} (mean of the last 10 % of steps)")
     if grid.dense is not None:
         d = grid.dense
@@ -96,7 +96,7 @@ def decay_explorer(grid: DecayGrid, decay: float | None = None):
     first = len(fig.data)  # the selected run's flip trace; its loss trace follows
     _add_curve(fig, grid.runs[decay], COLORS["selected"], name="selected run")
     slider = widgets.SelectionSlider(options=[(_fmt_decay(d), d) for d in grid.decays], value=decay,
-                                     description=f"{grid.method} decay", continuous_update=True,
+                                     description=f"{method_name(grid.method)} decay", continuous_update=True,
                                      style={"description_width": "initial"},
                                      layout={"width": "520px"})
     summary = widgets.HTML(summary_text(grid, decay))
@@ -106,7 +106,7 @@ def decay_explorer(grid: DecayGrid, decay: float | None = None):
         with fig.batch_update():
             for trace, values in ((fig.data[first], run.flip_rate), (fig.data[first + 1], run.loss)):
                 trace.x, trace.y = list(run.steps), _ys(values)
-            fig.layout.title = f"{grid.method}, lambda_W = {_fmt_decay(slider.value)} (blue) against the references"
+            fig.layout.title = f"{method_name(grid.method)}, lambda_W = {_fmt_decay(slider.value)} (blue) against the references"
         clean_log_ticks(fig)  # the selected run moves the flip-rate axis's range (read after the batch)
         summary.value = summary_text(grid, slider.value)
 

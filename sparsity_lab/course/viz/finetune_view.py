@@ -12,6 +12,10 @@ from ._optional import plotly_go
 
 PALETTE = {"dense": "#444444", "ste": "#d62728", "masked_decay": "#1f77b4", "masked_decay_noft": "#2ca02c",
            "srste": "#9467bd", "sste": "#ff7f0e"}
+# a legend names each run for a reader; the logs are keyed by the CLI's variant names
+READER_NAMES = {"dense": "dense", "ste": "STE", "masked_decay": "masked decay, dense fine-tune",
+                "masked_decay_noft": "masked decay, no fine-tune", "masked_decay_weights": "masked decay on weights",
+                "srste": "SR-STE", "sste": "S-STE"}
 
 
 def finetune_figure(logs: dict[str, list[dict]], switch_step: int, smooth: int | None = None, title: str = ""):
@@ -19,7 +23,8 @@ def finetune_figure(logs: dict[str, list[dict]], switch_step: int, smooth: int |
     1/25 of the run) with validation points, and the overall flip rate (log scale). A dashed line at
     ``switch_step`` marks the switch: the rows logged after it trained dense W.
 
-    logs: variant name -> logged rows (dicts with step, loss, val_loss, flip_rate).
+    logs: variant name -> logged rows (dicts with step, loss, val_loss, flip_rate); the legend shows each
+    variant's READER_NAMES entry.
     """
     go = plotly_go()
     from plotly.subplots import make_subplots
@@ -35,15 +40,16 @@ def finetune_figure(logs: dict[str, list[dict]], switch_step: int, smooth: int |
         if not rows:
             raise ValueError(f"run {name!r} has no logged rows")
         color = PALETTE.get(name, extra[i % len(extra)])
+        label = READER_NAMES.get(name, name)
         steps = [r["step"] for r in rows]
         window = smooth or max(1, len(rows) // 25)
-        fig.add_trace(go.Scatter(x=steps, y=moving_average([r["loss"] for r in rows], window), name=name,
+        fig.add_trace(go.Scatter(x=steps, y=moving_average([r["loss"] for r in rows], window), name=label,
                                  legendgroup=name, mode="lines", line={"color": color, "width": 1.5}), row=1, col=1)
         val = [(r["step"], r["val_loss"]) for r in rows if r.get("val_loss") is not None]
-        fig.add_trace(go.Scatter(x=[s for s, _ in val], y=[v for _, v in val], name=name, legendgroup=name,
+        fig.add_trace(go.Scatter(x=[s for s, _ in val], y=[v for _, v in val], name=label, legendgroup=name,
                                  mode="markers", marker={"color": color, "size": 7}, showlegend=False), row=1, col=1)
         flips = [(r["step"], r["flip_rate"]) for r in rows if r.get("flip_rate") is not None and r["flip_rate"] > 0]
-        fig.add_trace(go.Scatter(x=[s for s, _ in flips], y=[f for _, f in flips], name=name, legendgroup=name,
+        fig.add_trace(go.Scatter(x=[s for s, _ in flips], y=[f for _, f in flips], name=label, legendgroup=name,
                                  mode="lines", line={"color": color, "width": 1}, showlegend=False), row=1, col=2)
     for col in (1, 2):
         # rows logged after switch_step trained dense W (a validation at switch_step already scores dense W)

@@ -9,6 +9,8 @@ run's JSON) and plots it; it computes nothing that the benchmark did not record.
 """
 from __future__ import annotations
 
+import re
+
 from ._provenance import provenance_command, provenance_line
 from ._optional import plotly_go
 
@@ -19,6 +21,12 @@ def _check_result(data: dict) -> None:
     if not isinstance(data, dict) or "rows" not in data or "provenance" not in data:
         raise ValueError("data must be a benchmarks kernels result: a dict with 'provenance' and 'rows' "
                          "(read it with sparsity_lab.provenance.read_result)")
+
+
+def kernel_label(kernel: str, variant: str) -> str:
+    """What a reader sees for one measurement: the kernel's function name and the variant, without the
+    benchmark's own kernel number ("1 prune24", "values + mask" -> "prune24: values + mask")."""
+    return f"{re.sub(r'^[0-9]+ ', '', kernel)}: {variant}"
 
 
 def copy_fraction_rows(data: dict) -> list[dict]:
@@ -37,7 +45,7 @@ def copy_fraction_rows(data: dict) -> list[dict]:
         if key in seen:
             continue
         seen.add(key)
-        rows.append({"label": f"{r['kernel']}: {r['variant']}", "kernel": r["kernel"], "variant": r["variant"],
+        rows.append({"label": kernel_label(r["kernel"], r["variant"]), "kernel": r["kernel"], "variant": r["variant"],
                      "fraction": float(r["fraction_of_copy"]), "ms": float(r["ms"]), "gbps": float(r["gbps"]),
                      "bytes": int(r["bytes"]), "counts_for_target": bool(r.get("counts_for_target", False)),
                      "config": r.get("config", {})})
@@ -48,7 +56,7 @@ def speedup_rows(data: dict) -> list[dict]:
     """Rows timed against a baseline in the same run: {"label", "ms", "baseline", "baseline_ms", "speedup"}
     (speedup None, with the note, when the baseline could not run)."""
     _check_result(data)
-    return [{"label": f"{r['kernel']}: {r['variant']}", "ms": r["ms"], "baseline": r["baseline"],
+    return [{"label": kernel_label(r["kernel"], r["variant"]), "ms": r["ms"], "baseline": r["baseline"],
              "baseline_ms": r["baseline_ms"], "speedup": r["speedup"], "note": r.get("note", "")}
             for r in data["rows"] if r.get("baseline")]
 
@@ -89,7 +97,8 @@ def kernel_bench_figure(data: dict, title: str | None = None):
         shapes.append({"type": "line", "x0": s["target_fraction"], "x1": s["target_fraction"], "yref": "paper",
                        "y0": 0, "y1": 1, "line": {"dash": "dash", "color": "#d62728"}})
     default = (f"fraction of the copy ceiling ({s.get('copy_gbps', float('nan')):.0f} GB/s) on "
-               f"{p.get('gpu') or 'CPU'}; red dashes: target {s.get('target_fraction', float('nan')):.2f}")
+               f"{p.get('gpu') or 'CPU'}<br><sup>red dashes: {s.get('target_fraction', float('nan')):.2f}, "
+               "the bar for the blue kernels</sup>")
     fig.update_layout(title=title or default, xaxis={"title": "counted bytes / time / copy bandwidth", "range": [0, 1.15]},
                       yaxis={"autorange": "reversed"}, shapes=shapes, height=140 + 26 * len(rows),
                       margin={"l": 360})

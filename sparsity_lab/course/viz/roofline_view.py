@@ -102,3 +102,26 @@ def roofline_figure(rows: list[dict], clock_ghz: float = DATASHEET_CLOCK_GHZ):
                                                                                       "1,000", "2,000"]},
                       template="plotly_white", height=440, legend={"orientation": "h", "y": -0.25})
     return fig
+
+
+# how a reader reads a section of a benchmarks ffn recording's GPU conditions (their names start so)
+_SECTION_WORDS = {"baseline": "the dense baseline", "grid": "the shape grid", "paired": "dense and 2:4 timed in turns",
+                  "graph": "CUDA-graph replays", "gpt": "the GPT step"}
+
+
+def sustained_load(conditions: dict, min_samples: int = 10) -> dict:
+    """The section of a recording's sampled GPU conditions (``benchmarks ffn``'s ``conditions``) under the
+    heaviest sustained load: the highest median power among the sections with at least ``min_samples``
+    samples (a section of two or three samples says little). Returns ``{"section", "what", "samples",
+    "sm_mhz", "power_w"}`` (medians), ``what`` the section in a reader's words."""
+    if not isinstance(min_samples, int) or min_samples < 1:
+        raise ValueError(f"min_samples must be an integer >= 1, got {min_samples!r}")
+    sections = {name: s for name, s in (conditions or {}).get("sections", {}).items()
+                if s.get("samples", 0) >= min_samples}
+    if not sections:
+        raise ValueError(f"no section of the recorded conditions has {min_samples} samples or more")
+    name, busy = max(sections.items(), key=lambda kv: kv[1]["power_w"]["median"])
+    first, _, rest = name.partition(" ")
+    what = _SECTION_WORDS.get(first, first) + (f" at {rest.replace('x', ' x ')}" if rest and "x" in rest else "")
+    return {"section": name, "what": what, "samples": busy["samples"], "sm_mhz": busy["sm_mhz"]["median"],
+            "power_w": busy["power_w"]["median"]}

@@ -31,16 +31,18 @@ __all__ = ["FFN_KEYS", "FFN_VARIANTS", "PHASES", "check_ffn_rows", "ffn_errors",
 FFN_KEYS = ("tokens", "d_model", "ffn", "variant", "phase", "ms", "speedup_vs_dense")
 # the writer's names (benchmarks/ffn/schema.py, KNOWN_VARIANTS; viz does not import the
 # benchmarks, and tests/test_ffn_bench.py checks that the two lists agree)
-FFN_VARIANTS = ("dense", "ours_fixed_mask", "ours_mask_every_step", "ours_mvue", "cutlass_mvue", "ours_mvue_refresh40",
+FFN_VARIANTS = ("dense", "ours_fixed_mask", "ours_mask_every_step", "ours_mvue", "cutlass_mvue",
+                "ours_mvue_refresh40",
                 "ours_mvue_dense_products", "pytorch_semi_structured", "auto", "ours_fp8", "auto_refresh10",
                 "sparse_auto")
 # what a reader sees in a legend: the recording's variant names are the benchmark's own
 READER_NAMES = {"dense": "dense", "ours_fixed_mask": "2:4, mask fixed", "ours_mask_every_step": "2:4, mask every step",
-                "ours_mvue": "2:4 + MVUE (S-STE)", "cutlass_mvue": "2:4 + MVUE (S-STE), CUTLASS products", "ours_mvue_refresh40": "2:4 + MVUE, mask every 40 steps",
+                "ours_mvue": "2:4 + MVUE (S-STE)", "cutlass_mvue": "2:4 + MVUE (S-STE), CUTLASS products",
+                "ours_mvue_refresh40": "2:4 + MVUE, mask every 40 steps",
                 "ours_mvue_dense_products": "2:4 per-step work, dense products",
-                "pytorch_semi_structured": "PyTorch semi-structured", "auto": "2:4 where it pays (auto)",
-                "ours_fp8": "2:4 FP8", "auto_refresh10": "auto, mask every 10 steps",
-                "sparse_auto": "2:4 where it pays, cuSPARSELt or CUTLASS (sparse_auto)"}
+                "pytorch_semi_structured": "PyTorch semi-structured", "auto": "2:4 only where it pays",
+                "ours_fp8": "2:4 FP8", "auto_refresh10": "2:4 only where it pays, mask every 10 steps",
+                "sparse_auto": "2:4 only where it pays, cuSPARSELt or CUTLASS"}
 PHASES = ("fwd", "fwd_bwd")
 PHASE_TITLES = {"fwd": "forward", "fwd_bwd": "forward + backward"}
 COLORS = {"ours_fixed_mask": "#1f77b4", "ours_mask_every_step": "#2ca02c", "ours_mvue": "#9467bd", "cutlass_mvue": "#aec7e8", "ours_mvue_refresh40": "#17becf",
@@ -185,12 +187,23 @@ def paired_speedups(data, phase: str = "fwd_bwd") -> list[dict]:
     return out
 
 
-def paired_figure(data, phase: str = "fwd_bwd"):
-    """Median speed-up over dense per shape, with the lowest and highest round as the error bar."""
+def paired_figure(data, phase: str = "fwd_bwd", variants=None, leave_out=()):
+    """Median speed-up over dense per shape, with the lowest and highest round as the error bar.
+
+    variants: the 2:4 variants drawn (default: every one recorded); leave_out: shape labels (``shape_label``)
+    not drawn, e.g. the shape whose speed-up a lesson quotes from another run (one fact, one number)."""
     go = plotly_go()
     table = paired_speedups(data, phase)
     if not table:
         raise ValueError("this recording has no paired rounds (benchmarks ffn --rounds N records them)")
+    if variants is not None:
+        unknown = sorted(set(variants) - {t["variant"] for t in table})
+        if unknown:
+            raise ValueError(f"variants {unknown} have no paired rounds in this recording")
+        table = [t for t in table if t["variant"] in variants]
+    table = [t for t in table if t["shape"] not in set(leave_out)]
+    if not table:
+        raise ValueError(f"leave_out={list(leave_out)} leaves no shape to draw")
     shapes = [s for s in _shapes([dict(zip(("tokens", "d_model", "ffn"), map(int, t["shape"].split("x"))))
                                   for t in table])]
     fig = go.Figure()

@@ -154,8 +154,11 @@ def tile_figure(tile, widget: bool = False):
         fig.add_trace(go.Heatmap(z=pruned, zmin=0, zmax=1, showscale=False, opacity=0.85, hoverinfo="skip",
                                  colorscale=((0, "rgb(225,225,225)"), (1, "rgb(225,225,225)")), name="pruned"),
                       **at)
-        fig.update_yaxes(autorange="reversed", showticklabels=at["col"] == 1, **at)
-        fig.update_xaxes(scaleanchor=f"y{'' if k == 1 else k}", **at)
+        # square cells: the panel shrinks to fit (constrain="domain") rather than its axis running past the
+        # tile, and every row and column index is a tick
+        fig.update_yaxes(autorange="reversed", showticklabels=at["col"] == 1, tickvals=list(range(len(text))), **at)
+        fig.update_xaxes(scaleanchor=f"y{'' if k == 1 else k}", constrain="domain",
+                         tickvals=list(range(len(text[0]))), **at)
     fig.update_layout(height=300 * rows + 120, margin={"t": 90}, title="one 4x4 tile, four 2:4 solvers "
                       "(white/blue = kept, grey = pruned)")
     fig.update_annotations(font_size=11)
