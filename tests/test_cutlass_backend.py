@@ -583,3 +583,44 @@ def test_gpu_fused_prepare_changes_no_bit_of_the_layer(name, method):
     for a, b in ((first, fused.backend._compressed(full, False)), (late, fused.backend._compressed(full, True))):
         assert torch.equal(a.values.view(torch.uint8), b.values.view(torch.uint8)) and torch.equal(a.metadata,
                                                                                                     b.metadata)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("name", ["cutlass", "cutlass_fp8"])
+@pytest.mark.parametrize("tokens", [200, 1024])
+def test_gpu_kernel_23_changes_no_bit_of_the_weight_gradient(name, tokens):
+    """dW with MVUE(dZ^T) from kernel 23 and from mvue24, (the cast,) the transposed copy and CUTLASS's compressor:
+    equal bit for bit over three steps (200 tokens: padded; FP8: current scaling first, then delayed, the same
+    amax history). The unfused FP8 layer runs FP8Engine(fused=False), its weight operands unfused too."""
+    from sparsity_lab.backends.cusparselt.fp8_train import FP8Engine
+    from sparsity_lab.backends.cutlass.fp8 import CutlassFP8Backend
+
+    torch.manual_seed(7)
+    method = sl.STE(transposable=True, mvue=True, backend=name)
+    fused = sl.SparseLinear(512, 384, method=method, device="cuda", dtype=BF16)
+    plain = copy.deepcopy(fused)
+    if name == "cutlass":
+        fused.backend = cutlass_backend.CutlassBackend()
+        plain.backend = cutlass_backend.CutlassBackend(fused_mvue_compress=False)
+    else:
+        fused.backend = CutlassFP8Backend(FP8Engine(name, "scaled_mm")).for_layer(fused)
+        plain.backend = CutlassFP8Backend(FP8Engine(name, "scaled_mm", fused=False)).for_layer(plain)
+    plain.mvue_seed = fused.mvue_seed
+    for layer in (fused, plain):
+        sl.attach_optimizer(layer, torch.optim.SGD(layer.parameters(), lr=0.0))
+    for _ in range(3):
+        x = torch.randn(tokens, 512, device="cuda", dtype=BF16)
+        zs = [layer(x) for layer in (fused, plain)]
+        dz = torch.randn_like(zs[0])
+        dz[::9] = -0.0
+        for z in zs:
+            z.backward(dz)
+        assert torch.equal(fused.weight.grad.view(torch.int16), plain.weight.grad.view(torch.int16))
+        if name == "cutlass_fp8":
+            assert torch.equal(fused.backend.scaling.amax_history, plain.backend.scaling.amax_history)
+        for layer in (fused, plain):
+            layer.advance_step()
+            layer.weight.grad = None
+    stats = [layer.backend.stats if name == "cutlass" else layer.backend.engine.stats for layer in (fused, plain)]
+    assert stats[0]["fused_mvue_compressions"] == 3 and stats[1]["fused_mvue_compressions"] == 0
