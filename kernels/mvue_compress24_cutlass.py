@@ -25,7 +25,7 @@ Tokens and padding
 Bytes (dZ of T x N, element size s; operand element size p: 2 for bf16, 1 for E4M3)
     read ``s T N``; write ``p T N / 2`` (values) + ``T N / 8`` (metadata, plus its padding). Unfused bf16:
     ``2 s T N`` (MVUE) + ``2 p T N`` (transposed copy) + ``p T N`` (the compressor's read), then the
-    same writes: 10 T N bytes more for a bf16 dZ.
+    same writes: ``s T N + 3 p T N`` = 8 T N bytes more for a bf16 dZ (FP8 adds the cast's ``(s + p) T N``).
 """
 from __future__ import annotations
 
