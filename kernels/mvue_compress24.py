@@ -37,7 +37,38 @@ import triton.language as tl
 from ._common import check_device, check_tensor
 from .compress24 import _pick, _store_compressed
 from .mvue24 import _load_seed, _mvue_group_level, _unit_float, check_seed
-from .prepare24 import _fp8_bits
+from .prepare24 import _fp8_bits, _groups_amax
+
+
+@triton.jit
+def _mvue_tokens_tile(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed, BLOCK_G: tl.constexpr,
+                      EDGES: tl.constexpr = False):
+    """MVUE(dZ) of columns row0 .. row0 + 63 of dZ (tokens, n_cols) and token groups g0 .. g0 + BLOCK_G - 1,
+    rounded to dZ's dtype as ``mvue24(dz, dim=0, seed)`` stores it: four (64, BLOCK_G) tiles, y{j}[i, b] =
+    MVUE(dZ)[4 (g0 + b) + j, row0 + i]. EDGES: entries past n_tokens or n_cols are read as zeros (their
+    groups stay zero); without it the tile must lie inside dZ."""
+    n = row0 + tl.arange(0, 64)[:, None]
+    g = g0 + tl.arange(0, BLOCK_G)[None, :]
+    base = dz_ptr + (4 * g) * n_cols + n  # dZ[4g + j, n]: contiguous along n
+    if EDGES:
+        t = 4 * g
+        x0 = tl.load(base, mask=(n < n_cols) & (t < n_tokens), other=0.0).to(tl.float32)
+        x1 = tl.load(base + n_cols, mask=(n < n_cols) & (t + 1 < n_tokens), other=0.0).to(tl.float32)
+        x2 = tl.load(base + 2 * n_cols, mask=(n < n_cols) & (t + 2 < n_tokens), other=0.0).to(tl.float32)
+        x3 = tl.load(base + 3 * n_cols, mask=(n < n_cols) & (t + 3 < n_tokens), other=0.0).to(tl.float32)
+    else:
+        x0 = tl.load(base).to(tl.float32)
+        x1 = tl.load(base + n_cols).to(tl.float32)
+        x2 = tl.load(base + 2 * n_cols).to(tl.float32)
+        x3 = tl.load(base + 3 * n_cols).to(tl.float32)
+    # one Philox call per (quad of columns, token group), as mvue24's strided quads kernel makes them
+    quads = g * quads_per_row + (row0 // 4 + tl.arange(0, 16)[:, None])  # (16, BLOCK_G)
+    r0, r1, r2, r3 = tl.randint4x(seed, quads)
+    u4 = tl.join(tl.join(_unit_float(r0), _unit_float(r2)), tl.join(_unit_float(r1), _unit_float(r3)))
+    u = tl.reshape(tl.permute(tl.reshape(u4, [16, BLOCK_G, 4]), (0, 2, 1)), [64, BLOCK_G])  # column 4q + m
+    y0, y1, y2, y3 = _mvue_group_level(x0, x1, x2, x3, u)
+    dt = dz_ptr.dtype.element_ty
+    return y0.to(dt), y1.to(dt), y2.to(dt), y3.to(dt)  # rounded as mvue24 stores them
 
 
 @triton.jit
@@ -49,28 +80,9 @@ def _mvue_compress24_kernel(dz_ptr, vals_ptr, meta_ptr, n_cols, quads_per_row, h
     seed = _load_seed(seed, SEED_PTR)
     row0 = tl.program_id(0) * 64  # rows of A = columns n of dZ
     g0 = tl.program_id(1) * BLOCK_G  # groups of A = token groups of dZ
-    n = row0 + tl.arange(0, 64)[:, None]
-    g = g0 + tl.arange(0, BLOCK_G)[None, :]
-    base = dz_ptr + (4 * g) * n_cols + n  # dZ[4g + j, n]: contiguous along n
-    x0 = tl.load(base).to(tl.float32)
-    x1 = tl.load(base + n_cols).to(tl.float32)
-    x2 = tl.load(base + 2 * n_cols).to(tl.float32)
-    x3 = tl.load(base + 3 * n_cols).to(tl.float32)
-    # one Philox call per (quad of columns, token group), as mvue24's strided quads kernel makes them
-    quads = g * quads_per_row + (row0 // 4 + tl.arange(0, 16)[:, None])  # (16, BLOCK_G)
-    r0, r1, r2, r3 = tl.randint4x(seed, quads)
-    u4 = tl.join(tl.join(_unit_float(r0), _unit_float(r2)), tl.join(_unit_float(r1), _unit_float(r3)))
-    u = tl.reshape(tl.permute(tl.reshape(u4, [16, BLOCK_G, 4]), (0, 2, 1)), [64, BLOCK_G])  # column 4q + m
-    y0, y1, y2, y3 = _mvue_group_level(x0, x1, x2, x3, u)
-    dt = dz_ptr.dtype.element_ty
-    y0 = y0.to(dt)  # rounded as mvue24 stores them
-    y1 = y1.to(dt)
-    y2 = y2.to(dt)
-    y3 = y3.to(dt)
+    y0, y1, y2, y3 = _mvue_tokens_tile(dz_ptr, row0, g0, 2 * half_cols, n_cols, quads_per_row, seed, BLOCK_G)
     if WRITE_AMAX:  # amax of MVUE(dZ) as stored: what the unfused cast of it returns
-        a = tl.maximum(tl.maximum(tl.abs(y0.to(tl.float32)), tl.abs(y1.to(tl.float32))),
-                       tl.maximum(tl.abs(y2.to(tl.float32)), tl.abs(y3.to(tl.float32))))
-        tl.store(partial_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), tl.max(tl.max(a, axis=1), axis=0))
+        tl.store(partial_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), _groups_amax(y0, y1, y2, y3))
     if WRITE_VALUES:
         if FP8:  # q(MVUE(dZ)) with the given scale, as quantize_fp8_with_scale casts the stored values
             inv_scale = tl.load(inv_scale_ptr)

@@ -70,16 +70,18 @@ def _cutlass_nibble(r, g, atoms_down, EIGHT_BIT: tl.constexpr):
 
 
 @triton.jit
-def _store_cutlass(vals_ptr, meta_ptr, row0, g0, v0, v1, code, n_rows, n_cols, EIGHT_BIT: tl.constexpr):
-    """Write 64 rows x 16 groups of an (n_rows, n_cols) operand: kept values (v0, v1) and codes, each (64, 16).
-    Values outside the operand are not stored; codes are, inside the metadata's padded extent (zeros there)."""
+def _store_cutlass(vals_ptr, meta_ptr, row0, g0, v0, v1, code, n_rows, n_cols, EIGHT_BIT: tl.constexpr,
+                   GROUPS: tl.constexpr = 16):
+    """Write 64 rows x GROUPS groups (even) of an (n_rows, n_cols) operand: kept values (v0, v1) and codes,
+    each (64, GROUPS). Values outside the operand are not stored; codes are, inside the metadata's padded
+    extent (zeros there)."""
     rows = row0 + tl.arange(0, 64)[:, None]
     half = n_cols // 2
-    vcols = 2 * g0 + tl.arange(0, 32)[None, :]
-    tl.store(vals_ptr + rows * half + vcols, tl.reshape(tl.join(v0, v1), [64, 32]),
+    vcols = 2 * g0 + tl.arange(0, 2 * GROUPS)[None, :]
+    tl.store(vals_ptr + rows * half + vcols, tl.reshape(tl.join(v0, v1), [64, 2 * GROUPS]),
              mask=(rows < n_rows) & (vcols < half))
-    lo, hi = tl.split(tl.reshape(code, [64, 8, 2]))  # a byte holds groups (g, g + 1) of one row: lo = even g
-    g = g0 + 2 * tl.arange(0, 8)[None, :]
+    lo, hi = tl.split(tl.reshape(code, [64, GROUPS // 2, 2]))  # a byte holds groups (g, g + 1) of one row: lo = even g
+    g = g0 + 2 * tl.arange(0, GROUPS // 2)[None, :]
     meta_rows = (n_rows + 63) // 64 * 64
     nib = _cutlass_nibble(rows, g, meta_rows // 64, EIGHT_BIT)
     tl.store(meta_ptr + (nib >> 1), (lo | (hi << 4)).to(tl.uint8),

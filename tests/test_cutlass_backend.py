@@ -188,6 +188,13 @@ class _LayoutStandIn:
                                 scale_b, config)
 
 
+def _kernel_mvue(engine, dz, seed):
+    """``FP8Engine.mvue`` as it draws on CUDA (kernel 4), for CPU tensors too (there it uses the reference's
+    generator): the draws of kernel 23, which the tests run interpreted."""
+    from sparsity_lab.backends.base import kernel_seed
+    return engine.kernels().mvue24(dz, dim=0, seed=kernel_seed(seed))
+
+
 @pytest.mark.parametrize("name,reference,tol", [("cutlass", "triton", 1e-2), ("cutlass_fp8", "fp8_reference", 2e-2)])
 @pytest.mark.parametrize("method", [sl.STE(transposable=True, mvue=True), sl.SSTE(transposable=True)],
                          ids=["ste_mvue", "sste"])
@@ -206,6 +213,8 @@ def test_the_weight_operands_written_by_kernel_22_give_the_reference_products(na
     monkeypatch.setattr(FP8Engine, "check", lambda self, t, what: None)
     from sparsity_lab.backends.cutlass import fp8 as cutlass_fp8
     monkeypatch.setattr(cutlass_fp8, "_fused_device", lambda t: True)
+    # kernel 23 (MVUE(dZ^T) for dW) now runs interpreted too: both layers' engines draw with kernel 4, as on CUDA
+    monkeypatch.setattr(FP8Engine, "mvue", _kernel_mvue)
     calls = []
     import sparsity_lab.kernels as kernels
     for fn in ("prepare24_cutlass", "prepare24_cutlass_fp8"):
@@ -263,6 +272,56 @@ def test_the_fused_bf16_operand_is_written_on_first_use_and_equals_the_compresso
     assert fused.stats["fused_prepares"] == 1 and fused.stats["compressions"] == 2
     with pytest.raises(TypeError, match="bfloat16"):
         fused.prepare_masked(w, mask, beta, 2, 4, torch.float16)
+
+
+@pytest.mark.parametrize("name", ["cutlass", "cutlass_fp8"])
+@pytest.mark.parametrize("tokens", [30, 64])
+def test_the_weight_gradient_through_kernel_23_equals_the_compressors_path(name, tokens, monkeypatch):
+    """dW with MVUE(dZ^T) written compressed by kernel 23 (interpreted; dZ's token padding read as zeros) and
+    with mvue24, the transposed copy and the compressor (here the layout's reference): the same bits, step
+    after step (FP8: current scaling at the first step, delayed after it; the same dz_mvue amax recorded).
+    The unfused FP8 layer runs FP8Engine(fused=False), so its weight operands take the unfused path too."""
+    from sparsity_lab.backends.cusparselt.fp8_train import FP8Engine
+    from sparsity_lab.backends.cutlass import fp8 as cutlass_fp8
+
+    monkeypatch.setattr(ops, "compress", _LayoutStandIn.compress)
+    monkeypatch.setattr(ops, "mm", _LayoutStandIn.mm)
+    monkeypatch.setattr(cutlass_backend, "_fused_device", lambda t: True)
+    monkeypatch.setattr(cutlass_fp8, "_fused_device", lambda t: True)
+    monkeypatch.setattr(FP8Engine, "check", lambda self, t, what: None)
+    monkeypatch.setattr(FP8Engine, "mvue", _kernel_mvue)  # the unfused draw as on CUDA: kernel 4
+    torch.manual_seed(2)
+    method = sl.STE(transposable=True, mvue=True, backend=name)
+    fused = sl.SparseLinear(64, 32, method=dataclasses.replace(method, backend="triton"), dtype=BF16)
+    plain = copy.deepcopy(fused)
+    if name == "cutlass":
+        fused.backend = cutlass_backend.CutlassBackend()
+        plain.backend = cutlass_backend.CutlassBackend(fused_mvue_compress=False)
+    else:
+        fused.backend = cutlass_fp8.CutlassFP8Backend(FP8Engine(name, "scaled_mm")).for_layer(fused)
+        plain.backend = cutlass_fp8.CutlassFP8Backend(FP8Engine(name, "scaled_mm", fused=False)).for_layer(plain)
+    for layer in (fused, plain):
+        layer.method = method
+        sl.attach_optimizer(layer, torch.optim.SGD(layer.parameters(), lr=0.0))
+    plain.mvue_seed = fused.mvue_seed
+    for _ in range(2):
+        x = torch.randn(tokens, 64, dtype=BF16)
+        zs = [layer(x) for layer in (fused, plain)]
+        dz = torch.randn_like(zs[0])
+        dz[:4] = 0.0  # whole zero groups, and -0.0 entries, reach the draw
+        dz[4::5, ::3] = -0.0
+        for z in zs:
+            z.backward(dz)
+        assert fused.weight.grad.abs().sum() > 0
+        assert torch.equal(fused.weight.grad.view(torch.int16), plain.weight.grad.view(torch.int16))
+        if name == "cutlass_fp8":
+            history = [layer.backend.scaling.amax_history for layer in (fused, plain)]
+            assert torch.equal(history[0], history[1])
+        for layer in (fused, plain):
+            layer.advance_step()
+            layer.weight.grad = None
+    stats = [layer.backend.stats if name == "cutlass" else layer.backend.engine.stats for layer in (fused, plain)]
+    assert stats[0]["fused_mvue_compressions"] == 2 and stats[1]["fused_mvue_compressions"] == 0
 
 
 # --- GPU ------------------------------------------------------------------------------------------------------
@@ -524,3 +583,44 @@ def test_gpu_fused_prepare_changes_no_bit_of_the_layer(name, method):
     for a, b in ((first, fused.backend._compressed(full, False)), (late, fused.backend._compressed(full, True))):
         assert torch.equal(a.values.view(torch.uint8), b.values.view(torch.uint8)) and torch.equal(a.metadata,
                                                                                                     b.metadata)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("name", ["cutlass", "cutlass_fp8"])
+@pytest.mark.parametrize("tokens", [200, 1024])
+def test_gpu_kernel_23_changes_no_bit_of_the_weight_gradient(name, tokens):
+    """dW with MVUE(dZ^T) from kernel 23 and from mvue24, (the cast,) the transposed copy and CUTLASS's compressor:
+    equal bit for bit over three steps (200 tokens: padded; FP8: current scaling first, then delayed, the same
+    amax history). The unfused FP8 layer runs FP8Engine(fused=False), its weight operands unfused too."""
+    from sparsity_lab.backends.cusparselt.fp8_train import FP8Engine
+    from sparsity_lab.backends.cutlass.fp8 import CutlassFP8Backend
+
+    torch.manual_seed(7)
+    method = sl.STE(transposable=True, mvue=True, backend=name)
+    fused = sl.SparseLinear(512, 384, method=method, device="cuda", dtype=BF16)
+    plain = copy.deepcopy(fused)
+    if name == "cutlass":
+        fused.backend = cutlass_backend.CutlassBackend()
+        plain.backend = cutlass_backend.CutlassBackend(fused_mvue_compress=False)
+    else:
+        fused.backend = CutlassFP8Backend(FP8Engine(name, "scaled_mm")).for_layer(fused)
+        plain.backend = CutlassFP8Backend(FP8Engine(name, "scaled_mm", fused=False)).for_layer(plain)
+    plain.mvue_seed = fused.mvue_seed
+    for layer in (fused, plain):
+        sl.attach_optimizer(layer, torch.optim.SGD(layer.parameters(), lr=0.0))
+    for _ in range(3):
+        x = torch.randn(tokens, 512, device="cuda", dtype=BF16)
+        zs = [layer(x) for layer in (fused, plain)]
+        dz = torch.randn_like(zs[0])
+        dz[::9] = -0.0
+        for z in zs:
+            z.backward(dz)
+        assert torch.equal(fused.weight.grad.view(torch.int16), plain.weight.grad.view(torch.int16))
+        if name == "cutlass_fp8":
+            assert torch.equal(fused.backend.scaling.amax_history, plain.backend.scaling.amax_history)
+        for layer in (fused, plain):
+            layer.advance_step()
+            layer.weight.grad = None
+    stats = [layer.backend.stats if name == "cutlass" else layer.backend.engine.stats for layer in (fused, plain)]
+    assert stats[0]["fused_mvue_compressions"] == 3 and stats[1]["fused_mvue_compressions"] == 0

@@ -42,6 +42,8 @@ SAMPLES = {
     "_prepare24_kernel": "two4_work",
     "_compress24_kernel": "two4_work",
     "_mvue_compress24_kernel": "two4_work",
+    "_mvue_compress24_cutlass_kernel": "two4_work",
+    "_prepare24_cutlass_kernel": "two4_work",
     "_mvue24_strided_tile16_kernel": "two4_work",
     "_masked_decay_kernel": "two4_work",
     "void cusparseLt::compress_kernel<...>": "two4_work",

@@ -1,5 +1,6 @@
 """Kernel benchmark sections for the kernels that write cuSPARSELt's compressed layout:
-8 compress24, 10 mvue_compress24, 11 prepare24, 17 prune24_tokens and 21 refresh24; and CUTLASS's: 22 prepare24_cutlass."""
+8 compress24, 10 mvue_compress24, 11 prepare24, 17 prune24_tokens and 21 refresh24; and CUTLASS's: 22 prepare24_cutlass
+and 23 mvue_compress24_cutlass."""
 from __future__ import annotations
 
 import torch
@@ -135,6 +136,42 @@ def prepare24_cutlass(bench: Bench) -> None:
                 report.ratio("22 prepare24_cutlass", f"{wname} {mname} vs threshold, transposed copy, CUTLASS's "
                              "compressor twice", w.shape, ms, "four kernels", timer(lambda w=w, b=b: unfused(w, b)),
                              None)
+
+
+def mvue_compress24_cutlass(bench: Bench) -> None:
+    """23. MVUE(dZ)^T straight into CUTLASS's layout (bf16, and E4M3 with its amax), against what the CUTLASS
+    backends did before: mvue24, (E4M3: the cast,) a transposed copy and CUTLASS's compressor (timed where that
+    backend runs). dZ (rows, cols) as (tokens, out), the tokens a multiple of 64 as the backends pad them."""
+    device, rows, cols, timer, report = bench.device, bench.rows, bench.cols, bench.timer, bench.report
+    dz = torch.randn(max(64, rows - rows % 64), cols, device=device, dtype=bf16)
+    inv_scale = (448.0 / (2 * dz.abs().amax().float())).reshape(1)
+    compress, compressor = _cutlass_compress(device)
+
+    def unfused_bf16():
+        return compress(K.mvue24(dz, dim=0, seed=5).t().contiguous())
+
+    def unfused_e4m3():
+        q, amax = K.quantize_fp8_with_scale(K.mvue24(dz, dim=0, seed=5), inv_scale)
+        return (*compress(q.t().contiguous()), amax)
+
+    fused = {"bf16": lambda **c: (lambda: K.mvue_compress24_cutlass(dz, seed=5, **c)),
+             "E4M3": lambda **c: (lambda: K.mvue_compress24_cutlass_fp8(dz, 5, inv_scale, **c))}
+    n = dz.numel()
+    for variant, unfused, size in (("bf16", unfused_bf16, 2), ("E4M3", unfused_e4m3, 1)):
+        got, want = fused[variant]()(), unfused()
+        check(f"mvue_compress24_cutlass {variant} against {compressor}",
+              all(torch.equal(g.view(torch.uint8), e.view(torch.uint8)) for g, e in zip(got[:2], want[:2]))
+              and (variant == "bf16" or torch.equal(got[2], want[2])))
+        cfgs = [{"block_groups": b, "num_warps": nw} for b in (16, 32) for nw in (4, 8)]
+        ms, cfg, allc = bench.sweep(fused[variant], cfgs)
+        report.memory_bound("23 mvue_compress24_cutlass", f"dZ (tokens, out) -> MVUE(dZ)^T {variant} in CUTLASS's "
+                            "layout", dz.shape, 2 * n + size * n // 2 + n // 8, ms, cfg, allc,
+                            counts_for_target=False, note="added after the copy-rate target was set: not counted in it")
+        if compressor == "CUTLASS's compressor":
+            steps = "mvue24, transposed copy, CUTLASS's compressor" if variant == "bf16" else \
+                "mvue24, cast, transposed copy, CUTLASS's compressor"
+            report.ratio("23 mvue_compress24_cutlass", f"{variant} vs {steps}", dz.shape, ms,
+                         "three kernels" if variant == "bf16" else "four kernels", timer(unfused), None)
 
 
 def prune24_tokens(bench: Bench) -> None:

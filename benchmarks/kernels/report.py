@@ -40,7 +40,7 @@ class Report:
                 "target_met": worst["fraction_of_copy"] >= TARGET_FRACTION}
 
     def print(self) -> None:
-        print(f"\n{'kernel':<22}{'variant':<34}{'ms':>9}{'GB/s':>9}{'x copy':>8}   vs baseline")
+        print(f"\n{'kernel':<27}{'variant':<34}{'ms':>9}{'GB/s':>9}{'x copy':>8}   vs baseline")
         for r in self.rows:
             frac = f"{r['fraction_of_copy']:.2f}" if "fraction_of_copy" in r else ""
             gbps = f"{r['gbps']:.0f}" if "gbps" in r else ""
@@ -53,7 +53,7 @@ class Report:
                     extra = f"{r['speedup']:.2f}x faster than {r['baseline']} {r['baseline_ms']:.3f} ms{tgt}"
             elif r.get("note"):
                 extra = r["note"]
-            print(f"{r['kernel']:<22}{r['variant']:<34}{r['ms']:>9.3f}{gbps:>9}{frac:>8}   {extra}")
+            print(f"{r['kernel']:<27}{r['variant']:<34}{r['ms']:>9.3f}{gbps:>9}{frac:>8}   {extra}")
         s = self.summary()
         if s["worst_fraction"] is None:
             print("worst fraction of the copy ceiling: no memory-bound kernel was timed")

@@ -40,7 +40,8 @@ def sections() -> list[tuple[str, object]]:
             ("9. count_flips", masks.count_flips), ("10. mvue_compress24", compressed.mvue_compress24),
             ("11. prepare24", compressed.prepare24), ("16. squared ReLU", activations.relu2),
             ("17. prune24_tokens", compressed.prune24_tokens), ("21. refresh24", compressed.refresh24),
-            ("22. prepare24_cutlass", compressed.prepare24_cutlass)]
+            ("22. prepare24_cutlass", compressed.prepare24_cutlass),
+            ("23. mvue_compress24_cutlass", compressed.mvue_compress24_cutlass)]
 
 
 def chosen_sections(only: str | None) -> list[tuple[str, object]] | str:

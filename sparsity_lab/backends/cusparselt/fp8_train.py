@@ -132,6 +132,19 @@ def fused_weight_operand(state: FP8ScalingState, weight, mask, beta, dtype, back
                       make_transposed=None if backward else make_transposed, amax=a, host_exp=state.host_exponent("w"))
 
 
+def fused_mvue_operand(state: FP8ScalingState, dz: torch.Tensor, seed: MvueSeed | None, amax_fn, compress_fn):
+    """(compressed q(MVUE(dZ))^T, its scale) written by a fused kernel under ``state``'s recipe, amax recorded:
+    one pass with delayed scaling, after an amax pass ``amax_fn(dz, kernel_seed)`` of the same draw with current
+    scaling. ``compress_fn(dz, kernel_seed, inv_scale) -> (operand, amax)``: kernel 19 (cuSPARSELt's layout) or
+    kernel 23 (CUTLASS's). The draw is ``FP8Engine.mvue``'s."""
+    kseed = kernel_seed(seed)
+    observed = None if state.uses_history else amax_fn(dz, kseed)
+    scale, inv_scale, _ = state.scales_for("dz_mvue", None, observed_amax=observed)
+    a, amax = compress_fn(dz, kseed, inv_scale)
+    state.record("dz_mvue", amax)
+    return a, scale
+
+
 @dataclass
 class _ForwardX:
     """What the forward leaves for the backward: q(X) (padded rows), q(X)^T (GPU engines), s_x, X's amax
@@ -221,14 +234,9 @@ class FP8Engine:
 
     def mvue_compressed(self, dz: torch.Tensor, seed: MvueSeed | None, state: FP8ScalingState
                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(compressed q(MVUE(dZ))^T, its scale) by kernel 19 under ``state``'s recipe, amax recorded: one pass
-        with delayed scaling, after an amax pass of the same draw with current scaling. The draw is ``mvue``'s."""
-        k, kseed = self.kernels(), kernel_seed(seed)
-        observed = None if state.uses_history else k.mvue24_amax(dz, kseed)
-        scale, inv_scale, _ = state.scales_for("dz_mvue", None, observed_amax=observed)
-        a, amax = k.mvue_compress24_fp8(dz, kseed, inv_scale)
-        state.record("dz_mvue", amax)
-        return a, scale
+        """(compressed q(MVUE(dZ))^T, its scale) by kernel 19 under ``state``'s recipe (``fused_mvue_operand``)."""
+        k = self.kernels()
+        return fused_mvue_operand(state, dz, seed, k.mvue24_amax, k.mvue_compress24_fp8)
 
     def sparse_mm(self, a, b, s_a, s_b, choice, alpha: float | None) -> torch.Tensor:
         """The chosen sparse product, scaled inside by ``alpha`` (a host float) where one is given and the

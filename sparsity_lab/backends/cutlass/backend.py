@@ -13,9 +13,10 @@ second product needs S(W)^T to be 2:4 along ``out``, so masks must be transposab
 written on first use per optimizer step by kernel 22 (``kernels/prepare24_cutlass.py``), straight from
 W and the mask into CUTLASS's layout, both in one pass when the input gradient is expected (an operand
 made by ``prepare_masked``, what SparseLinear calls; ``fused_prepare=False``, or an operand given as the
-dense S(W) to ``prepare``, uses CUTLASS's own compressor instead: the same bytes). MVUE(dZ^T) is
-compressed by CUTLASS's compressor once per call (after a transposing copy: it reads row-major). The
-bias is added after the product.
+dense S(W) to ``prepare``, uses CUTLASS's own compressor instead: the same bytes). MVUE(dZ^T) is drawn
+and written compressed in one pass per call by kernel 23 (``kernels/mvue_compress24_cutlass.py``, the
+token padding read as zeros, dZ not copied); ``fused_mvue_compress=False`` draws MVUE(dZ) with kernel 4,
+copies it transposed and runs CUTLASS's compressor (the same bytes). The bias is added after the product.
 
 Masks, the soft threshold, MVUE and the masked decay are the Triton kernels (``TritonBackend``), so
 this backend draws what "triton" and "cusparselt" draw for the same seed.
@@ -114,14 +115,17 @@ class CutlassBackend(TritonBackend):
     """2:4 products on CUTLASS SM90 sparse GEMMs (see the module docstring). ``config`` picks the kernel
     variant of the forward and input-gradient products (``ops.configs``); None: ``ops.DEFAULT_CONFIGS``.
     ``fused_prepare``: the weight operands written from W by kernel 22 (False: S(W), then CUTLASS's
-    compressor, for an A/B run; the bytes are the same)."""
+    compressor, for an A/B run; the bytes are the same). ``fused_mvue_compress``: the weight gradient's
+    MVUE(dZ^T) written compressed by kernel 23 (False: kernel 4, a transposed copy, CUTLASS's compressor;
+    the same bytes)."""
 
     name = "cutlass"
 
-    def __init__(self, config: str | None = None, fused_prepare: bool = True) -> None:
+    def __init__(self, config: str | None = None, fused_prepare: bool = True, fused_mvue_compress: bool = True) -> None:
         super().__init__()
         self.config = config
         self.fused_prepare = bool(fused_prepare)
+        self.fused_mvue_compress = bool(fused_mvue_compress)
         self.stats: Counter = Counter()
 
     def mask(self, weight, n, m, transposable):
@@ -193,13 +197,20 @@ class CutlassBackend(TritonBackend):
         if not mvue:  # dZ^T X has no 2:4 operand: dense
             self.stats["dense_products"] += 1
             return self._reference.grad_weight(grad_out, x, False, None)
-        pad = (-grad_out.shape[0]) % (2 * ops.row_alignment(grad_out.dtype))
+        tokens, out_f = grad_out.shape
+        pad = (-tokens) % (2 * ops.row_alignment(grad_out.dtype))
         if pad:  # zero tokens change no product and no MVUE draw of the other groups
-            grad_out, x = F.pad(grad_out, (0, 0, 0, pad)), F.pad(x, (0, 0, 0, pad))
-        drawn = self._k.mvue24(grad_out, dim=0, seed=self._seed(seed))  # (tokens, out), 2:4 along tokens
+            x = F.pad(x, (0, 0, 0, pad))
         self.stats["compressions"] += 1
         self.stats["sparse_products"] += 1
-        a = ops.compress(drawn.t().contiguous())  # MVUE(dZ^T) (out, tokens), row-major
+        if self.fused_mvue_compress and _fused_device(grad_out):  # kernel 23: dZ's padding read as zeros
+            self.stats["fused_mvue_compressions"] += 1
+            form = self._k.mvue_compress24_cutlass(self._b(grad_out), seed=self._seed(seed), tokens=tokens + pad)
+            a = ops.SparseOperand(*form, (out_f, tokens + pad))
+        else:
+            dz = F.pad(grad_out, (0, 0, 0, pad)) if pad else grad_out
+            drawn = self._k.mvue24(dz, dim=0, seed=self._seed(seed))  # (tokens, out), 2:4 along tokens
+            a = ops.compress(drawn.t().contiguous())  # MVUE(dZ^T) (out, tokens), row-major
         return ops.mm(a, self._b(x), "n", "row")  # (out, in)
 
     @staticmethod
@@ -213,8 +224,9 @@ class CutlassBackend(TritonBackend):
         return plan
 
 
-def cutlass_backend(config: str | None = None, fused_prepare: bool = True) -> CutlassBackend:
+def cutlass_backend(config: str | None = None, fused_prepare: bool = True,
+                    fused_mvue_compress: bool = True) -> CutlassBackend:
     """What ``get_backend("cutlass")`` builds: raises :class:`CutlassUnavailable` where it cannot run; builds
     (or finds in the cache) the kernel library before returning, so the first product does not wait for nvcc."""
     require_cutlass("cutlass")
-    return CutlassBackend(config, fused_prepare)
+    return CutlassBackend(config, fused_prepare, fused_mvue_compress)

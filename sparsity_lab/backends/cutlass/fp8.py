@@ -15,7 +15,10 @@ The weight's two operands q(S(W)) and q(S(W))^T are written once per optimizer s
 (``kernels/prepare24_cutlass.py``) from the master W and the mask, cast with the recipe's scale and
 compressed into CUTLASS's layout in one pass (current scaling: after an amax pass of the same kernel),
 as kernel 18 does for "cusparselt_fp8"; with ``FP8Engine(fused=False)``, or an operand given as the dense
-S(W) to ``prepare``, q(S(W)) is cast and CUTLASS's compressor compresses it (the same bytes).
+S(W) to ``prepare``, q(S(W)) is cast and CUTLASS's compressor compresses it (the same bytes). The weight
+gradient's q(MVUE(dZ))^T is drawn, cast and compressed in one pass by kernel 23
+(``kernels/mvue_compress24_cutlass.py``, current scaling: after its amax pass), as kernel 19 does for
+"cusparselt_fp8"; ``FP8Engine(fused=False)`` brings back kernel 4, the cast and CUTLASS's compressor.
 
 Everything else is ``FP8Backend``'s (quantization, the amax history, q(X)^T made by the forward's cast,
 the dense phase on ``torch._scaled_mm``, masks and MVUE by the Triton kernels): this class replaces only
@@ -27,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..cusparselt.fp8_train import (HALF, FP8Backend, FP8Engine, FP8Operand, _pad_rows, _padded_rows,
-                                    fused_weight_operand)
+                                    fused_mvue_operand, fused_weight_operand)
 from . import ops
 from .backend import _fused_device, require_cutlass
 
@@ -127,14 +130,28 @@ class CutlassFP8Backend(FP8Backend):
             return super().grad_weight(grad_out, x, mvue, seed)
         self.engine.check(grad_out, "grad_out")
         rows = _padded_rows(grad_out.shape[0], grad_out)
-        dz = _pad_rows(grad_out, rows)
         q_x, q_x_t, s_x, _ = self._x_for_backward(x, rows)
-        q_g, s_g = self.quantize("dz_mvue", self.engine.mvue(dz, seed))  # (rows, out), 2:4 along the tokens
-        self._check_e4m3(q_g)
-        a = ops.compress(q_g.t().contiguous())  # q(MVUE(dZ))^T (out, rows), row-major
+        if (self.engine.fused and _fused_device(grad_out) and grad_out.dtype in HALF
+                and self.scaling.recipe.format_of("dz_mvue") == "e4m3"):
+            a, s_g = self._mvue_operand(grad_out.contiguous(), rows, seed)
+        else:
+            q_g, s_g = self.quantize("dz_mvue", self.engine.mvue(_pad_rows(grad_out, rows), seed))  # (rows, out)
+            self._check_e4m3(q_g)
+            a = ops.compress(q_g.t().contiguous())  # q(MVUE(dZ))^T (out, rows), row-major
         b = q_x_t if q_x_t is not None else q_x.t().contiguous()  # q(X)^T (in, rows): K-major B
         self.engine.stats["sparse_products_epilogue_scale"] += 1
         return ops.mm(a, b, "k", "row", s_g, s_x).to(grad_out.dtype)  # (out, in)
+
+    def _mvue_operand(self, dz: torch.Tensor, rows: int, seed) -> tuple[ops.SparseOperand, torch.Tensor]:
+        """Kernel 23: q(MVUE(dZ))^T (out, rows) compressed and its scale under the recipe (current scaling:
+        after its amax pass), dZ's padding to ``rows`` read as zeros; the draw and bytes of the unfused path."""
+        k, out_f = self.engine.kernels(), dz.shape[1]
+        self.engine.stats["fused_mvue_compressions"] += 1
+
+        def compress(dz_, kseed, inv_scale):
+            values, metadata, amax = k.mvue_compress24_cutlass_fp8(dz_, kseed, inv_scale, tokens=rows)
+            return ops.SparseOperand(values, metadata, (out_f, rows)), amax
+        return fused_mvue_operand(self.scaling, dz, seed, k.mvue_compress24_cutlass_amax, compress)
 
 
 def cutlass_fp8_backend(config: str | None = None) -> CutlassFP8Backend:

@@ -18,7 +18,8 @@ TMA) on the CPU; what the kernel itself refuses (its ``can_implement``) raises :
 The compressor (CUTLASS's own, on the GPU) reads at most two non-zeros per group of four along k and
 treats -0.0 as zero; a group with more is not 2:4 and its compressed form is undefined. The layout it
 writes is stated, with a plain-PyTorch equivalent, in ``references/cutlass_layout.py``; the backends' weight
-operands are written in it by kernel 22 (``kernels/prepare24_cutlass.py``).
+operands are written in it by kernel 22 (``kernels/prepare24_cutlass.py``), the weight gradient's MVUE(dZ^T)
+by kernel 23 (``kernels/mvue_compress24_cutlass.py``).
 """
 from __future__ import annotations
 
