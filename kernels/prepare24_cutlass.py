@@ -71,7 +71,7 @@ def _cutlass_nibble(r, g, atoms_down, EIGHT_BIT: tl.constexpr):
 
 @triton.jit
 def _store_cutlass(vals_ptr, meta_ptr, row0, g0, v0, v1, code, n_rows, n_cols, EIGHT_BIT: tl.constexpr,
-                   GROUPS: tl.constexpr = 16):
+                   GROUPS: tl.constexpr):
     """Write 64 rows x GROUPS groups (even) of an (n_rows, n_cols) operand: kept values (v0, v1) and codes,
     each (64, GROUPS). Values outside the operand are not stored; codes are, inside the metadata's padded
     extent (zeros there)."""
@@ -108,11 +108,11 @@ def _prepare24_cutlass_kernel(w_ptr, mask_ptr, beta_ptr, vals_ptr, meta_ptr, val
     b0, b1, b2, b3 = _operand_bits(s0, s1, s2, s3, inv_scale_ptr, FP8, FMAX, MBITS, EMIN)
     if WRITE_W:  # S(W): rows r0.., groups c0 / 4.. of the (n_rows, n_cols) operand
         v0, v1, code = _pick_cutlass(b0, b1, b2, b3, SIGN_OFF)
-        _store_cutlass(vals_ptr, meta_ptr, r0, c0 // 4, v0, v1, code, n_rows, n_cols, FP8)
+        _store_cutlass(vals_ptr, meta_ptr, r0, c0 // 4, v0, v1, code, n_rows, n_cols, FP8, 16)
     if WRITE_T:  # S(W)^T: rows c0.., groups r0 / 4.. of the (n_cols, n_rows) operand
         t0, t1, t2, t3 = _split_groups(tl.trans(_join_groups(b0, b1, b2, b3)))
         v0t, v1t, code_t = _pick_cutlass(t0, t1, t2, t3, SIGN_OFF)
-        _store_cutlass(vals_t_ptr, meta_t_ptr, c0, r0 // 4, v0t, v1t, code_t, n_cols, n_rows, FP8)
+        _store_cutlass(vals_t_ptr, meta_t_ptr, c0, r0 // 4, v0t, v1t, code_t, n_cols, n_rows, FP8, 16)
 
 
 def _round_up(n: int, multiple: int) -> int:

@@ -213,8 +213,6 @@ def test_the_weight_operands_written_by_kernel_22_give_the_reference_products(na
     monkeypatch.setattr(FP8Engine, "check", lambda self, t, what: None)
     from sparsity_lab.backends.cutlass import fp8 as cutlass_fp8
     monkeypatch.setattr(cutlass_fp8, "_fused_device", lambda t: True)
-    # kernel 23 (MVUE(dZ^T) for dW) now runs interpreted too: both layers' engines draw with kernel 4, as on CUDA
-    monkeypatch.setattr(FP8Engine, "mvue", _kernel_mvue)
     calls = []
     import sparsity_lab.kernels as kernels
     for fn in ("prepare24_cutlass", "prepare24_cutlass_fp8"):
@@ -295,10 +293,10 @@ def test_the_weight_gradient_through_kernel_23_equals_the_compressors_path(name,
     fused = sl.SparseLinear(64, 32, method=dataclasses.replace(method, backend="triton"), dtype=BF16)
     plain = copy.deepcopy(fused)
     if name == "cutlass":
-        fused.backend = cutlass_backend.CutlassBackend()
+        fused.backend = cutlass_backend.CutlassBackend(fused_mvue_compress=True)
         plain.backend = cutlass_backend.CutlassBackend(fused_mvue_compress=False)
     else:
-        fused.backend = cutlass_fp8.CutlassFP8Backend(FP8Engine(name, "scaled_mm")).for_layer(fused)
+        fused.backend = cutlass_fp8.CutlassFP8Backend(FP8Engine(name, "scaled_mm"), fused_mvue=True).for_layer(fused)
         plain.backend = cutlass_fp8.CutlassFP8Backend(FP8Engine(name, "scaled_mm", fused=False)).for_layer(plain)
     for layer in (fused, plain):
         layer.method = method
@@ -601,10 +599,10 @@ def test_gpu_kernel_23_changes_no_bit_of_the_weight_gradient(name, tokens):
     fused = sl.SparseLinear(512, 384, method=method, device="cuda", dtype=BF16)
     plain = copy.deepcopy(fused)
     if name == "cutlass":
-        fused.backend = cutlass_backend.CutlassBackend()
+        fused.backend = cutlass_backend.CutlassBackend(fused_mvue_compress=True)
         plain.backend = cutlass_backend.CutlassBackend(fused_mvue_compress=False)
     else:
-        fused.backend = CutlassFP8Backend(FP8Engine(name, "scaled_mm")).for_layer(fused)
+        fused.backend = CutlassFP8Backend(FP8Engine(name, "scaled_mm"), fused_mvue=True).for_layer(fused)
         plain.backend = CutlassFP8Backend(FP8Engine(name, "scaled_mm", fused=False)).for_layer(plain)
     plain.mvue_seed = fused.mvue_seed
     for layer in (fused, plain):

@@ -16,9 +16,10 @@ The weight's two operands q(S(W)) and q(S(W))^T are written once per optimizer s
 compressed into CUTLASS's layout in one pass (current scaling: after an amax pass of the same kernel),
 as kernel 18 does for "cusparselt_fp8"; with ``FP8Engine(fused=False)``, or an operand given as the dense
 S(W) to ``prepare``, q(S(W)) is cast and CUTLASS's compressor compresses it (the same bytes). The weight
-gradient's q(MVUE(dZ))^T is drawn, cast and compressed in one pass by kernel 23
+gradient's q(MVUE(dZ))^T is drawn by kernel 4, cast and compressed by CUTLASS's compressor; with
+``fused_mvue=True`` it is drawn, cast and compressed in one pass by kernel 23
 (``kernels/mvue_compress24_cutlass.py``, current scaling: after its amax pass), as kernel 19 does for
-"cusparselt_fp8"; ``FP8Engine(fused=False)`` brings back kernel 4, the cast and CUTLASS's compressor.
+"cusparselt_fp8" (opt-in: its GPU layer tests have not passed yet).
 
 Everything else is ``FP8Backend``'s (quantization, the amax history, q(X)^T made by the forward's cast,
 the dense phase on ``torch._scaled_mm``, masks and MVUE by the Triton kernels): this class replaces only
@@ -41,14 +42,19 @@ class CutlassFP8Backend(FP8Backend):
     """``FP8Backend`` on the "scaled_mm" engine (dense phase, dense weight gradient) with its sparse
     products on CUTLASS (see the module docstring). ``config``: the variant of the forward and
     input-gradient products (``ops.configs(torch.float8_e4m3fn)``); None: ``ops.DEFAULT_CONFIGS``, the
-    fast-accumulation schedule; "128x128x128.1x2.coop" promotes the accumulators to float32 in the K loop."""
+    fast-accumulation schedule; "128x128x128.1x2.coop" promotes the accumulators to float32 in the K loop.
+    ``fused_mvue``: the weight gradient's q(MVUE(dZ))^T from kernel 23 (with ``engine.fused``); off by default
+    until its layer tests pass on a GPU (docs/measuring.md, 2026-12-01: they failed there, cause not found)."""
 
-    def __init__(self, engine: FP8Engine, recipe=None, device=None, config: str | None = None) -> None:
+    def __init__(self, engine: FP8Engine, recipe=None, device=None, config: str | None = None,
+                 fused_mvue: bool = False) -> None:
         super().__init__(engine, recipe, device=device)
         self.config = config
+        self.fused_mvue = bool(fused_mvue)
 
     def for_layer(self, layer):
-        return CutlassFP8Backend(self.engine, self.scaling.recipe, device=layer.weight.device, config=self.config)
+        return CutlassFP8Backend(self.engine, self.scaling.recipe, device=layer.weight.device, config=self.config,
+                                 fused_mvue=self.fused_mvue)
 
     def product_plan(self, out_features, in_features, mvue):
         kind = "2:4 sparse FP8 E4M3 (CUTLASS SM90, scales in the epilogue)"
@@ -131,7 +137,7 @@ class CutlassFP8Backend(FP8Backend):
         self.engine.check(grad_out, "grad_out")
         rows = _padded_rows(grad_out.shape[0], grad_out)
         q_x, q_x_t, s_x, _ = self._x_for_backward(x, rows)
-        if (self.engine.fused and _fused_device(grad_out) and grad_out.dtype in HALF
+        if (self.fused_mvue and self.engine.fused and _fused_device(grad_out) and grad_out.dtype in HALF
                 and self.scaling.recipe.format_of("dz_mvue") == "e4m3"):
             a, s_g = self._mvue_operand(grad_out.contiguous(), rows, seed)
         else:
