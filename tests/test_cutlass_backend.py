@@ -138,24 +138,11 @@ def test_the_backends_route_each_product_like_the_reference(name, reference, met
     """With a dense stand-in for the CUTLASS calls, each backend's three products equal the reference
     backend's on the same layer, weights and MVUE draws (on the CPU; the Triton kernels run interpreted)."""
     from sparsity_lab.backends.cusparselt.fp8_train import FP8Engine
-    from sparsity_lab.backends.cutlass.fp8 import CutlassFP8Backend
 
     monkeypatch.setattr(ops, "compress", _DenseStandIn.compress)
     monkeypatch.setattr(ops, "mm", _DenseStandIn.mm)
     monkeypatch.setattr(FP8Engine, "check", lambda self, t, what: None)  # its GPU engines refuse CPU tensors
-    torch.manual_seed(0)
-    real = sl.SparseLinear(64, 32, method=dataclasses.replace(method, backend=reference), dtype=BF16)
-    ref = copy.deepcopy(real)
-    if name == "cutlass":
-        real.backend = cutlass_backend.CutlassBackend()
-    else:
-        real.backend = CutlassFP8Backend(FP8Engine(name, "scaled_mm")).for_layer(real)
-    real.method = dataclasses.replace(method, backend=name)
-    ref.mvue_seed = real.mvue_seed
-    x = torch.randn(30, 64, dtype=BF16, requires_grad=True)  # 30 tokens: padded for the weight gradient
-    x2 = x.detach().clone().requires_grad_(True)
-    for layer in (real, ref):
-        sl.attach_optimizer(layer, torch.optim.SGD(layer.parameters(), lr=0.0))
+    real, ref, x, x2 = _cpu_layer_pair(name, reference, method, seed=0)
     for _ in range(2):
         z, z_ref = real(x), ref(x2)
         dz = torch.randn_like(z)
@@ -188,6 +175,29 @@ class _LayoutStandIn:
                                 scale_b, config)
 
 
+def _cpu_layer_pair(name: str, reference: str, method, seed: int):
+    """A CPU layer (64 -> 32, bf16) on backend ``name`` and its copy on ``reference``, the same weights and
+    MVUE seed, both with an optimizer attached (lr 0), and one input for each: 30 tokens, padded for the
+    weight gradient."""
+    from sparsity_lab.backends.cusparselt.fp8_train import FP8Engine
+    from sparsity_lab.backends.cutlass.fp8 import CutlassFP8Backend
+
+    torch.manual_seed(seed)
+    real = sl.SparseLinear(64, 32, method=dataclasses.replace(method, backend=reference), dtype=BF16)
+    ref = copy.deepcopy(real)
+    if name == "cutlass":
+        real.backend = cutlass_backend.CutlassBackend()
+    else:
+        real.backend = CutlassFP8Backend(FP8Engine(name, "scaled_mm")).for_layer(real)
+    real.method = dataclasses.replace(method, backend=name)
+    ref.mvue_seed = real.mvue_seed
+    x = torch.randn(30, 64, dtype=BF16, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    for layer in (real, ref):
+        sl.attach_optimizer(layer, torch.optim.SGD(layer.parameters(), lr=0.0))
+    return real, ref, x, x2
+
+
 def _kernel_mvue(engine, dz, seed):
     """``FP8Engine.mvue`` as it draws on CUDA (kernel 4), for CPU tensors too (there it uses the reference's
     generator): the draws of kernel 23, which the tests run interpreted."""
@@ -205,7 +215,6 @@ def test_the_weight_operands_written_by_kernel_22_give_the_reference_products(na
     written once per step, both in one pass. FP8's tolerance is the GPU layer test's: the interpreter
     truncates S to bf16 where PyTorch rounds, which can move amax(S), hence the scale, hence every q."""
     from sparsity_lab.backends.cusparselt.fp8_train import FP8Engine
-    from sparsity_lab.backends.cutlass.fp8 import CutlassFP8Backend
 
     monkeypatch.setattr(ops, "compress", _LayoutStandIn.compress)
     monkeypatch.setattr(ops, "mm", _LayoutStandIn.mm)
@@ -218,19 +227,7 @@ def test_the_weight_operands_written_by_kernel_22_give_the_reference_products(na
     for fn in ("prepare24_cutlass", "prepare24_cutlass_fp8"):
         original = getattr(kernels, fn)
         monkeypatch.setattr(kernels, fn, lambda *a, _f=original, _n=fn, **k: calls.append((_n, k)) or _f(*a, **k))
-    torch.manual_seed(1)
-    real = sl.SparseLinear(64, 32, method=dataclasses.replace(method, backend=reference), dtype=BF16)
-    ref = copy.deepcopy(real)
-    if name == "cutlass":
-        real.backend = cutlass_backend.CutlassBackend()
-    else:
-        real.backend = CutlassFP8Backend(FP8Engine(name, "scaled_mm")).for_layer(real)
-    real.method = dataclasses.replace(method, backend=name)
-    ref.mvue_seed = real.mvue_seed
-    x = torch.randn(30, 64, dtype=BF16, requires_grad=True)
-    x2 = x.detach().clone().requires_grad_(True)
-    for layer in (real, ref):
-        sl.attach_optimizer(layer, torch.optim.SGD(layer.parameters(), lr=0.0))
+    real, ref, x, x2 = _cpu_layer_pair(name, reference, method, seed=1)
     for _ in range(2):
         z, z_ref = real(x), ref(x2)
         dz = torch.randn_like(z)
