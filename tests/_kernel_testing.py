@@ -35,3 +35,16 @@ def assert_close_ulp(actual: torch.Tensor, expected: torch.Tensor, ulps: float =
     bad = (a - e).abs() > bound
     assert not bool(bad.any()), (f"{int(bad.sum())} of {bad.numel()} elements differ by more than {ulps} ulp; "
                                  f"first: got {a[bad][:3].tolist()}, expected {e[bad][:3].tolist()}")
+
+
+def allocate_dirty(monkeypatch, byte: int = 0xA5) -> None:
+    """From here on in the test, ``torch.empty`` returns tensors filled with ``byte``: a kernel that leaves any
+    byte of an uncleared output unwritten shows it."""
+    empty = torch.empty
+
+    def dirty(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        if t.dim():
+            t.view(torch.uint8).fill_(byte)
+        return t
+    monkeypatch.setattr(torch, "empty", dirty)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 from _adversarial import adversarial, examples
-from _kernel_testing import DEVICE
+from _kernel_testing import DEVICE, allocate_dirty
 
 from sparsity_lab.kernels import mvue24, quantize_fp8_with_scale
 from sparsity_lab.kernels.mvue_compress24_cutlass import (mvue_compress24_cutlass, mvue_compress24_cutlass_amax,
@@ -135,18 +135,10 @@ def test_it_stands_for_the_mvue_draw_seed_tensor_and_seeds():
 def test_every_output_byte_is_written(monkeypatch):
     """The outputs are allocated uncleared (here: filled with 0xA5 first), so every byte, the metadata's
     padding included, must come from the kernel."""
-    empty = torch.empty
-
-    def dirty(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        if t.dim():
-            t.view(torch.uint8).fill_(0xA5)
-        return t
-
     gen = torch.Generator().manual_seed(2)
     dz = _dz(40, 80, gen)  # out 80: rows padded to 128; 48 tokens: columns padded to 128
     inv_scale = torch.tensor([30.0], device=DEVICE)
-    monkeypatch.setattr(torch, "empty", dirty)
+    allocate_dirty(monkeypatch)
     form = mvue_compress24_cutlass(dz, seed=9, tokens=48)
     values, meta, _ = mvue_compress24_cutlass_fp8(dz, 9, inv_scale)
     monkeypatch.undo()

@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from _kernel_testing import DEVICE
+from _kernel_testing import DEVICE, allocate_dirty
 
 from sparsity_lab.kernels import quantize_fp8_with_scale, soft_threshold24, transposable_mask24
 from sparsity_lab.kernels.prepare24_cutlass import prepare24_cutlass, prepare24_cutlass_amax, prepare24_cutlass_fp8
@@ -154,19 +154,11 @@ def test_decoded_forms_are_the_sparse_weight_and_its_transpose():
 def test_every_output_byte_is_written(monkeypatch):
     """The outputs are allocated uncleared (here: filled with 0xA5 first), so every byte, the metadata's
     padding included, must come from the kernel."""
-    empty = torch.empty
-
-    def dirty(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        if t.dim():
-            t.view(torch.uint8).fill_(0xA5)
-        return t
-
     gen = torch.Generator().manual_seed(2)
     w = _weight(80, 48, torch.float32, gen)  # 80 rows: 64 + 16, 48 columns: metadata padded to 128 (and 80 to 128)
     mask = transposable_mask24(w, pruned=False)[0]
     s = w.to(BF16) * mask
-    monkeypatch.setattr(torch, "empty", dirty)
+    allocate_dirty(monkeypatch)
     fwd, bwd = prepare24_cutlass(w, mask, None)
     monkeypatch.undo()
     _assert_form(fwd, s)
