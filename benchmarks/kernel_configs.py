@@ -7,6 +7,11 @@ bf16, weights 16384 x 4096 fp32) it times every block size and warp count of ker
 configuration writes the bytes of the default one, with ``triton.testing.do_bench`` medians. A copy of the
 activation tensor is timed in the same run as the memory-bandwidth reference (it moves 4 bytes per element:
 read 2, write 2).
+
+``--sections step`` times instead the 2:4 work of the lab GPT's bf16 step (``benchmarks step-profile``):
+kernel 10 (``mvue_compress24``, dZ of 8192 tokens x 16384, bf16), 11 (``prepare24``) and 21 (``refresh24``,
+the mask refresh with both operands) on the bf16 FFN weight 16384 x 4096 with S-STE's scale, with a copy of
+each input as its bandwidth reference.
 """
 from __future__ import annotations
 
@@ -45,6 +50,31 @@ def sweep(kernel, configs, reference) -> dict:
     return out
 
 
+def measure_step_work(tokens: int = 8192, hidden: int = 16384, d_model: int = 4096) -> dict:
+    """Kernels 10, 11 and 21 at the lab GPT step's FFN shapes, every warp count (and kernel 10's block sizes)."""
+    from triton.testing import do_bench
+    from sparsity_lab import kernels as k
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    dz = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(hidden, d_model, device="cuda", generator=gen).to(torch.bfloat16)
+    beta = torch.tensor(0.9, device="cuda")
+    mask = k.transposable_mask24(w, pruned=False)[0]
+    warps = [(f"num_warps={n}", {"num_warps": n}) for n in (2, 4, 8, 16)]
+
+    def refresh(**c):  # the mask is rewritten in place: the same one after the first call
+        return k.refresh24(w, mask, beta, **c)[1:]
+    return {"shapes": {"dz": [tokens, hidden], "weight": [hidden, d_model]},
+            "copy_dz_ms": do_bench(lambda: dz.clone(), warmup=25, rep=200),
+            "copy_weight_ms": do_bench(lambda: w.clone(), warmup=25, rep=200),
+            "mvue_compress24": sweep(lambda **c: k.mvue_compress24(dz, 1, **c),
+                                     [(f"block_groups={b}, num_warps={n}", {"block_groups": b, "num_warps": n})
+                                      for b in (16, 32) for n in (2, 4, 8)], k.mvue_compress24(dz, 1)),
+            "prepare24": sweep(lambda **c: k.prepare24(w, mask, beta, **c), warps, k.prepare24(w, mask, beta)),
+            "refresh24": sweep(refresh, warps, refresh()),
+            "defaults": {"mvue_compress24": "block_groups 32, num_warps 4", "prepare24": "num_warps 4",
+                         "refresh24": f"num_warps {k.refresh24.__defaults__[-1]}"}}
+
+
 def measure(tokens: int = 16384, hidden: int = 16384, d_model: int = 4096) -> dict:
     from triton.testing import do_bench
     from sparsity_lab import kernels as k
@@ -77,16 +107,24 @@ def main(argv=None) -> int:
     from sparsity_lab.provenance import write_result
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out-dir", default="results")
-    p.add_argument("--name", default="act24_kernels_sweep_h100")
+    p.add_argument("--name", default=None, help="JSON name (default act24_kernels_sweep_h100; "
+                   "step_kernels_sweep_<gpu> with --sections step)")
+    p.add_argument("--sections", choices=("act24", "step"), default="act24",
+                   help="act24: the activation and FP8 kernels (default); step: the bf16 step's 2:4 work")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("kernel_configs times kernels on a CUDA GPU; none is available here")
-    result = measure()
+    result = measure() if args.sections == "act24" else measure_step_work()
     for kernel, rows in result.items():
         if isinstance(rows, dict) and kernel not in ("shapes", "defaults"):
             for label, ms in rows.items():
                 print(f"{kernel:<26} {label:<32} {ms if isinstance(ms, str) else f'{ms:.3f} ms'}")
-    print(f"copy of the activation: {result['copy_ms']:.3f} ms")
+    for key in ("copy_ms", "copy_dz_ms", "copy_weight_ms"):
+        if key in result:
+            print(f"{key}: {result[key]:.3f} ms")
+    if args.name is None:
+        gpu = torch.cuda.get_device_name().split()[-1].lower()
+        args.name = "act24_kernels_sweep_h100" if args.sections == "act24" else f"step_kernels_sweep_{gpu}"
     print("wrote", write_result(args.name, result, directory=Path(args.out_dir)))
     return 0
 

@@ -99,6 +99,56 @@ def test_a_product_without_a_config_runs_the_default_of_its_layouts():
         lib.variant(BF16, "k", "col", "z")
 
 
+def test_the_driver_context_is_made_current_only_where_it_is_not(monkeypatch):
+    """context.make_current: the primary context is retained once per device and set on a thread only when
+    another (or none) is current there."""
+    import ctypes
+
+    from sparsity_lab.backends.cutlass import context
+
+    class FakeDriver:
+        def __init__(self):
+            self.current, self.calls = None, []
+
+        def _out(self, ref, value):
+            ctypes.cast(ref, ctypes.POINTER(type(value))).contents.value = value.value
+
+        def cuInit(self, flags):
+            self.calls.append("init")
+            return 0
+
+        def cuDeviceGet(self, ref, ordinal):
+            self._out(ref, ctypes.c_int(ordinal))
+            return 0
+
+        def cuDevicePrimaryCtxRetain(self, ref, device):
+            self.calls.append(f"retain {device.value}")
+            self._out(ref, ctypes.c_void_p(0x1000 + device.value))
+            return 0
+
+        def cuCtxGetCurrent(self, ref):
+            self._out(ref, ctypes.c_void_p(self.current))
+            return 0
+
+        def cuCtxSetCurrent(self, ctx):
+            self.calls.append(f"set {ctx.value:#x}")
+            self.current = ctx.value
+            return 0
+
+    fake = FakeDriver()
+    monkeypatch.setattr(context, "_DRIVER", fake)
+    monkeypatch.setattr(context, "_PRIMARY", {})
+    context.make_current(torch.device("cuda", 0))  # none current: retained and set
+    context.make_current(torch.device("cuda", 0))  # already current: nothing
+    context.make_current(torch.device("cuda", 1))  # another device: its own context
+    context.make_current(torch.device("cuda", 0))  # back: set again, not retained again
+    assert fake.calls == ["init", "retain 0", "set 0x1000", "init", "retain 1", "set 0x1001", "set 0x1000"]
+    fake.cuCtxSetCurrent = lambda ctx: 201
+    fake.current = None
+    with pytest.raises(RuntimeError, match="cuCtxSetCurrent failed with CUresult 201"):
+        context.make_current(torch.device("cuda", 0))
+
+
 def test_the_bf16_backend_refuses_masks_it_cannot_multiply():
     backend = cutlass_backend.CutlassBackend()  # the Triton interpreter on the CPU: no GPU needed to build it
     w = torch.randn(64, 64)
@@ -188,7 +238,8 @@ def _cpu_layer_pair(name: str, reference: str, method, seed: int):
     if name == "cutlass":
         real.backend = cutlass_backend.CutlassBackend()
     else:
-        real.backend = CutlassFP8Backend(FP8Engine(name, "scaled_mm")).for_layer(real)
+        # kernel 23 draws MVUE with kernel 4's Philox stream; "fp8_reference" on the CPU with its own generator
+        real.backend = CutlassFP8Backend(FP8Engine(name, "scaled_mm"), fused_mvue=False).for_layer(real)
     real.method = dataclasses.replace(method, backend=name)
     ref.mvue_seed = real.mvue_seed
     x = torch.randn(30, 64, dtype=BF16, requires_grad=True)
@@ -393,6 +444,35 @@ def test_gpu_negative_zero_in_the_operand_is_a_zero(dtype):
     assert (a.float() == 0).logical_and(torch.signbit(a.float())).any()
     b = torch.randn(n, k, device="cuda", generator=gen).to(dtype)
     _check(ops.mm(ops.compress(a), b), a, b)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("dtype", [BF16, E4M3], ids=["bf16", "e4m3"])
+def test_gpu_products_run_from_a_thread_that_has_made_no_cuda_call(dtype):
+    """A fresh thread has no current CUDA context (autograd's backward thread is one): the product there must
+    equal the main thread's, not fail its TMA descriptor and launch with it (which poisons the process)."""
+    import threading
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    a = _sparse24(256, 512, gen).to(dtype)
+    b = torch.randn(128, 512, device="cuda", generator=gen).to(dtype)
+    operand = ops.compress(a)
+    here = ops.mm(operand, b)
+    there = {}
+
+    def product():
+        try:
+            there["out"] = ops.mm(operand, b)
+            torch.cuda.current_stream().synchronize()
+        except Exception as error:  # noqa: BLE001 -- reported on the main thread below
+            there["error"] = error
+    worker = threading.Thread(target=product)
+    worker.start()
+    worker.join()
+    assert "error" not in there, there.get("error")
+    assert torch.equal(there["out"], here)
+    _check(here, a, b)
 
 
 @pytest.mark.gpu

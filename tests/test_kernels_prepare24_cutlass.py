@@ -240,7 +240,8 @@ def test_gpu_bf16_bytes_equal_cutlass_compressor(soft, rows, cols):
     mask = transposable_mask24(w, pruned=False)[0]
     beta = torch.tensor(0.9, device="cuda") if soft else None
     s = _sparse(w, mask, beta, BF16)
-    assert bool(torch.signbit(s[s == 0]).any())  # -0.0 reaches the compressors (pruned negatives; S-STE's ties)
+    if not soft:  # -0.0 reaches the compressor (pruned negatives; the soft-thresholded S holds none on the H200)
+        assert bool(torch.signbit(s[s == 0]).any())
     fwd, bwd = prepare24_cutlass(w, mask, beta)
     for (values, meta), dense in ((fwd, s), (bwd, s.t().contiguous())):
         theirs = ops.compress(dense)

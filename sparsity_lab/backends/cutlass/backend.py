@@ -14,9 +14,9 @@ written on first use per optimizer step by kernel 22 (``kernels/prepare24_cutlas
 W and the mask into CUTLASS's layout, both in one pass when the input gradient is expected (an operand
 made by ``prepare_masked``, what SparseLinear calls; ``fused_prepare=False``, or an operand given as the
 dense S(W) to ``prepare``, uses CUTLASS's own compressor instead: the same bytes). MVUE(dZ^T) is drawn
-with kernel 4, copied transposed and compressed by CUTLASS's compressor; with ``fused_mvue_compress=True``
-it is drawn and written compressed in one pass per call by kernel 23 (``kernels/mvue_compress24_cutlass.py``,
-the token padding read as zeros, dZ not copied; the same bytes; opt-in until its GPU layer tests pass). The bias is added after the product.
+and written compressed in one pass per call by kernel 23 (``kernels/mvue_compress24_cutlass.py``, the
+token padding read as zeros, dZ not copied); ``fused_mvue_compress=False`` draws it with kernel 4, copies it
+transposed and compresses it with CUTLASS's compressor (the same bytes). The bias is added after the product.
 
 Masks, the soft threshold, MVUE and the masked decay are the Triton kernels (``TritonBackend``), so
 this backend draws what "triton" and "cusparselt" draw for the same seed.
@@ -116,13 +116,12 @@ class CutlassBackend(TritonBackend):
     variant of the forward and input-gradient products (``ops.configs``); None: ``ops.DEFAULT_CONFIGS``.
     ``fused_prepare``: the weight operands written from W by kernel 22 (False: S(W), then CUTLASS's
     compressor, for an A/B run; the bytes are the same). ``fused_mvue_compress``: the weight gradient's
-    MVUE(dZ^T) written compressed by kernel 23 (False, the default: kernel 4, a transposed copy, CUTLASS's
-    compressor; the same bytes). Kernel 23 is opt-in until its layer tests pass on a GPU (docs/measuring.md,
-    2026-12-01: they failed there, cause not found)."""
+    MVUE(dZ^T) written compressed by kernel 23 (False: kernel 4, a transposed copy, CUTLASS's compressor;
+    the same bytes)."""
 
     name = "cutlass"
 
-    def __init__(self, config: str | None = None, fused_prepare: bool = True, fused_mvue_compress: bool = False) -> None:
+    def __init__(self, config: str | None = None, fused_prepare: bool = True, fused_mvue_compress: bool = True) -> None:
         super().__init__()
         self.config = config
         self.fused_prepare = bool(fused_prepare)
@@ -226,7 +225,7 @@ class CutlassBackend(TritonBackend):
 
 
 def cutlass_backend(config: str | None = None, fused_prepare: bool = True,
-                    fused_mvue_compress: bool = False) -> CutlassBackend:
+                    fused_mvue_compress: bool = True) -> CutlassBackend:
     """What ``get_backend("cutlass")`` builds: raises :class:`CutlassUnavailable` where it cannot run; builds
     (or finds in the cache) the kernel library before returning, so the first product does not wait for nvcc."""
     require_cutlass("cutlass")

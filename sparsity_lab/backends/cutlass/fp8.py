@@ -16,10 +16,10 @@ The weight's two operands q(S(W)) and q(S(W))^T are written once per optimizer s
 compressed into CUTLASS's layout in one pass (current scaling: after an amax pass of the same kernel),
 as kernel 18 does for "cusparselt_fp8"; with ``FP8Engine(fused=False)``, or an operand given as the dense
 S(W) to ``prepare``, q(S(W)) is cast and CUTLASS's compressor compresses it (the same bytes). The weight
-gradient's q(MVUE(dZ))^T is drawn by kernel 4, cast and compressed by CUTLASS's compressor; with
-``fused_mvue=True`` it is drawn, cast and compressed in one pass by kernel 23
+gradient's q(MVUE(dZ))^T is drawn, cast and compressed in one pass by kernel 23
 (``kernels/mvue_compress24_cutlass.py``, current scaling: after its amax pass), as kernel 19 does for
-"cusparselt_fp8" (opt-in: its GPU layer tests have not passed yet).
+"cusparselt_fp8"; with ``fused_mvue=False`` (or ``FP8Engine(fused=False)``) kernel 4 draws it and CUTLASS's
+compressor compresses the cast (the same bytes).
 
 Everything else is ``FP8Backend``'s (quantization, the amax history, q(X)^T made by the forward's cast,
 the dense phase on ``torch._scaled_mm``, masks and MVUE by the Triton kernels): this class replaces only
@@ -43,11 +43,10 @@ class CutlassFP8Backend(FP8Backend):
     products on CUTLASS (see the module docstring). ``config``: the variant of the forward and
     input-gradient products (``ops.configs(torch.float8_e4m3fn)``); None: ``ops.DEFAULT_CONFIGS``, the
     fast-accumulation schedule; "128x128x128.1x2.coop" promotes the accumulators to float32 in the K loop.
-    ``fused_mvue``: the weight gradient's q(MVUE(dZ))^T from kernel 23 (with ``engine.fused``); off by default
-    until its layer tests pass on a GPU (docs/measuring.md, 2026-12-01: they failed there, cause not found)."""
+    ``fused_mvue``: the weight gradient's q(MVUE(dZ))^T from kernel 23 (with ``engine.fused``)."""
 
     def __init__(self, engine: FP8Engine, recipe=None, device=None, config: str | None = None,
-                 fused_mvue: bool = False) -> None:
+                 fused_mvue: bool = True) -> None:
         super().__init__(engine, recipe, device=device)
         self.config = config
         self.fused_mvue = bool(fused_mvue)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from .build import CutlassUnavailable, library_path
+from .context import make_current
 
 DTYPE_CODES = {torch.bfloat16: 0, torch.float8_e4m3fn: 1}
 B_LAYOUTS = ("k", "n")
@@ -190,6 +191,7 @@ def compress(a: torch.Tensor) -> SparseOperand:
     metadata = torch.zeros(me * ke * e_bytes, dtype=torch.uint8, device=a.device)
     workspace = torch.empty(max(ws, 1), dtype=torch.uint8, device=a.device)
     with torch.cuda.device(a.device):  # the entry points launch on the current device
+        make_current(a.device)
         status = lib.lib.sl_cutlass_compress(code, a.data_ptr(), a.stride(0), values.data_ptr(),
                                              metadata.data_ptr(), m, k, workspace.data_ptr(), _stream(a.device))
     _raise(status, lib.lib, "compress")
@@ -236,6 +238,7 @@ def mm(a: SparseOperand, b: torch.Tensor, b_layout: str = "k", out_layout: str =
         needed = lib.workspace[key] = size.value
     workspace = torch.empty(needed, dtype=torch.uint8, device=b.device) if needed else None
     with torch.cuda.device(b.device):  # the entry points launch on the current device
+        make_current(b.device)  # the TMA descriptors are written through the driver API (context.py)
         status = lib.lib.sl_cutlass_gemm(variant, a.values.data_ptr(), a.metadata.data_ptr(), b.data_ptr(),
                                          out.data_ptr(), m, n, k, scales[0], scales[1],
                                          None if workspace is None else workspace.data_ptr(), needed, None, 1,
