@@ -29,7 +29,7 @@ import re
 from typing import Iterable
 
 CATEGORIES = ("dense_gemm", "sparse_gemm", "attention", "optimizer", "norm_cast_elementwise", "two4_work", "other")
-LABELS = {"dense_gemm": "dense GEMMs", "sparse_gemm": "sparse GEMMs (cuSPARSELt)", "attention": "attention",
+LABELS = {"dense_gemm": "dense GEMMs", "sparse_gemm": "sparse GEMMs (cuSPARSELt or CUTLASS)", "attention": "attention",
           "optimizer": "optimizer", "norm_cast_elementwise": "norms, casts, elementwise",
           "two4_work": "2:4 work (masks, soft threshold, compression, MVUE)", "other": "other"}
 
