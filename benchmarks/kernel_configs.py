@@ -51,28 +51,32 @@ def sweep(kernel, configs, reference) -> dict:
 
 
 def measure_step_work(tokens: int = 8192, hidden: int = 16384, d_model: int = 4096) -> dict:
-    """Kernels 10, 11 and 21 at the lab GPT step's FFN shapes, every warp count (and kernel 10's block sizes)."""
+    """Kernels 10, 11 and 21 at the lab GPT step's FFN shapes, every warp count (and kernel 10's block sizes);
+    the weight kernels at both FFN weights (up: hidden x d_model, down: d_model x hidden)."""
     from triton.testing import do_bench
     from sparsity_lab import kernels as k
     gen = torch.Generator(device="cuda").manual_seed(0)
     dz = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
-    w = torch.randn(hidden, d_model, device="cuda", generator=gen).to(torch.bfloat16)
     beta = torch.tensor(0.9, device="cuda")
-    mask = k.transposable_mask24(w, pruned=False)[0]
     warps = [(f"num_warps={n}", {"num_warps": n}) for n in (2, 4, 8, 16)]
+    out = {"shapes": {"dz": [tokens, hidden], "weights": [[hidden, d_model], [d_model, hidden]]},
+           "copy_dz_ms": do_bench(lambda: dz.clone(), warmup=25, rep=200),
+           "mvue_compress24": sweep(lambda **c: (k.mvue_compress24(dz, 1, **c),),
+                                    [(f"block_groups={b}, num_warps={n}", {"block_groups": b, "num_warps": n})
+                                     for b in (16, 32) for n in (2, 4, 8)], (k.mvue_compress24(dz, 1),))}
+    for name, shape in (("up", (hidden, d_model)), ("down", (d_model, hidden))):
+        w = torch.randn(*shape, device="cuda", generator=gen).to(torch.bfloat16)
+        mask = k.transposable_mask24(w, pruned=False)[0]
 
-    def refresh(**c):  # the mask is rewritten in place: the same one after the first call
-        return k.refresh24(w, mask, beta, **c)[1:]
-    return {"shapes": {"dz": [tokens, hidden], "weight": [hidden, d_model]},
-            "copy_dz_ms": do_bench(lambda: dz.clone(), warmup=25, rep=200),
-            "copy_weight_ms": do_bench(lambda: w.clone(), warmup=25, rep=200),
-            "mvue_compress24": sweep(lambda **c: k.mvue_compress24(dz, 1, **c),
-                                     [(f"block_groups={b}, num_warps={n}", {"block_groups": b, "num_warps": n})
-                                      for b in (16, 32) for n in (2, 4, 8)], k.mvue_compress24(dz, 1)),
-            "prepare24": sweep(lambda **c: k.prepare24(w, mask, beta, **c), warps, k.prepare24(w, mask, beta)),
-            "refresh24": sweep(refresh, warps, refresh()),
-            "defaults": {"mvue_compress24": "block_groups 32, num_warps 4", "prepare24": "num_warps 4",
-                         "refresh24": f"num_warps {k.refresh24.__defaults__[-1]}"}}
+        def refresh(_w=w, _mask=mask, **c):  # the mask is rewritten in place: the same one after the first call
+            return k.refresh24(_w, _mask, beta, **c)[1:]
+        out[f"copy_weight_{name}_ms"] = do_bench(lambda: w.clone(), warmup=25, rep=200)
+        out[f"prepare24_{name}"] = sweep(lambda _w=w, _m=mask, **c: k.prepare24(_w, _m, beta, **c), warps,
+                                         k.prepare24(w, mask, beta))
+        out[f"refresh24_{name}"] = sweep(refresh, warps, refresh())
+    out["defaults"] = {"mvue_compress24": "block_groups 32, num_warps 4", "prepare24": "num_warps 4",
+                       "refresh24": f"num_warps {k.refresh24.__defaults__[-1]}"}
+    return out
 
 
 def measure(tokens: int = 16384, hidden: int = 16384, d_model: int = 4096) -> dict:
@@ -119,9 +123,9 @@ def main(argv=None) -> int:
         if isinstance(rows, dict) and kernel not in ("shapes", "defaults"):
             for label, ms in rows.items():
                 print(f"{kernel:<26} {label:<32} {ms if isinstance(ms, str) else f'{ms:.3f} ms'}")
-    for key in ("copy_ms", "copy_dz_ms", "copy_weight_ms"):
-        if key in result:
-            print(f"{key}: {result[key]:.3f} ms")
+    for key, value in result.items():
+        if key.startswith("copy"):
+            print(f"{key}: {value:.3f} ms")
     if args.name is None:
         gpu = torch.cuda.get_device_name().split()[-1].lower()
         args.name = "act24_kernels_sweep_h100" if args.sections == "act24" else f"step_kernels_sweep_{gpu}"
