@@ -27,7 +27,8 @@ steps; the per-step kernel time by category (``step_categories``: dense GEMMs, s
 optimizer, norms/casts/elementwise, 2:4 work, other) from torch.profiler, and the idle time (wall minus
 kernels). Per 2:4 run: the speed-up over the fastest dense of the whole run (the headline, ``conditions``)
 and over the dense of its own mode, its Amdahl ceiling (``step_ceiling``: the dense step with the sparse
-linears' GEMMs divided by their product speed-up measured in this run, nothing else changed) and the ratio
+linears' GEMMs divided by their product speed-up measured in this run, nothing else changed; the fp8
+mode's from the FP8 products, ``step_products_fp8``, with ``--fp8-backend cutlass_fp8``) and the ratio
 measured / ceiling, and the 2:4 work's share of its step. Around it: the dense bf16 matmul probe at the
 start and the end, the dense step's TFLOP/s and its GEMMs' achieved rate against the probe
 (``baseline_check``), the GPU's clocks per run (``ConditionSampler``). Every run is guarded: an error is
@@ -395,9 +396,10 @@ def run_one(config: Config, mode: str, args, batches: list, sampler: ConditionSa
 
 # --- what the runs add up to ------------------------------------------------------------------------------
 def summarize(records: list[dict], products: dict | None, n_layer: int, flops_per_step: float,
-              linear_flops_per_step: float, probe_tflops: float | None) -> dict:
+              linear_flops_per_step: float, probe_tflops: float | None, fp8_products: dict | None = None) -> dict:
     """Per mode: the dense step's TFLOP/s and GEMM rate (with ``baseline_check``); per 2:4 run: the headline
-    speed-up (fastest dense of the run), the same-mode speed-up, the ceiling and measured / ceiling."""
+    speed-up (fastest dense of the run), the same-mode speed-up, the ceiling and measured / ceiling (the fp8
+    mode's from ``fp8_products``, the FP8 product table)."""
     from sparsity_lab.flops import tflops
 
     ok = [r for r in records if r.get("ms")]
@@ -420,15 +422,15 @@ def summarize(records: list[dict], products: dict | None, n_layer: int, flops_pe
                      "speedup_vs_dense_baseline_mode": h["against"].get("baseline"),
                      "two4_work_share": r.get("two4_work_share")}
         same = dense.get(r["mode"])
+        fp8 = "fp8" in r.get("options", ())
+        table = fp8_products if fp8 else products  # an FP8 step's ceiling needs FP8 product speed-ups
         if same is None:
             run["ceiling_error"] = f"no dense run in mode {r['mode']!r} to compute the ceiling from"
-        elif not products:
-            run["ceiling_error"] = "the product table was not measured"
-        elif "fp8" in r.get("options", ()):  # the table times bf16 products; an FP8 ceiling needs FP8 product speed-ups
-            run["ceiling_error"] = "no ceiling for the fp8 mode: the product table is measured in bf16"
+        elif not table:
+            run["ceiling_error"] = f"the {'FP8 ' if fp8 else ''}product table was not measured"
         else:
             try:
-                a = attribution(products, r["select"], n_layer)
+                a = attribution(table, r["select"], n_layer)
                 c = amdahl(same["ms"], same["breakdown_ms"]["dense_gemm"], a["share"], a["product_speedup"])
                 run.update(attribution=a, ceiling=c, measured_over_ceiling=closeness(
                     run["speedup_vs_dense_same_mode"], c["ceiling_speedup"]))
@@ -629,6 +631,18 @@ def run(args: argparse.Namespace) -> int:
             result["products"] = None
             result["errors"]["products"] = f"{type(err).__name__}: {err}"[:1000]
             print(f"  error in the product table: {result['errors']['products'][:300]}", flush=True)
+        if any("fp8" in mode for mode in modes):
+            print(f"FP8 products of the same shapes, dense FP8 against {args.fp8_backend} ...", flush=True)
+            try:
+                from benchmarks.step_products_fp8 import measure_fp8_products
+                with sampler.section("FP8 product table"):
+                    result["products_fp8"] = measure_fp8_products(
+                        shapes, tokens, args.fp8_backend, device,
+                        lambda o, i: _dense_products(o, i, tokens, device, torch.bfloat16, _timer(device)))
+            except Exception as err:  # noqa: BLE001 - the fp8 runs go on without a ceiling, saying why
+                result["products_fp8"] = None
+                result["errors"]["products_fp8"] = f"{type(err).__name__}: {err}"[:1000]
+                print(f"  no FP8 product table: {result['errors']['products_fp8'][:300]}", flush=True)
         save()
         for mode in modes:
             for config_name in chosen:
@@ -659,7 +673,7 @@ def run(args: argparse.Namespace) -> int:
         result["conditions"] = sampler.summary()
         probe = (result.get("matmul_probe") or {}).get("start", {}).get("tflops")
         result["summary"] = summarize(records, result.get("products"), m["n_layer"], flops_per_step,
-                                      linear_flops_per_step, probe)
+                                      linear_flops_per_step, probe, result.get("products_fp8"))
         path = save()
     print(format_conditions(result["conditions"]))
     print(format_tables(records, result["summary"]))

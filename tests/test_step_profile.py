@@ -176,6 +176,29 @@ def test_summarize_uses_the_fastest_dense_for_the_headline_and_the_same_mode_for
     assert "| Amdahl ceiling |" in text and "error" in text and "2:4 work" in text
 
 
+def test_the_fp8_mode_takes_its_ceiling_from_the_fp8_product_table():
+    """An fp8 run's ceiling uses the FP8 products' speed-ups (not the bf16 table's); without that table it
+    says so, and the bf16 runs are unchanged."""
+    bf16 = _table({"attn.qkv": 3.0, "attn.proj": 1.0, "mlp.fc": 4.0, "mlp.proj": 4.0, HEAD: 1e-9}, 1.45)
+    fp8 = _table({"attn.qkv": 1.5, "attn.proj": 0.5, "mlp.fc": 2.0, "mlp.proj": 2.0, HEAD: 1e-9}, 1.3)
+    records = [_record("bf16w", "dense", None, 150.0, 107.0), _record("bf16w", "ffn24", "ffn", 130.0, 40.0, 3.0),
+               {**_record("bf16w+fp8", "dense", None, 130.0, 57.0), "options": ("bf16w", "fp8")},
+               {**_record("bf16w+fp8", "ffn24", "ffn", 115.0, 20.0, 5.0), "options": ("bf16w", "fp8")}]
+    s = summarize(records, bf16, 8, 1e15, 8e14, None, fp8)
+    assert s["runs"]["bf16w+fp8 ffn24"]["ceiling"]["ceiling_speedup"] == pytest.approx(
+        amdahl(130.0, 57.0, 2 / 3, 1.3)["ceiling_speedup"])
+    assert s["runs"]["bf16w ffn24"]["ceiling"]["ceiling_speedup"] == pytest.approx(
+        amdahl(150.0, 107.0, 2 / 3, 1.45)["ceiling_speedup"])
+    without = summarize(records, bf16, 8, 1e15, 8e14, None)["runs"]["bf16w+fp8 ffn24"]
+    assert "FP8 product table was not measured" in without["ceiling_error"] and "ceiling" not in without
+
+
+def test_the_fp8_product_table_refuses_a_backend_without_scales_in_its_product():
+    from benchmarks.step_products_fp8 import measure_fp8_products
+    with pytest.raises(ValueError, match="host alpha"):
+        measure_fp8_products({}, 8192, "cusparselt_fp8", None, lambda o, i: {})
+
+
 def test_modes_and_gpu_names():
     assert parse_mode("baseline") == frozenset()
     assert parse_mode("bf16w+compile") == {"bf16w", "compile"}
