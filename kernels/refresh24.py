@@ -153,20 +153,30 @@ def _block_values(w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w3
 
 
 @triton.jit
+def _refresh_block(w_ptr, mask_ptr, beta_ptr, flips_ptr, r0, c0, stride_r, stride_c, n_rows, n_cols,
+                   SOFT: tl.constexpr, COUNT: tl.constexpr, OUT_DTYPE: tl.constexpr, EDGE: tl.constexpr):
+    """The refresh of the 64 x 64 block at (r0, c0) (kernels 21 and 24): its transposable mask (kernel 2's search)
+    written over the stored one, the flips counted, and S of the new mask returned as s{r}{c} (``_block_values``;
+    dead code the compiler drops when no form is written)."""
+    w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33 = _load_block(
+        w_ptr, r0, c0, stride_r, stride_c, n_rows, n_cols, EDGE)
+    code = _pattern_code(w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33)
+    _refresh_mask_words(mask_ptr, flips_ptr, code, r0, c0, n_rows, n_cols, COUNT, EDGE)
+    return _block_values(w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33, code,
+                         beta_ptr, SOFT, OUT_DTYPE)
+
+
+@triton.jit
 def _refresh24_kernel(w_ptr, mask_ptr, beta_ptr, flips_ptr, vals_ptr, meta_ptr, vals_t_ptr, meta_t_ptr,
                       stride_r, stride_c, n_rows, n_cols,
                       SOFT: tl.constexpr, COUNT: tl.constexpr, WRITE_W: tl.constexpr, WRITE_T: tl.constexpr,
                       OUT_DTYPE: tl.constexpr):
     r0 = tl.program_id(0) * 64
     c0 = tl.program_id(1) * 64
-    w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33 = _load_block(
-        w_ptr, r0, c0, stride_r, stride_c, n_rows, n_cols, False)
-    code = _pattern_code(w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33)
-    _refresh_mask_words(mask_ptr, flips_ptr, code, r0, c0, n_rows, n_cols, COUNT, False)
-    # S and its raw 16-bit values (dead code the compiler drops when neither form is written)
-    s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33 = _block_values(
-        w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33, code, beta_ptr, SOFT,
-        OUT_DTYPE)
+    s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33 = _refresh_block(
+        w_ptr, mask_ptr, beta_ptr, flips_ptr, r0, c0, stride_r, stride_c, n_rows, n_cols, SOFT, COUNT, OUT_DTYPE,
+        False)
+    # S's raw 16-bit values
     b00, b01, b02, b03 = _operand_bits(s00, s01, s02, s03, beta_ptr, False, 448.0, 3, -6)
     b10, b11, b12, b13 = _operand_bits(s10, s11, s12, s13, beta_ptr, False, 448.0, 3, -6)
     b20, b21, b22, b23 = _operand_bits(s20, s21, s22, s23, beta_ptr, False, 448.0, 3, -6)

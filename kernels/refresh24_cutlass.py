@@ -8,7 +8,7 @@ The idea
     program with kernel 22's stores:
 
     * one program owns a 64 x 64 block of W, held as the 16 entries w{r}{c} (each (16, 16)) of its 4x4
-      tiles (``_load_block``); the mask is kernel 2's search (``_pattern_code``: the 90 patterns, float32
+      tiles (``_load_block``; kernel 21's ``_refresh_block`` does this and the next two points); the mask is kernel 2's search (``_pattern_code``: the 90 patterns, float32
       scores, power-of-two tile scaling, lowest-index ties), so it is kernel 2's bit for bit;
     * the flips against the mask stored now go to one int64 device counter and the new mask is written over
       the old one, in place, as int32 words (``_refresh_mask_words``, kernel 21's);
@@ -47,8 +47,7 @@ from ._common import HALF_AND_FLOAT, check_tensor
 from .prepare24 import _TL_DTYPES, _groups_amax, _operand_bits, check_weight_mask_beta
 from .prepare24_cutlass import (_check_forms, _grid, _pick_cutlass, _store_cutlass, check_inv_scale, empty_forms,
                                 fp8_constexprs)
-from .refresh24 import _block_values, _load_block, _refresh_mask_words, check_mask_in_place
-from .transposable24 import _pattern_code
+from .refresh24 import _refresh_block, check_mask_in_place
 
 DEFAULT_WARPS = 4
 
@@ -75,13 +74,9 @@ def _refresh24_cutlass_kernel(w_ptr, mask_ptr, beta_ptr, flips_ptr, vals_ptr, me
     # EDGE: some block reaches past W (a partial block, or one that only writes the metadata's padding)
     r0 = tl.program_id(0) * 64
     c0 = tl.program_id(1) * 64
-    w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33 = _load_block(
-        w_ptr, r0, c0, stride_r, stride_c, n_rows, n_cols, EDGE)
-    code = _pattern_code(w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33)
-    _refresh_mask_words(mask_ptr, flips_ptr, code, r0, c0, n_rows, n_cols, COUNT, EDGE)
-    s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33 = _block_values(
-        w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33, code, beta_ptr, SOFT,
-        OUT_DTYPE)
+    s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33 = _refresh_block(
+        w_ptr, mask_ptr, beta_ptr, flips_ptr, r0, c0, stride_r, stride_c, n_rows, n_cols, SOFT, COUNT, OUT_DTYPE,
+        EDGE)
     if FP8:  # the block's amax of S (zeros outside W), reduced by the wrapper: what the recipe records
         a = tl.maximum(tl.maximum(_groups_amax(s00, s01, s02, s03), _groups_amax(s10, s11, s12, s13)),
                        tl.maximum(_groups_amax(s20, s21, s22, s23), _groups_amax(s30, s31, s32, s33)))

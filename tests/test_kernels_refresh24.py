@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from _kernel_testing import DEVICE
 
-from sparsity_lab.kernels import count_flips, prepare24, refresh24, transposable_mask24
+from sparsity_lab.kernels import count_flips, prepare24, refresh24, refresh24_cutlass, transposable_mask24
 from sparsity_lab.masks.patterns import solve_patterns
 from sparsity_lab.masks.tiles import validate_transposable_mask
 from sparsity_lab.methods.flip_rate import mask_flips_tensor
@@ -158,15 +158,18 @@ def test_in_place_update_version_and_the_parts_left_out():
     _assert_same_as_unfused(w, prev, None, torch.bfloat16, transposed=False)
 
 
-def test_any_non_zero_byte_of_the_previous_mask_counts_as_kept():
-    """A bool tensor viewed from other bytes may hold any non-zero byte for True: counted as kernel 9 counts it."""
+@pytest.mark.parametrize("refresh,shape", [(refresh24, (64, 64)), (refresh24_cutlass, (80, 48))],
+                         ids=["kernel21", "kernel24_partial_blocks"])
+def test_any_non_zero_byte_of_the_previous_mask_counts_as_kept(refresh, shape):
+    """A bool tensor viewed from other bytes may hold any non-zero byte for True: counted as kernel 9 counts it
+    (kernel 24 shares kernel 21's count; at 80 x 48 in partial blocks)."""
     gen = torch.Generator().manual_seed(8)
-    w = _weight(64, 64, torch.bfloat16, gen)
-    raw = torch.randint(0, 256, (64, 64), generator=gen, dtype=torch.uint8)
-    raw[torch.rand(64, 64, generator=gen) < 0.5] = 0
+    w = _weight(*shape, torch.bfloat16, gen)
+    raw = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8)
+    raw[torch.rand(*shape, generator=gen) < 0.5] = 0
     prev = raw.to(DEVICE).view(torch.bool)
     mask = prev.clone()
-    flips, _, _ = refresh24(w, mask, count=True, forward=False, transposed=False)
+    flips, _, _ = refresh(w, mask, count=True, forward=False, transposed=False)
     new = transposable_mask24(w, pruned=False)[0]
     assert torch.equal(mask, new) and mask.view(torch.uint8).max() == 1
     assert int(flips) == int(count_flips(prev, new)) == int(((raw != 0).to(DEVICE) != new).sum())
