@@ -71,16 +71,16 @@ def _cutlass_nibble(r, g, atoms_down, EIGHT_BIT: tl.constexpr):
 
 @triton.jit
 def _store_cutlass(vals_ptr, meta_ptr, row0, g0, v0, v1, code, n_rows, n_cols, EIGHT_BIT: tl.constexpr,
-                   GROUPS: tl.constexpr):
-    """Write 64 rows x GROUPS groups (even) of an (n_rows, n_cols) operand: kept values (v0, v1) and codes,
-    each (64, GROUPS). Values outside the operand are not stored; codes are, inside the metadata's padded
-    extent (zeros there)."""
-    rows = row0 + tl.arange(0, 64)[:, None]
+                   GROUPS: tl.constexpr, ROWS: tl.constexpr = 64, ROW_STEP: tl.constexpr = 1):
+    """Write ROWS rows (row0, row0 + ROW_STEP, ...) x GROUPS groups (even) of an (n_rows, n_cols) operand: kept
+    values (v0, v1) and codes, each (ROWS, GROUPS). Values outside the operand are not stored; codes are, inside
+    the metadata's padded extent (zeros there)."""
+    rows = row0 + ROW_STEP * tl.arange(0, ROWS)[:, None]
     half = n_cols // 2
     vcols = 2 * g0 + tl.arange(0, 2 * GROUPS)[None, :]
-    tl.store(vals_ptr + rows * half + vcols, tl.reshape(tl.join(v0, v1), [64, 2 * GROUPS]),
+    tl.store(vals_ptr + rows * half + vcols, tl.reshape(tl.join(v0, v1), [ROWS, 2 * GROUPS]),
              mask=(rows < n_rows) & (vcols < half))
-    lo, hi = tl.split(tl.reshape(code, [64, GROUPS // 2, 2]))  # a byte holds groups (g, g + 1) of one row: lo = even g
+    lo, hi = tl.split(tl.reshape(code, [ROWS, GROUPS // 2, 2]))  # a byte holds groups (g, g + 1) of one row: lo = even g
     g = g0 + 2 * tl.arange(0, GROUPS // 2)[None, :]
     meta_rows = (n_rows + 63) // 64 * 64
     nib = _cutlass_nibble(rows, g, meta_rows // 64, EIGHT_BIT)
@@ -139,37 +139,56 @@ def _check_forms(w: torch.Tensor, dtype: torch.dtype, forward: bool, transposed:
         raise ValueError(f"w with shape {tuple(w.shape)} exceeds int32 offsets (padded to 128 x 128 tiles)")
 
 
+def fp8_constexprs(fp8: bool) -> dict:
+    """The operand's compile-time constants of kernels 22 and 24: E4M3's grid (FMAX, MBITS, EMIN) and the mask of
+    the bits that make an entry non-zero (SIGN_OFF: all but the sign)."""
+    mbits, emin = _GRID["e4m3"]
+    return dict(FP8=fp8, FMAX=fp8_format("e4m3")[1], MBITS=mbits, EMIN=emin, SIGN_OFF=0x7F if fp8 else 0x7FFF)
+
+
+def empty_forms(rows: int, cols: int, fp8: bool, forward: bool, transposed: bool, device):
+    """Uncleared outputs of kernels 22 and 24: S(W) (rows, cols) and S(W)^T compressed, each (values, metadata) or
+    None where not asked, and the kernel's arguments for them (the values' raw bits: int16 / uint8; a stand-in
+    where a form is not written)."""
+    from sparsity_lab.references import cutlass_layout as layout
+
+    operand_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+
+    def empty(r: int, c: int):
+        shape = layout.compressed_shape(r, c, operand_dtype)
+        values = torch.empty(shape.values, dtype=operand_dtype, device=device)
+        return values, torch.empty(shape.metadata_bytes, dtype=torch.uint8, device=device)
+
+    fwd = empty(rows, cols) if forward else None
+    bwd = empty(cols, rows) if transposed else None
+    stand_in = torch.empty(1, dtype=torch.uint8, device=device)
+    args = []
+    for form in (fwd, bwd):
+        args += [form[0].view(torch.uint8 if fp8 else torch.int16), form[1]] if form else [stand_in, stand_in]
+    return fwd, bwd, args
+
+
+def check_inv_scale(w: torch.Tensor, inv_scale) -> None:
+    """The E4M3 cast's scale of kernels 22 and 24: a float32 one-element tensor on w's device."""
+    if not isinstance(inv_scale, torch.Tensor) or inv_scale.numel() != 1 or inv_scale.dtype != torch.float32:
+        raise TypeError("inv_scale must be a float32 tensor with one element (fp8_max / amax)")
+    check_device(_prepare24_cutlass_kernel, w=w, inv_scale=inv_scale)
+
+
 def _launch(w, mask, beta, dtype, inv_scale, forward, transposed, num_warps):
     """Run kernel 22: bf16 forms (``inv_scale`` None) or E4M3 ones; returns (forward (values, metadata) or
     None, transposed likewise or None, amax of S as a float32 0-d tensor)."""
-    from sparsity_lab.references import cutlass_layout as layout
-
     rows, cols = w.shape
     fp8 = inv_scale is not None
-    operand_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
-    fmax = fp8_format("e4m3")[1]
-    mbits, emin = _GRID["e4m3"]
     mask_u8 = mask.contiguous().view(torch.uint8)
     beta_t = beta.reshape(()).float() if beta is not None else w
     grid = _grid(rows, cols, forward, transposed)
     partial = torch.empty(grid[0] * grid[1], dtype=torch.float32, device=w.device)
-
-    def empty(r: int, c: int):
-        shape = layout.compressed_shape(r, c, operand_dtype)
-        values = torch.empty(shape.values, dtype=operand_dtype, device=w.device)
-        return values, torch.empty(shape.metadata_bytes, dtype=torch.uint8, device=w.device)
-
-    def bits(values):  # the values' raw bits: the kernel stores int16 / uint8
-        return values.view(torch.uint8 if fp8 else torch.int16)
-
-    fwd = empty(rows, cols) if forward else None
-    bwd = empty(cols, rows) if transposed else None
+    fwd, bwd, form_args = empty_forms(rows, cols, fp8, forward, transposed, w.device)
     _prepare24_cutlass_kernel[grid](
-        w, mask_u8, beta_t, bits(fwd[0]) if fwd else mask_u8, fwd[1] if fwd else mask_u8,
-        bits(bwd[0]) if bwd else mask_u8, bwd[1] if bwd else mask_u8,
-        inv_scale if fp8 else partial, partial, w.stride(0), w.stride(1), rows, cols,
-        SOFT=beta is not None, WRITE_W=forward, WRITE_T=transposed, OUT_DTYPE=_TL_DTYPES[dtype], FP8=fp8,
-        WRITE_AMAX=True, FMAX=fmax, MBITS=mbits, EMIN=emin, SIGN_OFF=0x7F if fp8 else 0x7FFF, num_warps=num_warps)
+        w, mask_u8, beta_t, *form_args, inv_scale if fp8 else partial, partial, w.stride(0), w.stride(1), rows, cols,
+        SOFT=beta is not None, WRITE_W=forward, WRITE_T=transposed, OUT_DTYPE=_TL_DTYPES[dtype], WRITE_AMAX=True,
+        **fp8_constexprs(fp8), num_warps=num_warps)
     return fwd, bwd, partial.amax()
 
 
@@ -211,9 +230,7 @@ def prepare24_cutlass_fp8(w: torch.Tensor, mask: torch.Tensor, beta: torch.Tenso
     "e4m3")`` and ``compress`` = ``cutlass_layout.compress``, bit for bit; amax a float32 0-d tensor.
     """
     beta = check_weight_mask_beta(w, mask, beta, dtype, "dtype", whole_tiles=False)
-    if not isinstance(inv_scale, torch.Tensor) or inv_scale.numel() != 1 or inv_scale.dtype != torch.float32:
-        raise TypeError("inv_scale must be a float32 tensor with one element (fp8_max / amax)")
-    check_device(_prepare24_cutlass_kernel, w=w, inv_scale=inv_scale)
+    check_inv_scale(w, inv_scale)
     if not (forward or transposed):
         raise ValueError("nothing to write: forward and transposed are both False")
     _check_forms(w, torch.float8_e4m3fn, forward, transposed)

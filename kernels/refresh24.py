@@ -38,7 +38,7 @@ import triton.language as tl
 
 from ._common import HALF_AND_FLOAT, check_tensor
 from .compress24 import _pick, _store_compressed
-from .prepare24 import _TL_DTYPES, TILE, _masked_values, check_weight_mask_beta
+from .prepare24 import _TL_DTYPES, TILE, _masked_values, _operand_bits, check_weight_mask_beta
 from .transposable24 import _keep_flags, _pattern_code, _split4_2d
 
 DEFAULT_WARPS = 4
@@ -68,72 +68,119 @@ def _byte_sum(x):
 
 
 @triton.jit
+def _load_inside(ptr, inside, EDGE: tl.constexpr):
+    """``tl.load(ptr)``; with EDGE (a block reaching past W) zeros where not ``inside``."""
+    if EDGE:
+        x = tl.load(ptr, mask=inside, other=0)
+    else:
+        x = tl.load(ptr)
+    return x
+
+
+@triton.jit
+def _store_inside(ptr, x, inside, EDGE: tl.constexpr):
+    """``tl.store(ptr, x)``; with EDGE only where ``inside``."""
+    if EDGE:
+        tl.store(ptr, x, mask=inside)
+    else:
+        tl.store(ptr, x)
+
+
+@triton.jit
+def _load_block(w_ptr, r0, c0, stride_r, stride_c, n_rows, n_cols, EDGE: tl.constexpr):
+    """The 64 x 64 block of W at (r0, c0) as the 16 entries of its 16 x 16 tiles: w{r}{c}[a, b] =
+    W[r0 + 4a + r, c0 + 4b + c], each (16, 16), from four (16, 64) loads (row r of every tile). EDGE: zeros
+    outside W (out is a multiple of 4, so row 4a + r is inside exactly when row 4a is)."""
+    tile_row0 = (r0 + 4 * tl.arange(0, 16))[:, None]  # row 0 of each of the block's 16 tile-rows
+    cols = (c0 + tl.arange(0, 64))[None, :]
+    w_at = w_ptr + tile_row0 * stride_r + cols * stride_c
+    inside = (tile_row0 < n_rows) & (cols < n_cols)
+    w00, w01, w02, w03 = _split4_2d(_load_inside(w_at, inside, EDGE), 16, 16)
+    w10, w11, w12, w13 = _split4_2d(_load_inside(w_at + stride_r, inside, EDGE), 16, 16)
+    w20, w21, w22, w23 = _split4_2d(_load_inside(w_at + 2 * stride_r, inside, EDGE), 16, 16)
+    w30, w31, w32, w33 = _split4_2d(_load_inside(w_at + 3 * stride_r, inside, EDGE), 16, 16)
+    return w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33
+
+
+@triton.jit
+def _refresh_mask_words(mask_ptr, flips_ptr, code, r0, c0, n_rows, n_cols, COUNT: tl.constexpr, EDGE: tl.constexpr):
+    """The flips of the block's new mask (the tiles' ``code``) against the mask stored now, added to the int64
+    counter at ``flips_ptr`` (COUNT), then the new mask written over the old one (each program owns its block).
+    Both as one int32 word per tile row (its four bool bytes), in the layout of the tiles' codes. EDGE: the
+    words outside the mask are neither read, counted nor written."""
+    tile_row0 = (r0 + 4 * tl.arange(0, 16))[:, None]
+    words = n_cols // 4
+    word = (c0 // 4 + tl.arange(0, 16))[None, :]
+    # word (a, b) of row slice r holds row r of tile (a, b), one byte per entry
+    mask_at = mask_ptr + tile_row0 * words + word
+    inside = (tile_row0 < n_rows) & (word < words)
+    new0 = _row_word(code, 0)
+    new1 = _row_word(code, 1)
+    new2 = _row_word(code, 2)
+    new3 = _row_word(code, 3)
+    if COUNT:  # summed per tile, then one reduction over the block and one relaxed atomic per program
+        d = (_byte_sum(_nonzero_bytes(_load_inside(mask_at, inside, EDGE)) ^ new0)
+             + _byte_sum(_nonzero_bytes(_load_inside(mask_at + words, inside, EDGE)) ^ new1)
+             + _byte_sum(_nonzero_bytes(_load_inside(mask_at + 2 * words, inside, EDGE)) ^ new2)
+             + _byte_sum(_nonzero_bytes(_load_inside(mask_at + 3 * words, inside, EDGE)) ^ new3))
+        if EDGE:
+            d = tl.where(inside, d, 0)
+        tl.atomic_add(flips_ptr, tl.sum(tl.sum(d, axis=1), axis=0).to(tl.int64), sem="relaxed")
+        # should the loads and the stores lay the words out over the threads differently: every thread's
+        # read of the old mask comes before any thread's write of the new one
+        tl.debug_barrier()
+    _store_inside(mask_at, new0, inside, EDGE)
+    _store_inside(mask_at + words, new1, inside, EDGE)
+    _store_inside(mask_at + 2 * words, new2, inside, EDGE)
+    _store_inside(mask_at + 3 * words, new3, inside, EDGE)
+
+
+@triton.jit
+def _block_values(w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33, code, beta_ptr,
+                  SOFT: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """S of the block for the tiles' mask ``code``: s{r}{c} like w{r}{c}, in OUT_DTYPE (``_masked_values``;
+    the groups of 4 along W's rows are the tiles' rows: s{r}0..s{r}3)."""
+    k00, k01, k02, k03, k10, k11, k12, k13, k20, k21, k22, k23, k30, k31, k32, k33 = _keep_flags(code)
+    if SOFT:
+        beta = tl.load(beta_ptr).to(tl.float32)
+    else:
+        beta = 1.0
+    s00, s01, s02, s03 = _masked_values(w00, w01, w02, w03, k00, k01, k02, k03, beta, SOFT, OUT_DTYPE)
+    s10, s11, s12, s13 = _masked_values(w10, w11, w12, w13, k10, k11, k12, k13, beta, SOFT, OUT_DTYPE)
+    s20, s21, s22, s23 = _masked_values(w20, w21, w22, w23, k20, k21, k22, k23, beta, SOFT, OUT_DTYPE)
+    s30, s31, s32, s33 = _masked_values(w30, w31, w32, w33, k30, k31, k32, k33, beta, SOFT, OUT_DTYPE)
+    return s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33
+
+
+@triton.jit
+def _refresh_block(w_ptr, mask_ptr, beta_ptr, flips_ptr, r0, c0, stride_r, stride_c, n_rows, n_cols,
+                   SOFT: tl.constexpr, COUNT: tl.constexpr, OUT_DTYPE: tl.constexpr, EDGE: tl.constexpr):
+    """The refresh of the 64 x 64 block at (r0, c0) (kernels 21 and 24): its transposable mask (kernel 2's search)
+    written over the stored one, the flips counted, and S of the new mask returned as s{r}{c} (``_block_values``;
+    dead code the compiler drops when no form is written)."""
+    w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33 = _load_block(
+        w_ptr, r0, c0, stride_r, stride_c, n_rows, n_cols, EDGE)
+    code = _pattern_code(w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33)
+    _refresh_mask_words(mask_ptr, flips_ptr, code, r0, c0, n_rows, n_cols, COUNT, EDGE)
+    return _block_values(w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33, code,
+                         beta_ptr, SOFT, OUT_DTYPE)
+
+
+@triton.jit
 def _refresh24_kernel(w_ptr, mask_ptr, beta_ptr, flips_ptr, vals_ptr, meta_ptr, vals_t_ptr, meta_t_ptr,
                       stride_r, stride_c, n_rows, n_cols,
                       SOFT: tl.constexpr, COUNT: tl.constexpr, WRITE_W: tl.constexpr, WRITE_T: tl.constexpr,
                       OUT_DTYPE: tl.constexpr):
     r0 = tl.program_id(0) * 64
     c0 = tl.program_id(1) * 64
-    tile_row0 = (r0 + 4 * tl.arange(0, 16))[:, None]  # row 0 of each of the block's 16 tile-rows
-    cols = (c0 + tl.arange(0, 64))[None, :]
-    w_at = w_ptr + tile_row0 * stride_r + cols * stride_c
-    # the mask as int32 words: word (a, b) of row slice r holds row r of tile (a, b), one byte per entry
-    words = n_cols // 4
-    mask_at = mask_ptr + tile_row0 * words + (c0 // 4 + tl.arange(0, 16))[None, :]
-    # w{r}{c}[a, b] = W[r0 + 4a + r, c0 + 4b + c]: entry (r, c) of tile (a, b)
-    w00, w01, w02, w03 = _split4_2d(tl.load(w_at), 16, 16)
-    w10, w11, w12, w13 = _split4_2d(tl.load(w_at + stride_r), 16, 16)
-    w20, w21, w22, w23 = _split4_2d(tl.load(w_at + 2 * stride_r), 16, 16)
-    w30, w31, w32, w33 = _split4_2d(tl.load(w_at + 3 * stride_r), 16, 16)
-    code = _pattern_code(w00, w01, w02, w03, w10, w11, w12, w13, w20, w21, w22, w23, w30, w31, w32, w33)
-
-    # the flips against the mask stored now, then the new mask over it (each program owns its tile): both
-    # as one int32 word per tile row, in the layout of the tiles' codes
-    new0 = _row_word(code, 0)
-    new1 = _row_word(code, 1)
-    new2 = _row_word(code, 2)
-    new3 = _row_word(code, 3)
-    if COUNT:  # summed per tile, then one reduction over the block and one relaxed atomic per program
-        d = (_byte_sum(_nonzero_bytes(tl.load(mask_at)) ^ new0)
-             + _byte_sum(_nonzero_bytes(tl.load(mask_at + words)) ^ new1)
-             + _byte_sum(_nonzero_bytes(tl.load(mask_at + 2 * words)) ^ new2)
-             + _byte_sum(_nonzero_bytes(tl.load(mask_at + 3 * words)) ^ new3))
-        tl.atomic_add(flips_ptr, tl.sum(tl.sum(d, axis=1), axis=0).to(tl.int64), sem="relaxed")
-        # should the loads and the stores lay the words out over the threads differently: every thread's
-        # read of the old mask comes before any thread's write of the new one
-        tl.debug_barrier()
-    tl.store(mask_at, new0)
-    tl.store(mask_at + words, new1)
-    tl.store(mask_at + 2 * words, new2)
-    tl.store(mask_at + 3 * words, new3)
-
-    k00, k01, k02, k03, k10, k11, k12, k13, k20, k21, k22, k23, k30, k31, k32, k33 = _keep_flags(code)
-    if SOFT:
-        beta = tl.load(beta_ptr).to(tl.float32)
-    else:
-        beta = 1.0
-    # S and its raw 16-bit values (dead code the compiler drops when neither form is written); the groups
-    # of 4 along W's rows are the tiles' rows: s{r}0..s{r}3
-    s00, s01, s02, s03 = _masked_values(w00, w01, w02, w03, k00, k01, k02, k03, beta, SOFT, OUT_DTYPE)
-    s10, s11, s12, s13 = _masked_values(w10, w11, w12, w13, k10, k11, k12, k13, beta, SOFT, OUT_DTYPE)
-    s20, s21, s22, s23 = _masked_values(w20, w21, w22, w23, k20, k21, k22, k23, beta, SOFT, OUT_DTYPE)
-    s30, s31, s32, s33 = _masked_values(w30, w31, w32, w33, k30, k31, k32, k33, beta, SOFT, OUT_DTYPE)
-    b00 = s00.to(tl.int16, bitcast=True)
-    b01 = s01.to(tl.int16, bitcast=True)
-    b02 = s02.to(tl.int16, bitcast=True)
-    b03 = s03.to(tl.int16, bitcast=True)
-    b10 = s10.to(tl.int16, bitcast=True)
-    b11 = s11.to(tl.int16, bitcast=True)
-    b12 = s12.to(tl.int16, bitcast=True)
-    b13 = s13.to(tl.int16, bitcast=True)
-    b20 = s20.to(tl.int16, bitcast=True)
-    b21 = s21.to(tl.int16, bitcast=True)
-    b22 = s22.to(tl.int16, bitcast=True)
-    b23 = s23.to(tl.int16, bitcast=True)
-    b30 = s30.to(tl.int16, bitcast=True)
-    b31 = s31.to(tl.int16, bitcast=True)
-    b32 = s32.to(tl.int16, bitcast=True)
-    b33 = s33.to(tl.int16, bitcast=True)
+    s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33 = _refresh_block(
+        w_ptr, mask_ptr, beta_ptr, flips_ptr, r0, c0, stride_r, stride_c, n_rows, n_cols, SOFT, COUNT, OUT_DTYPE,
+        False)
+    # S's raw 16-bit values
+    b00, b01, b02, b03 = _operand_bits(s00, s01, s02, s03, beta_ptr, False, 448.0, 3, -6)
+    b10, b11, b12, b13 = _operand_bits(s10, s11, s12, s13, beta_ptr, False, 448.0, 3, -6)
+    b20, b21, b22, b23 = _operand_bits(s20, s21, s22, s23, beta_ptr, False, 448.0, 3, -6)
+    b30, b31, b32, b33 = _operand_bits(s30, s31, s32, s33, beta_ptr, False, 448.0, 3, -6)
     if WRITE_W:  # S(W): row slice r holds rows r0 + 4a + r, groups c0 / 4 + b
         half, tiles = n_cols // 2, n_cols // 32
         v0, v1, c = _pick(b00, b01, b02, b03, _SIGN_OFF)
@@ -158,6 +205,15 @@ def _refresh24_kernel(w_ptr, mask_ptr, beta_ptr, flips_ptr, vals_ptr, meta_ptr, 
         v0, v1, c = _pick(b03, b13, b23, b33, _SIGN_OFF)
         _store_compressed(vals_t_ptr, meta_t_ptr, c0, r0 // 4, tl.trans(v0), tl.trans(v1), tl.trans(c), half_t,
                           tiles_t, False, 16, 4, 3)
+
+
+def check_mask_in_place(mask: torch.Tensor) -> None:
+    """The mask a refresh kernel reads and writes in place as int32 words (kernels 21 and 24): contiguous, on a
+    4-byte boundary."""
+    if not mask.is_contiguous() or mask.storage_offset() % 4:
+        raise ValueError(f"mask must be contiguous and start on a 4-byte boundary (the kernel reads and writes it in "
+                         f"place as int32 words), got strides {mask.stride()} and storage offset "
+                         f"{mask.storage_offset()} for shape {tuple(mask.shape)}")
 
 
 def _compressed_outputs(rows: int, cols: int, dtype: torch.dtype, device):
@@ -199,10 +255,7 @@ def refresh24(w: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | float | 
                          "tiles of the compressed layout): for other shapes run transposable_mask24, count_flips "
                          "and torch._cslt_compress separately")
     beta = check_weight_mask_beta(w, mask, beta, out_dtype, "out_dtype")
-    if not mask.is_contiguous() or mask.storage_offset() % 4:
-        raise ValueError(f"mask must be contiguous and start on a 4-byte boundary (the kernel reads and writes it in "
-                         f"place as int32 words), got strides {mask.stride()} and storage offset "
-                         f"{mask.storage_offset()} for shape {tuple(mask.shape)}")
+    check_mask_in_place(mask)
     rows, cols = w.shape
     mask_words = mask.view(torch.int32)  # (out, in / 4): in is a multiple of 64
     flips = torch.zeros((), dtype=torch.int64, device=w.device) if count else None

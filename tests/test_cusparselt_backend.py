@@ -361,8 +361,8 @@ def test_fused_refresh_trains_exactly_as_the_separate_kernels(registry, monkeypa
     """Kernel 21 against kernels 2, 9 and 11 (all run by the interpreter on these CPU tensors) in a layer that
     refreshes its mask every step: masks, flip counts, outputs, gradients, weights and the state dict are the
     same to the bit at every step, and a run resumed from the fused run's checkpoint continues it exactly."""
-    import dataclasses
     from sparsity_lab.backends.cusparselt import operand
+    from _refresh_testing import assert_trains_exactly_as_the_separate_calls
 
     monkeypatch.setattr(operand, "_triton_device", lambda t: True)
     backends = {"fused": CusparseltBackend(ops=FakeCusparselt()),
@@ -370,43 +370,11 @@ def test_fused_refresh_trains_exactly_as_the_separate_kernels(registry, monkeypa
     for name, backend in backends.items():
         base.register_backend(f"cusparselt_{name}", lambda backend=backend: backend)
 
-    def build(name):
-        torch.manual_seed(0)
-        layer = SparseLinear(128, 64, method=dataclasses.replace(method, backend=f"cusparselt_{name}"),
-                             dtype=torch.bfloat16)
-        opt = torch.optim.SGD(layer.parameters(), lr=0.5)
-        sl.attach_optimizer(layer, opt)
-        return layer, opt
-
-    def step(layer, opt, x, dz):
-        out = layer(x)
-        out.backward(dz)  # a fixed dZ: MVUE then draws alike whatever the last ulp of the output
-        opt.step()
-        opt.zero_grad()
-        return out.detach()
-
-    (fused, fused_opt), (separate, separate_opt) = build("fused"), build("separate")
-    gen = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(64, 128, generator=gen, dtype=torch.bfloat16),
-                torch.randn(64, 64, generator=gen, dtype=torch.bfloat16)) for _ in range(4)]
-    for i, (x, dz) in enumerate(batches[:3]):
-        assert torch.equal(step(fused, fused_opt, x, dz), step(separate, separate_opt, x, dz)), i
-        assert torch.equal(fused.mask, separate.mask) and torch.equal(fused.weight, separate.weight), i
-        assert (fused.last_flips, fused.flips_total) == (separate.last_flips, separate.flips_total), i
-    assert fused.mask_updates == separate.mask_updates == 3 and fused.flips_total > 0
-    # kernel 21: the first mask (mask only, at construction), then mask and operands at steps 1 and 2
-    assert backends["fused"].stats["fused_refreshes"] == 3 and backends["separate"].stats["fused_refreshes"] == 0
-    assert backends["separate"].stats["fused_prepares"] == 3  # kernel 11 after every refresh and the first step
-    saved = fused.state_dict()
-    assert saved.keys() == separate.state_dict().keys()
-    for key, value in separate.state_dict().items():
-        assert torch.equal(saved[key], value), key
-    resumed, resumed_opt = build("fused")
-    resumed.load_state_dict({k: v.clone() for k, v in saved.items()})
-    resumed_opt.load_state_dict(fused_opt.state_dict())
-    x, dz = batches[3]
-    assert torch.equal(step(resumed, resumed_opt, x, dz), step(fused, fused_opt, x, dz))
-    assert torch.equal(resumed.mask, fused.mask) and resumed.counters() == fused.counters()
+    def counted():
+        # kernel 21: the first mask (mask only, at construction), then mask and operands at steps 1 and 2
+        assert backends["fused"].stats["fused_refreshes"] == 3 and backends["separate"].stats["fused_refreshes"] == 0
+        assert backends["separate"].stats["fused_prepares"] == 3  # kernel 11 after every refresh and the first step
+    assert_trains_exactly_as_the_separate_calls(method, "cusparselt_fused", "cusparselt_separate", counted)
 
 
 # --- algorithm choice --------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from sparsity_lab.backends.cutlass import backend as cutlass_backend
 from sparsity_lab.backends.cutlass import ops
 from sparsity_lab.backends.cutlass.build import CutlassUnavailable
 from sparsity_lab.sparsify import backend_report
+from _refresh_testing import assert_trains_exactly_as_the_separate_calls
 
 BF16, E4M3 = torch.bfloat16, torch.float8_e4m3fn
 
@@ -261,9 +262,9 @@ def _kernel_mvue(engine, dz, seed):
                          ids=["ste_mvue", "sste"])
 def test_the_weight_operands_written_by_kernel_22_give_the_reference_products(name, reference, tol, method,
                                                                               monkeypatch):
-    """prepare_masked on the fused path (kernel 22 from W and the mask, widened to the CPU interpreter): the
-    layer's products through those bytes equal the reference backend's, step after step, and the forms are
-    written once per step, both in one pass. FP8's tolerance is the GPU layer test's: the interpreter
+    """prepare_masked on the fused path (kernel 22 from W and the mask, widened to the CPU interpreter; kernel 24
+    at the step that refreshes the mask): the layer's products through those bytes equal the reference
+    backend's, step after step, and the forms are written once per step, both in one pass. FP8's tolerance is the GPU layer test's: the interpreter
     truncates S to bf16 where PyTorch rounds, which can move amax(S), hence the scale, hence every q."""
     from sparsity_lab.backends.cusparselt.fp8_train import FP8Engine
 
@@ -275,7 +276,7 @@ def test_the_weight_operands_written_by_kernel_22_give_the_reference_products(na
     monkeypatch.setattr(cutlass_fp8, "_fused_device", lambda t: True)
     calls = []
     import sparsity_lab.kernels as kernels
-    for fn in ("prepare24_cutlass", "prepare24_cutlass_fp8"):
+    for fn in ("prepare24_cutlass", "prepare24_cutlass_fp8", "refresh24_cutlass", "refresh24_cutlass_fp8"):
         original = getattr(kernels, fn)
         monkeypatch.setattr(kernels, fn, lambda *a, _f=original, _n=fn, **k: calls.append((_n, k)) or _f(*a, **k))
     real, ref, x, x2 = _cpu_layer_pair(name, reference, method, seed=1)
@@ -290,8 +291,12 @@ def test_the_weight_operands_written_by_kernel_22_give_the_reference_products(na
             layer.advance_step()
             layer.weight.grad = None
         x.grad = x2.grad = None
-    fused = [k for n, k in calls if n == ("prepare24_cutlass" if name == "cutlass" else "prepare24_cutlass_fp8")]
-    assert len(fused) == 2 and all(k.get("transposed", True) for k in fused)  # one pass per step, both forms
+    # one pass per step writing both forms: kernel 22, or kernel 24 at the step that refreshes the mask (step 1)
+    suffix = "" if name == "cutlass" else "_fp8"
+    fused = [(n, k) for n, k in calls if n in (f"prepare24_cutlass{suffix}", f"refresh24_cutlass{suffix}")
+             and k.get("forward", True)]
+    assert [n for n, _ in fused] == [f"prepare24_cutlass{suffix}", f"refresh24_cutlass{suffix}"]
+    assert all(k.get("transposed", True) for _, k in fused)
 
 
 def test_the_fused_bf16_operand_is_written_on_first_use_and_equals_the_compressors_path(monkeypatch):
@@ -368,6 +373,54 @@ def test_the_weight_gradient_through_kernel_23_equals_the_compressors_path(name,
             layer.weight.grad = None
     stats = [layer.backend.stats if name == "cutlass" else layer.backend.engine.stats for layer in (fused, plain)]
     assert stats[0]["fused_mvue_compressions"] == 2 and stats[1]["fused_mvue_compressions"] == 0
+
+
+def _refresh_pair(name: str, recipe, fused_refresh: bool):
+    """A CUTLASS backend (``name``) with kernel 24 on or off; the FP8 one with ``recipe``."""
+    from sparsity_lab.backends.cusparselt.fp8_train import FP8Engine
+    from sparsity_lab.backends.cutlass.fp8 import CutlassFP8Backend
+
+    if name == "cutlass":
+        return cutlass_backend.CutlassBackend(fused_refresh=fused_refresh)
+    return CutlassFP8Backend(FP8Engine(name, "scaled_mm"), recipe, fused_refresh=fused_refresh)
+
+
+@pytest.mark.parametrize("name,scaling", [("cutlass", None), ("cutlass_fp8", "delayed"), ("cutlass_fp8", "current")])
+@pytest.mark.parametrize("method", [sl.SSTE(mvue=True, transposable=True), sl.SRSTE(decay=0.05, transposable=True)],
+                         ids=["sste_mvue", "srste"])
+def test_fused_refresh_trains_exactly_as_the_separate_kernels(name, scaling, method, monkeypatch):
+    """Kernel 24 against kernels 2, 9 and 22 (all interpreted on these CPU tensors; the products through the
+    layout's reference) in a layer that refreshes its mask every step: outputs, masks, flip counts, weights, the
+    FP8 amax history and the state dict the same to the bit at every step, and a run resumed from the fused
+    run's checkpoint continues it exactly. FP8 with delayed scaling refreshes and writes both E4M3 forms in one
+    pass; at a current-scaling step the mask is refreshed alone and kernel 22 follows, which the stats say."""
+    from sparsity_lab.backends import base
+    from sparsity_lab.backends.cusparselt.fp8_train import FP8Engine
+    from sparsity_lab.backends.cutlass import fp8 as cutlass_fp8
+    from sparsity_lab.backends.triton import TritonBackend
+    from sparsity_lab.methods.fp8_scaling import FP8Recipe
+
+    monkeypatch.setattr(ops, "compress", _LayoutStandIn.compress)
+    monkeypatch.setattr(ops, "mm", _LayoutStandIn.mm)
+    monkeypatch.setattr(cutlass_backend, "_fused_device", lambda t: True)
+    monkeypatch.setattr(cutlass_fp8, "_fused_device", lambda t: True)
+    monkeypatch.setattr(FP8Engine, "check", lambda self, t, what: None)
+    masks = TritonBackend()  # the FP8 backends' masks as on CUDA (kernel 2), not the CPU reference's
+    monkeypatch.setattr(FP8Engine, "masks_on", lambda self, t: masks)
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+    monkeypatch.setattr(base, "_INSTANCES", {})
+    recipe = FP8Recipe(scaling=scaling) if scaling else None
+    backends = {kind: _refresh_pair(name, recipe, kind == "fused") for kind in ("fused", "separate")}
+    for kind, backend in backends.items():
+        base.register_backend(f"{name}_{kind}", lambda backend=backend: backend)
+
+    def counted():
+        stats = {kind: backend.stats for kind, backend in backends.items()}
+        # kernel 24: the first mask (mask only, at construction), then at the refreshes of steps 1 and 2: mask and
+        # operands in one pass, or (current scaling) the mask alone with kernel 22 after it
+        assert stats["fused"]["fused_refreshes"] == 3 and stats["separate"]["fused_refreshes"] == 0
+        assert stats["fused"]["refresh_then_prepare_current_scaling"] == (2 if scaling == "current" else 0)
+    assert_trains_exactly_as_the_separate_calls(method, f"{name}_fused", f"{name}_separate", counted)
 
 
 # --- GPU ------------------------------------------------------------------------------------------------------
@@ -699,3 +752,41 @@ def test_gpu_kernel_23_changes_no_bit_of_the_weight_gradient(name, tokens):
             layer.weight.grad = None
     stats = [layer.backend.stats if name == "cutlass" else layer.backend.engine.stats for layer in (fused, plain)]
     assert stats[0]["fused_mvue_compressions"] == 3 and stats[1]["fused_mvue_compressions"] == 0
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("name", ["cutlass", "cutlass_fp8"])
+def test_gpu_fused_refresh_trains_exactly_as_the_separate_kernels(name):
+    """A layer refreshing its mask every step (S-STE with MVUE, 1024 -> 4096, bf16, 512 tokens), four steps on the
+    real backend with kernel 24 on and off: outputs, masks, flip counts, weights and (FP8: delayed scaling, the
+    first step's scale its own amax) the amax history bit for bit, and kernel 24 ran."""
+    torch.manual_seed(8)
+    method = sl.SSTE(mvue=True, transposable=True, backend=name)
+    layers = [sl.SparseLinear(1024, 4096, method=method, device="cuda", dtype=BF16)]
+    layers.append(copy.deepcopy(layers[0]))
+    layers[1].backend = _refresh_pair(name, None, fused_refresh=False)
+    if name == "cutlass_fp8":
+        layers[1].backend = layers[1].backend.for_layer(layers[1])
+    layers[1].mvue_seed = layers[0].mvue_seed
+    opts = [torch.optim.SGD(layer.parameters(), lr=0.5) for layer in layers]
+    for layer, opt in zip(layers, opts):
+        sl.attach_optimizer(layer, opt)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for k in range(4):
+        x = torch.randn(512, 1024, device="cuda", generator=gen).to(BF16)
+        dz = torch.randn(512, 4096, device="cuda", generator=gen).to(BF16)
+        outs = []
+        for layer, opt in zip(layers, opts):
+            out = layer(x)
+            out.backward(dz)
+            opt.step()
+            opt.zero_grad()
+            outs.append(out.detach())
+        a, b = layers
+        assert torch.equal(outs[0], outs[1]) and torch.equal(a.mask, b.mask) and torch.equal(a.weight, b.weight), k
+        assert (a.last_flips, a.flips_total) == (b.last_flips, b.flips_total), k
+        if name == "cutlass_fp8":
+            assert torch.equal(a.backend.scaling.amax_history, b.backend.scaling.amax_history), k
+    assert a.flips_total > 0 and a.mask_updates == 4
+    assert a.backend.stats["fused_refreshes"] >= 3 and b.backend.stats["fused_refreshes"] == 0

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from _kernel_testing import DEVICE
 
-from sparsity_lab.kernels import count_flips, prepare24, refresh24, transposable_mask24
+from sparsity_lab.kernels import count_flips, prepare24, refresh24, refresh24_cutlass, transposable_mask24
 from sparsity_lab.masks.patterns import solve_patterns
 from sparsity_lab.masks.tiles import validate_transposable_mask
 from sparsity_lab.methods.flip_rate import mask_flips_tensor
@@ -158,15 +158,18 @@ def test_in_place_update_version_and_the_parts_left_out():
     _assert_same_as_unfused(w, prev, None, torch.bfloat16, transposed=False)
 
 
-def test_any_non_zero_byte_of_the_previous_mask_counts_as_kept():
-    """A bool tensor viewed from other bytes may hold any non-zero byte for True: counted as kernel 9 counts it."""
+@pytest.mark.parametrize("refresh,shape", [(refresh24, (64, 64)), (refresh24_cutlass, (80, 48))],
+                         ids=["kernel21", "kernel24_partial_blocks"])
+def test_any_non_zero_byte_of_the_previous_mask_counts_as_kept(refresh, shape):
+    """A bool tensor viewed from other bytes may hold any non-zero byte for True: counted as kernel 9 counts it
+    (kernel 24 shares kernel 21's count; at 80 x 48 in partial blocks)."""
     gen = torch.Generator().manual_seed(8)
-    w = _weight(64, 64, torch.bfloat16, gen)
-    raw = torch.randint(0, 256, (64, 64), generator=gen, dtype=torch.uint8)
-    raw[torch.rand(64, 64, generator=gen) < 0.5] = 0
+    w = _weight(*shape, torch.bfloat16, gen)
+    raw = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8)
+    raw[torch.rand(*shape, generator=gen) < 0.5] = 0
     prev = raw.to(DEVICE).view(torch.bool)
     mask = prev.clone()
-    flips, _, _ = refresh24(w, mask, count=True, forward=False, transposed=False)
+    flips, _, _ = refresh(w, mask, count=True, forward=False, transposed=False)
     new = transposable_mask24(w, pruned=False)[0]
     assert torch.equal(mask, new) and mask.view(torch.uint8).max() == 1
     assert int(flips) == int(count_flips(prev, new)) == int(((raw != 0).to(DEVICE) != new).sum())
@@ -230,13 +233,31 @@ compile_for_sm90(k11, sig11, dict(SOFT=True, WRITE_W=True, WRITE_T=True, OUT_DTY
 sig2 = dict(w_ptr="*bf16", mask_ptr="*u8", out_ptr="*bf16", out_t_ptr="*bf16", n_rows="i32", n_cols="i32",
             WRITE_PRUNED="constexpr", WRITE_T="constexpr", BA="constexpr", BB="constexpr")
 compile_for_sm90(k2, sig2, dict(WRITE_PRUNED=False, WRITE_T=2, BA=4, BB=64), 4)
+# kernel 24 (CUTLASS's layout) and kernel 22, whose store it shares: bf16 and E4M3, whole and partial blocks
+k24 = importlib.import_module("sparsity_lab.kernels.refresh24_cutlass")._refresh24_cutlass_kernel
+k22 = importlib.import_module("sparsity_lab.kernels.prepare24_cutlass")._prepare24_cutlass_kernel
+fp8_constexprs = importlib.import_module("sparsity_lab.kernels.prepare24_cutlass").fp8_constexprs
+for fp8, edge, soft in ((False, False, True), (False, True, False), (True, False, False), (True, True, True)):
+    bits = "*u8" if fp8 else "*i16"
+    sig24 = dict(w_ptr="*fp32", mask_ptr="*i32", beta_ptr="*fp32", flips_ptr="*i64", vals_ptr=bits, meta_ptr="*u8",
+                 vals_t_ptr=bits, meta_t_ptr="*u8", inv_scale_ptr="*fp32", partial_ptr="*fp32", stride_r="i32",
+                 stride_c="i32", n_rows="i32", n_cols="i32", SOFT="constexpr", COUNT="constexpr", WRITE_W="constexpr",
+                 WRITE_T="constexpr", OUT_DTYPE="constexpr", EDGE="constexpr", FP8="constexpr", FMAX="constexpr",
+                 MBITS="constexpr", EMIN="constexpr", SIGN_OFF="constexpr")
+    compile_for_sm90(k24, sig24, dict(SOFT=soft, COUNT=True, WRITE_W=True, WRITE_T=True, OUT_DTYPE=tl.bfloat16,
+                                      EDGE=edge, stride_c=1, **fp8_constexprs(fp8)), 4)
+    sig22 = {k: v for k, v in sig24.items() if k not in ("flips_ptr", "COUNT", "EDGE")}
+    sig22["WRITE_AMAX"] = "constexpr"
+    compile_for_sm90(k22, sig22, dict(SOFT=soft, WRITE_W=True, WRITE_T=True, OUT_DTYPE=tl.bfloat16, WRITE_AMAX=True,
+                                      stride_c=1, **fp8_constexprs(fp8)), 4)
 print("compiled")
 """
 
 
-def test_kernel_21_and_the_kernels_it_shares_code_with_compile_for_sm90_without_a_gpu():
-    """The interpreter runs what the GPU compiler refuses (a plain global read inside a kernel, for one): kernel 21,
-    and kernels 2 and 11 whose helpers it shares, compiled to sm_90 cubins here, with no GPU (a few seconds)."""
+def test_kernels_21_and_24_and_the_kernels_they_share_code_with_compile_for_sm90_without_a_gpu():
+    """The interpreter runs what the GPU compiler refuses (a plain global read inside a kernel, for one): kernels 21
+    and 24 (bf16 and E4M3, whole and partial blocks), and kernels 2, 11 and 22 whose helpers they share, compiled
+    to sm_90 cubins here, with no GPU (under a minute)."""
     import os
     import subprocess
     import sys

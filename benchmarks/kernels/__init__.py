@@ -18,7 +18,9 @@ One run, one GPU, everything side by side:
 * 21 the mask refresh in one pass (mask in place, flips, S(W) and S(W)^T compressed) against the chain it
   replaces (kernel 2's mask, kernel 9's flips, the mask copy, kernel 11), bf16 W of 16384 x 4096 and
   4096 x 16384 at the default size, S-STE, STE, and the mask with its flips alone; bytes, ms and the
-  fraction of the ceiling for both, and the chain's parts timed one by one (``--only 21`` runs just these).
+  fraction of the ceiling for both, and the chain's parts timed one by one (``--only 21`` runs just these);
+* 24 the same refresh writing CUTLASS's layout (bf16 S-STE and STE, E4M3 with a given scale, the mask and
+  flips alone) against its chain (kernels 2, 9, the mask copy, 22), likewise (``--only 24``).
 ``--only 16`` (numbers, comma-separated) runs only those sections, into <name>_only_<numbers>.json.
 Every kernel's output is checked against its PyTorch reference on the benchmark tensors before it
 is timed. Times: ``triton.testing.do_bench`` medians (it clears the L2 between runs).
@@ -29,7 +31,7 @@ numbers mean nothing).
 One module per part: ``run`` (the command: sizes, the copy ceiling, the sections in order, the JSON),
 ``bench`` (what the sections share), ``checks``, ``report`` (the table), and the sections, one
 function per kernel: ``masks`` (1, 2, 3, 9), ``gradients`` (4, 5), ``activations`` (6, 7, 16),
-``compressed`` (8, 10, 11, 17, 21).
+``compressed`` (8, 10, 11, 17, 22, 23), ``refresh`` (21, 24).
 """
 from benchmarks.kernels.report import Report
 from benchmarks.kernels.run import add_arguments, check_arguments, run

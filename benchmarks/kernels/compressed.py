@@ -1,6 +1,6 @@
 """Kernel benchmark sections for the kernels that write cuSPARSELt's compressed layout:
-8 compress24, 10 mvue_compress24, 11 prepare24, 17 prune24_tokens and 21 refresh24; and CUTLASS's: 22 prepare24_cutlass
-and 23 mvue_compress24_cutlass."""
+8 compress24, 10 mvue_compress24, 11 prepare24 and 17 prune24_tokens; and CUTLASS's: 22 prepare24_cutlass and 23
+mvue_compress24_cutlass. The one-pass mask refreshes (21, 24) are in ``refresh``."""
 from __future__ import annotations
 
 import torch
@@ -197,60 +197,3 @@ def prune24_tokens(bench: Bench) -> None:
     unfused_ms = timer(lambda: K.compress24(K.prune24(a[perm][:, feats].t().contiguous())[0]))
     report.ratio("17 prune24_tokens", "vs gather, prune24 of the transposed copy, compress24", (n_feat, tokens), ms,
                  "three passes", unfused_ms, None)
-
-
-def _refresh_chain(w, mask, beta, operands: bool):
-    """What kernel 21 replaces: kernel 2's mask, kernel 9's flips, the copy into the mask buffer and (operands)
-    kernel 11's two compressed forms."""
-    new = K.transposable_mask24(w, pruned=False)[0]
-    flips = K.count_flips(mask, new)
-    mask.copy_(new)
-    return (flips, *K.prepare24(w, mask, beta, out_dtype=bf16)) if operands else (flips,)
-
-
-def refresh24(bench: Bench) -> None:
-    """21. A step's mask refresh in one pass (mask in place, flips, S(W) and S(W)^T compressed) against the chain
-    it replaces, timed side by side on bf16 W of (rows, cols) and (cols, rows) (16384 x 4096 and 4096 x 16384, an
-    FFN's two weights at d_model 4096, at the default --mib), S-STE and STE; and the mask and flips alone (the
-    refresh before a CUDA-graph replay) against kernels 2, 9 and the copy. Each variant refreshes its own copy
-    of a previous mask one training step away from W (about 1 % of the entries differ)."""
-    device, rows, cols, timer, report = bench.device, bench.rows, bench.cols, bench.timer, bench.report
-    r = max(64, rows - rows % 64)
-    note = "added after the copy-rate target was set: not counted in it"
-    for shape in ((r, cols),) if bench.smoke else ((r, cols), (cols, r)):  # smoke: both shapes are 64 x 64
-        w0 = torch.randn(shape, device=device)
-        previous = K.transposable_mask24(w0, pruned=False)[0]
-        w = (w0 + 0.02 * torch.randn(shape, device=device)).to(bf16)
-        del w0
-        n = w.numel()
-        chain_bytes = {True: 3 * n + 2 * n + 2 * n + (3 * n + 2 * (n + n // 8)), False: 3 * n + 2 * n + 2 * n}
-        fused_bytes = {True: 2 * n + n + n + 2 * (n + n // 8), False: 2 * n + n + n}
-        mask_a, mask_b = previous.clone(), previous.clone()
-        for beta, mname, operands in ((torch.tensor(0.9, device=device), "S-STE", True), (None, "STE", True),
-                                      (None, "mask + flips only", False)):
-            mask_a.copy_(previous)
-            mask_b.copy_(previous)
-            got = K.refresh24(w, mask_a, beta, out_dtype=bf16, forward=operands, transposed=operands)
-            want = _refresh_chain(w, mask_b, beta, operands)
-            label = f"{shape[0]}x{shape[1]} {mname}"
-            check(f"refresh24 {label}", torch.equal(mask_a, mask_b) and int(got[0]) == int(want[0])
-                  and all(torch.equal(g.view(torch.uint8), e.view(torch.uint8)) for g, e in zip(got[1:], want[1:])))
-            print(f"  refresh24 {label}: {int(got[0])} of {n} entries flipped ({int(got[0]) / n:.4f})")
-            what = f"{label}: one pass" + (" (mask, flips, S(W), S(W)^T)" if operands else "")
-            ms, cfg, allc = bench.sweep(lambda beta=beta, operands=operands, **c: (
-                lambda: K.refresh24(w, mask_a, beta, out_dtype=bf16, forward=operands, transposed=operands, **c)),
-                [{"num_warps": nw} for nw in (4, 8)])
-            report.memory_bound("21 refresh24", what, shape, fused_bytes[operands], ms, cfg, allc,
-                                counts_for_target=False, note=note)
-            parts = {"2 transposable24 mask": timer(lambda: K.transposable_mask24(w, pruned=False)),
-                     "9 count_flips": timer(lambda: K.count_flips(mask_b, previous)),
-                     "mask copy_": timer(lambda: mask_b.copy_(previous))}
-            if operands:
-                parts["11 prepare24"] = timer(lambda beta=beta: K.prepare24(w, previous, beta, out_dtype=bf16))
-            chain_ms = timer(lambda beta=beta, operands=operands: _refresh_chain(w, mask_b, beta, operands))
-            report.memory_bound("21 refresh24", f"{label}: kernels 2, 9, copy" + (", 11" if operands else ""),
-                                shape, chain_bytes[operands], chain_ms, {}, counts_for_target=False, note=note)
-            report.rows[-1]["parts_ms"] = parts
-            print(f"  {label}, the chain's parts: " + ", ".join(f"{k} {v:.3f} ms" for k, v in parts.items()))
-            report.ratio("21 refresh24", f"{label}: one pass vs the chain", shape, ms, "the chain", chain_ms, None,
-                         nbytes=fused_bytes[operands])

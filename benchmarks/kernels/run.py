@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def sections() -> list[tuple[str, object]]:
     """(title, function) in the order the benchmark runs them (the order of the random draws and rows)."""
     # imported here: they import the kernels, hence triton (after TRITON_INTERPRET is set for --smoke)
-    from benchmarks.kernels import activations, compressed, gradients, masks
+    from benchmarks.kernels import activations, compressed, gradients, masks, refresh
 
     return [("1. row-wise 2:4", masks.prune24), ("2. transposable 2:4", masks.transposable24),
             ("3. soft threshold", masks.soft_threshold24), ("4. MVUE 2:4", gradients.mvue24),
@@ -39,9 +39,10 @@ def sections() -> list[tuple[str, object]]:
             ("6. gated activations", activations.gated), ("8. compress24", compressed.compress24),
             ("9. count_flips", masks.count_flips), ("10. mvue_compress24", compressed.mvue_compress24),
             ("11. prepare24", compressed.prepare24), ("16. squared ReLU", activations.relu2),
-            ("17. prune24_tokens", compressed.prune24_tokens), ("21. refresh24", compressed.refresh24),
+            ("17. prune24_tokens", compressed.prune24_tokens), ("21. refresh24", refresh.refresh24),
             ("22. prepare24_cutlass", compressed.prepare24_cutlass),
-            ("23. mvue_compress24_cutlass", compressed.mvue_compress24_cutlass)]
+            ("23. mvue_compress24_cutlass", compressed.mvue_compress24_cutlass),
+            ("24. refresh24_cutlass", refresh.refresh24_cutlass)]
 
 
 def chosen_sections(only: str | None) -> list[tuple[str, object]] | str:

@@ -116,15 +116,20 @@ class FP8Operand:
 
 
 def fused_weight_operand(state: FP8ScalingState, weight, mask, beta, dtype, backward: bool, amax_fn,
-                         prepare_fn) -> FP8Operand:
+                         prepare_fn, first_fn=None) -> FP8Operand:
     """The step's sparse FP8 weight operand written from the master W and the mask by a fused kernel: the
     compressed q(S(W)) (and q(S(W))^T when ``backward``) and amax(S(W)), with the scale of ``state``'s recipe
     (current scaling: after the amax pass ``amax_fn(w, mask, beta, dtype)``). ``prepare_fn(w, mask, beta,
     inv_scale, dtype, forward=, transposed=) -> (forward form, transposed form, amax)``: kernel 18
-    (cuSPARSELt's layout) or kernel 22 (CUTLASS's)."""
+    (cuSPARSELt's layout) or kernel 22 (CUTLASS's). ``first_fn``: what writes this step's forms instead of
+    ``prepare_fn`` (the same arguments but ``forward``, the same results): kernel 24, which refreshes the mask
+    in the same pass, so only with the history's scale (the amax pass would read the mask before its refresh)."""
+    if first_fn is not None and not state.uses_history:
+        raise RuntimeError("a refresh that writes the FP8 operand in its pass needs the scale before the pass: "
+                           "this step's scale comes from the new S(W)'s amax (current scaling)")
     observed = None if state.uses_history else amax_fn(weight, mask, beta, dtype)
     scale, inv_scale, _ = state.scales_for("w", None, observed_amax=observed)
-    fwd, bwd, a = prepare_fn(weight, mask, beta, inv_scale, dtype, transposed=backward)
+    fwd, bwd, a = (first_fn or prepare_fn)(weight, mask, beta, inv_scale, dtype, transposed=backward)
 
     def make_transposed():  # the same S(W) and scale (nothing advances before this step's backward)
         return prepare_fn(weight, mask, beta, inv_scale, dtype, forward=False)[1]

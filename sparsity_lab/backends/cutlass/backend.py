@@ -13,7 +13,10 @@ second product needs S(W)^T to be 2:4 along ``out``, so masks must be transposab
 written on first use per optimizer step by kernel 22 (``kernels/prepare24_cutlass.py``), straight from
 W and the mask into CUTLASS's layout, both in one pass when the input gradient is expected (an operand
 made by ``prepare_masked``, what SparseLinear calls; ``fused_prepare=False``, or an operand given as the
-dense S(W) to ``prepare``, uses CUTLASS's own compressor instead: the same bytes). MVUE(dZ^T) is drawn
+dense S(W) to ``prepare``, uses CUTLASS's own compressor instead: the same bytes). A mask refresh right
+before the step's products (``refresh_and_prepare``) writes the mask, its flips and both forms in one pass
+over W instead (kernel 24, ``kernels/refresh24_cutlass.py``; ``fused_refresh=False``: kernels 2, 9, a copy
+and kernel 22, the same bytes). MVUE(dZ^T) is drawn
 and written compressed in one pass per call by kernel 23 (``kernels/mvue_compress24_cutlass.py``, the
 token padding read as zeros, dZ not copied); ``fused_mvue_compress=False`` draws it with kernel 4, copies it
 transposed and compresses it with CUTLASS's compressor (the same bytes). The bias is added after the product.
@@ -82,8 +85,17 @@ def product_problem(product: str, out_features: int, in_features: int, tokens: i
 
 
 def _fused_device(t: torch.Tensor) -> bool:
-    """Where kernel 22 writes the operands: CUDA tensors (tests widen it to the CPU interpreter)."""
+    """Where kernels 22, 23 and 24 run: CUDA tensors (tests widen it to the CPU interpreter)."""
     return t.is_cuda
+
+
+def refresh_kernel_takes(weight: torch.Tensor, mask: torch.Tensor, n: int, m: int, transposable: bool) -> bool:
+    """Whether kernel 24 (``kernels/refresh24_cutlass.py``) refreshes this mask: a transposable 2:4 one, a float32 /
+    16-bit W on its device, a contiguous mask on a 4-byte boundary (the kernel reads and writes it as int32
+    words). The shapes are the products' rule (``ops.check_weight_for_products``), checked before it runs."""
+    return ((n, m) == (2, 4) and transposable and _fused_device(weight) and weight.dim() == 2
+            and weight.dtype in (torch.float32, torch.bfloat16, torch.float16) and mask.is_contiguous()
+            and mask.storage_offset() % 4 == 0)
 
 
 @dataclass
@@ -117,20 +129,57 @@ class CutlassBackend(TritonBackend):
     ``fused_prepare``: the weight operands written from W by kernel 22 (False: S(W), then CUTLASS's
     compressor, for an A/B run; the bytes are the same). ``fused_mvue_compress``: the weight gradient's
     MVUE(dZ^T) written compressed by kernel 23 (False: kernel 4, a transposed copy, CUTLASS's compressor;
-    the same bytes)."""
+    the same bytes). ``fused_refresh``: a mask refresh by kernel 24, with both operands when the products come
+    next (``refresh_and_prepare``, with ``fused_prepare``); False: kernels 2 and 9 and a copy (then kernel 22),
+    the same mask, count and bytes."""
 
     name = "cutlass"
+    fuses_refresh_and_prepare = True  # kernel 24: mask, flips and both compressed forms in one pass
 
-    def __init__(self, config: str | None = None, fused_prepare: bool = True, fused_mvue_compress: bool = True) -> None:
+    def __init__(self, config: str | None = None, fused_prepare: bool = True, fused_mvue_compress: bool = True,
+                 fused_refresh: bool = True) -> None:
         super().__init__()
         self.config = config
         self.fused_prepare = bool(fused_prepare)
         self.fused_mvue_compress = bool(fused_mvue_compress)
+        self.fused_refresh = bool(fused_refresh)
         self.stats: Counter = Counter()
 
-    def mask(self, weight, n, m, transposable):
+    def _check_products(self, weight, n, m, transposable) -> None:
         ops.check_weight_for_products(self.name, tuple(weight.shape), n, m, transposable, torch.bfloat16, 8, "torch")
+
+    def mask(self, weight, n, m, transposable):
+        self._check_products(weight, n, m, transposable)
         return super().mask(weight, n, m, transposable)
+
+    def refresh_mask_(self, weight, mask, n, m, transposable, count=True):
+        """The mask refresh in one pass over W where kernel 24 runs (writing neither compressed form: the new mask
+        over the old one and their flips, as kernels 2 and 9 and a copy give them); elsewhere ``mask``,
+        ``mask_flips`` and a copy."""
+        if not (self.fused_refresh and refresh_kernel_takes(weight, mask, n, m, transposable)):
+            return super().refresh_mask_(weight, mask, n, m, transposable, count=count)
+        self._check_products(weight, n, m, transposable)
+        self.stats["fused_refreshes"] += 1
+        return self._k.refresh24_cutlass(weight, mask, forward=False, transposed=False, count=count)[0]
+
+    def refresh_and_prepare(self, weight, mask, beta, n, m, transposable, dtype, backward: bool = True,
+                            count: bool = True):
+        """``Backend.refresh_and_prepare`` in one pass over W where kernel 24 runs: the transposable 2:4 mask written
+        into ``mask``, its flips, and S(W) and (``backward``) S(W)^T compressed in the operand, bit for bit the
+        separate calls' (kernels 2, 9 and 22). Elsewhere (``fused_refresh`` or ``fused_prepare`` off, a weight
+        kernel 24 does not take, products not in bfloat16) the separate calls run."""
+        if not (self.fused_refresh and self.fused_prepare and dtype == torch.bfloat16
+                and refresh_kernel_takes(weight, mask, n, m, transposable)):
+            return super().refresh_and_prepare(weight, mask, beta, n, m, transposable, dtype, backward=backward,
+                                               count=count)
+        self._check_products(weight, n, m, transposable)
+        flips, fwd, bwd = self._k.refresh24_cutlass(weight, mask, beta, transposed=backward, count=count)
+        # the source stays: kernel 22 writes S(W)^T from it should an operand prepared without it be asked for it
+        operand = CutlassOperand(source=(weight, mask, beta), backward=backward, shape=tuple(weight.shape))
+        self._keep_forms(operand, fwd, bwd)
+        self.stats["compressions"] += 1 + int(backward)
+        self.stats["fused_refreshes"] += 1
+        return flips, operand
 
     def prepare(self, sparse_weight):
         if sparse_weight.dtype != torch.bfloat16:
@@ -157,6 +206,11 @@ class CutlassBackend(TritonBackend):
         fwd, bwd = self._k.prepare24_cutlass(w, mask, beta, forward=forward, transposed=backward)
         self.stats["compressions"] += int(forward) + int(backward)
         self.stats["fused_prepares"] += 1
+        self._keep_forms(operand, fwd, bwd)
+
+    @staticmethod
+    def _keep_forms(operand: CutlassOperand, fwd, bwd) -> None:
+        """The (values, metadata) pairs a kernel wrote (None: not written) as the operand's compressed forms."""
         out_f, in_f = operand.shape
         if fwd is not None:
             operand.compressed = ops.SparseOperand(*fwd, (out_f, in_f))
@@ -225,8 +279,8 @@ class CutlassBackend(TritonBackend):
 
 
 def cutlass_backend(config: str | None = None, fused_prepare: bool = True,
-                    fused_mvue_compress: bool = True) -> CutlassBackend:
+                    fused_mvue_compress: bool = True, fused_refresh: bool = True) -> CutlassBackend:
     """What ``get_backend("cutlass")`` builds: raises :class:`CutlassUnavailable` where it cannot run; builds
     (or finds in the cache) the kernel library before returning, so the first product does not wait for nvcc."""
     require_cutlass("cutlass")
-    return CutlassBackend(config, fused_prepare, fused_mvue_compress)
+    return CutlassBackend(config, fused_prepare, fused_mvue_compress, fused_refresh)

@@ -14,7 +14,9 @@ no host sync, so a CUDA graph captures the products and the recipe's scales may 
 The weight's two operands q(S(W)) and q(S(W))^T are written once per optimizer step by kernel 22
 (``kernels/prepare24_cutlass.py``) from the master W and the mask, cast with the recipe's scale and
 compressed into CUTLASS's layout in one pass (current scaling: after an amax pass of the same kernel),
-as kernel 18 does for "cusparselt_fp8"; with ``FP8Engine(fused=False)``, or an operand given as the dense
+as kernel 18 does for "cusparselt_fp8"; a mask refresh right before the step's products writes the mask,
+its flips and both operands in one pass instead (kernel 24, ``kernels/refresh24_cutlass.py``) where the
+scale is the history's (delayed scaling after its first step); with ``FP8Engine(fused=False)``, or an operand given as the dense
 S(W) to ``prepare``, q(S(W)) is cast and CUTLASS's compressor compresses it (the same bytes). The weight
 gradient's q(MVUE(dZ))^T is drawn, cast and compressed in one pass by kernel 23
 (``kernels/mvue_compress24_cutlass.py``, current scaling: after its amax pass), as kernel 19 does for
@@ -33,7 +35,7 @@ import torch
 from ..cusparselt.fp8_train import (HALF, FP8Backend, FP8Engine, FP8Operand, _pad_rows, _padded_rows,
                                     fused_mvue_operand, fused_weight_operand)
 from . import ops
-from .backend import _fused_device, require_cutlass
+from .backend import _fused_device, refresh_kernel_takes, require_cutlass
 
 NAME = "cutlass_fp8"
 
@@ -43,26 +45,35 @@ class CutlassFP8Backend(FP8Backend):
     products on CUTLASS (see the module docstring). ``config``: the variant of the forward and
     input-gradient products (``ops.configs(torch.float8_e4m3fn)``); None: ``ops.DEFAULT_CONFIGS``, the
     fast-accumulation schedule; "128x128x128.1x2.coop" promotes the accumulators to float32 in the K loop.
-    ``fused_mvue``: the weight gradient's q(MVUE(dZ))^T from kernel 23 (with ``engine.fused``)."""
+    ``fused_mvue``: the weight gradient's q(MVUE(dZ))^T from kernel 23 (with ``engine.fused``). ``fused_refresh``
+    (with ``engine.fused``): a mask refresh by kernel 24, with both E4M3 operands when the products come next and
+    the step's scale is the history's (``refresh_and_prepare``); False: kernels 2 and 9 and a copy (then
+    kernel 22), the same mask, count and bytes."""
+
+    fuses_refresh_and_prepare = True  # kernel 24 (delayed scaling): mask, flips and both E4M3 forms in one pass
 
     def __init__(self, engine: FP8Engine, recipe=None, device=None, config: str | None = None,
-                 fused_mvue: bool = True) -> None:
+                 fused_mvue: bool = True, fused_refresh: bool = True) -> None:
         super().__init__(engine, recipe, device=device)
         self.config = config
         self.fused_mvue = bool(fused_mvue)
+        self.fused_refresh = bool(fused_refresh)
 
     def for_layer(self, layer):
         return CutlassFP8Backend(self.engine, self.scaling.recipe, device=layer.weight.device, config=self.config,
-                                 fused_mvue=self.fused_mvue)
+                                 fused_mvue=self.fused_mvue, fused_refresh=self.fused_refresh)
 
     def product_plan(self, out_features, in_features, mvue):
         kind = "2:4 sparse FP8 E4M3 (CUTLASS SM90, scales in the epilogue)"
         return {"forward": kind, "grad_input": kind,
                 "grad_weight": kind if mvue else "dense FP8 E4M3 dZ^T X (torch._scaled_mm)"}
 
-    def mask(self, weight, n, m, transposable):
+    def _check_products(self, weight, n, m, transposable) -> None:
         ops.check_weight_for_products(self.name, tuple(weight.shape), n, m, transposable, torch.float8_e4m3fn, 64,
                                       "fp8_dense")
+
+    def mask(self, weight, n, m, transposable):
+        self._check_products(weight, n, m, transposable)
         return super().mask(weight, n, m, transposable)
 
     def _check_e4m3(self, q: torch.Tensor) -> None:
@@ -70,23 +81,70 @@ class CutlassFP8Backend(FP8Backend):
             raise ValueError(f"backend {self.name!r} multiplies E4M3 operands; the recipe casts the gradient to "
                              f"{q.dtype}: use FP8Recipe(grad_format='e4m3')")
 
+    def _fused_weight(self, weight, n, m, dtype) -> bool:
+        """Whether kernels 22 and 24 write the step's E4M3 weight operands (a CUDA weight, the engine's ``fused``)."""
+        return (self.engine.fused and _fused_device(weight) and (n, m) == (2, 4) and dtype in HALF
+                and self.scaling.recipe.format_of("w") == "e4m3")
+
+    @staticmethod
+    def _forms(fwd, bwd, shape) -> tuple:
+        """The (values, metadata) pairs a kernel wrote for W of ``shape`` (None: not written) as sparse operands."""
+        out_f, in_f = shape
+        return (None if fwd is None else ops.SparseOperand(*fwd, (out_f, in_f)),
+                None if bwd is None else ops.SparseOperand(*bwd, (in_f, out_f)))
+
+    def _kernel22(self, w, mask, beta, inv_scale, dtype, forward=True, transposed=True):
+        """``fused_weight_operand``'s ``prepare_fn``: kernel 22's E4M3 forms of the mask as it is, and the amax."""
+        fwd, bwd, amax = self.engine.kernels().prepare24_cutlass_fp8(w, mask, beta, inv_scale, dtype, forward=forward,
+                                                                     transposed=transposed)
+        return (*self._forms(fwd, bwd, w.shape), amax)
+
     def prepare_masked(self, weight, mask, beta, n, m, dtype, backward: bool = True) -> FP8Operand:
         """The step's operand from the master W and the mask: kernel 22 writes q(S(W)) (and q(S(W))^T when
         ``backward``) compressed, and amax(S(W)), in one pass (on a CUDA weight, with the engine's ``fused``);
         otherwise S(W), then ``prepare``."""
-        if not (self.engine.fused and _fused_device(weight) and (n, m) == (2, 4) and dtype in HALF
-                and self.scaling.recipe.format_of("w") == "e4m3"):
+        if not self._fused_weight(weight, n, m, dtype):
             return super().prepare_masked(weight, mask, beta, n, m, dtype, backward)
-        k = self.engine.kernels()
-        out_f, in_f = weight.shape
+        return fused_weight_operand(self.scaling, weight, mask, beta, dtype, backward,
+                                    self.engine.kernels().prepare24_cutlass_amax, self._kernel22)
 
-        def prepare(w, mask_, beta_, inv_scale, dtype_, forward=True, transposed=True):
-            fwd, bwd, amax = k.prepare24_cutlass_fp8(w, mask_, beta_, inv_scale, dtype_, forward=forward,
-                                                     transposed=transposed)
-            return (None if fwd is None else ops.SparseOperand(*fwd, (out_f, in_f)),
-                    None if bwd is None else ops.SparseOperand(*bwd, (in_f, out_f)), amax)
-        return fused_weight_operand(self.scaling, weight, mask, beta, dtype, backward, k.prepare24_cutlass_amax,
-                                    prepare)
+    def refresh_mask_(self, weight, mask, n, m, transposable, count=True):
+        """The mask refresh in one pass over W where kernel 24 runs (no operand: the new mask over the old one and
+        their flips, as kernels 2 and 9 and a copy give them); elsewhere ``mask``, ``mask_flips`` and a copy."""
+        if not (self.fused_refresh and self.engine.fused and refresh_kernel_takes(weight, mask, n, m, transposable)):
+            return super().refresh_mask_(weight, mask, n, m, transposable, count=count)
+        self._check_products(weight, n, m, transposable)
+        self.engine.stats["fused_refreshes"] += 1
+        return self.engine.kernels().refresh24_cutlass(weight, mask, forward=False, transposed=False, count=count)[0]
+
+    def refresh_and_prepare(self, weight, mask, beta, n, m, transposable, dtype, backward: bool = True,
+                            count: bool = True):
+        """``Backend.refresh_and_prepare`` in one pass over W where kernel 24 runs: the mask into ``mask``, its flips,
+        q(S(W)) and (``backward``) q(S(W))^T compressed with the recipe's scale, and amax(S(W)) kept for the
+        history, bit for bit the separate calls' (kernels 2, 9 and 22). That needs the scale before the pass: at
+        a step whose scale is the new S(W)'s own amax (current scaling; delayed scaling's first step) the mask
+        is refreshed alone (kernel 24), then kernel 22 takes the amax and writes the forms, counted in
+        ``stats["refresh_then_prepare_current_scaling"]``. Elsewhere the separate calls run."""
+        if not (self.fused_refresh and self._fused_weight(weight, n, m, dtype)
+                and refresh_kernel_takes(weight, mask, n, m, transposable)):
+            return super().refresh_and_prepare(weight, mask, beta, n, m, transposable, dtype, backward=backward,
+                                               count=count)
+        if not self.scaling.uses_history:
+            self.engine.stats["refresh_then_prepare_current_scaling"] += 1
+            return super().refresh_and_prepare(weight, mask, beta, n, m, transposable, dtype, backward=backward,
+                                               count=count)
+        self._check_products(weight, n, m, transposable)
+        flips = []
+
+        def refresh(w, mask_, beta_, inv_scale, dtype_, transposed=True):  # kernel 24 (first_fn), the flips kept
+            counted, fwd, bwd, amax = self.engine.kernels().refresh24_cutlass_fp8(w, mask_, beta_, inv_scale, dtype_,
+                                                                                  transposed=transposed, count=count)
+            flips.append(counted)
+            return (*self._forms(fwd, bwd, w.shape), amax)
+        operand = fused_weight_operand(self.scaling, weight, mask, beta, dtype, backward,
+                                       self.engine.kernels().prepare24_cutlass_amax, self._kernel22, first_fn=refresh)
+        self.engine.stats["fused_refreshes"] += 1
+        return flips[0], operand
 
     def _compressed(self, operand: FP8Operand, transposed: bool) -> ops.SparseOperand:
         if transposed:
