@@ -34,7 +34,7 @@ LABELS = {"dense_gemm": "dense GEMMs", "sparse_gemm": "sparse GEMMs (cuSPARSELt 
           "two4_work": "2:4 work (masks, soft threshold, compression, MVUE)", "other": "other"}
 
 # the project's 2:4 Triton kernels (kernels/*.py): masks, flips, soft threshold, compression, MVUE, decay
-_TWO4 = re.compile(r"(^|[\s:<])_(transposable24|transpose|count_flips|refresh24|soft_threshold24|prepare24\w*|compress24"
+_TWO4 = re.compile(r"(^|[\s:<])_(transposable24|transpose|count_flips|refresh24\w*|soft_threshold24|prepare24\w*|compress24"
                    r"|mvue\w*|masked_decay|prune24\w*)_kernel")
 # CUTLASS's SM90 sparse GEMMs show as mangled names holding their mainloop, ...GmmaWarpSpecializedSparse...
 _SPARSE_GEMM = re.compile(r"sparse_gemm|sptensor|spmma|cusparselt.*(gemm|mma)|warpspecializedsparse")

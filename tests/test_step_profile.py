@@ -38,6 +38,7 @@ SAMPLES = {
     "_transpose_kernel": "two4_work",
     "_count_flips_kernel": "two4_work",
     "_refresh24_kernel": "two4_work",
+    "_refresh24_cutlass_kernel": "two4_work",
     "_soft_threshold24_kernel": "two4_work",
     "_prepare24_kernel": "two4_work",
     "_compress24_kernel": "two4_work",
