@@ -498,8 +498,13 @@ def _same_masks_and_counters(eager, graphed, want_seen, got_seen):
     assert sum(l.flips_total for l in _layers(eager)) > 0  # masks moved: a refresh left out would show
 
 
+# CUTLASS's products (and kernel 24's refresh in CUTLASS's layout) need a Hopper GPU
+_CUTLASS = pytest.param("cutlass", marks=pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)), reason="needs a Hopper GPU (sm_90)"))
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["triton", "cusparselt"])
+@pytest.mark.parametrize("backend", ["triton", "cusparselt", _CUTLASS])
 @pytest.mark.parametrize("interval,in_graph,mode", [(1, True, "graph"), (3, True, "eager"), (1, False, "eager")])
 def test_mask_refresh_under_the_graph_equals_eager_on_gpu(backend, interval, in_graph, mode):
     """S-STE + MVUE, ten steps: masks due every step refreshed inside the graph (interval 1), or eagerly
@@ -530,12 +535,13 @@ def test_a_step_whose_in_graph_masks_are_not_due_runs_eagerly_on_gpu(backend):
 
 
 @pytest.mark.gpu
-def test_the_in_graph_refresh_on_cusparselt_writes_mask_and_operand_in_one_pass_on_gpu():
-    """The capture of a step that refreshes the masks inside the graph: on cuSPARSELt each layer's refresh is one
-    kernel 21 call that also writes the operand, which the captured forward takes (no kernel 11 captured);
-    eager steps before it do the same in their forwards. (The results equal eager mode:
-    test_mask_refresh_under_the_graph_equals_eager_on_gpu.)"""
-    model = _mlp("cusparselt", "cuda", d=256).to(torch.bfloat16)
+@pytest.mark.parametrize("backend", ["cusparselt", _CUTLASS])
+def test_the_in_graph_refresh_writes_mask_and_operand_in_one_pass_on_gpu(backend):
+    """The capture of a step that refreshes the masks inside the graph: each layer's refresh is one kernel 21
+    (cuSPARSELt) or kernel 24 (CUTLASS) call that also writes the operand, which the captured forward takes (no
+    kernel 11 or 22 captured); eager steps before it do the same in their forwards. (The results equal eager
+    mode: test_mask_refresh_under_the_graph_equals_eager_on_gpu.)"""
+    model = _mlp(backend, "cuda", d=256).to(torch.bfloat16)
     backend = model[0].backend
     step = CudaGraphStep(model, _loss, warmup_steps=3, masks_in_graph=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -550,7 +556,7 @@ def test_the_in_graph_refresh_on_cusparselt_writes_mask_and_operand_in_one_pass_
         opt.step()
         deltas.append((backend.stats["fused_refreshes"] - before[0], backend.stats["fused_prepares"] - before[1]))
     assert step.recaptures == 1 and step.mask_refresh == "graph"
-    # step 1: no refresh due, kernel 11 prepares; 2-3: eager refreshes with the operand; 4: the capture; 5: a replay
+    # step 1: no refresh due, kernel 11 / 22 prepares; 2-3: eager refreshes with the operand; 4: the capture; 5: a replay
     assert deltas == [(0, 2), (2, 0), (2, 0), (2, 0), (0, 0)], deltas
 
 
