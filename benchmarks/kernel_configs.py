@@ -10,8 +10,8 @@ read 2, write 2).
 
 ``--sections step`` times instead the 2:4 work of the lab GPT's bf16 step (``benchmarks step-profile``):
 kernel 10 (``mvue_compress24``, dZ of 8192 tokens x 16384, bf16), 11 (``prepare24``) and 21 (``refresh24``,
-the mask refresh with both operands) on the bf16 FFN weight 16384 x 4096 with S-STE's scale, with a copy of
-each input as its bandwidth reference.
+the mask refresh with both operands) on both bf16 FFN weights (16384 x 4096 and 4096 x 16384) with S-STE's
+scale, with a copy of each input as its bandwidth reference.
 """
 from __future__ import annotations
 
@@ -74,7 +74,8 @@ def measure_step_work(tokens: int = 8192, hidden: int = 16384, d_model: int = 40
         out[f"prepare24_{name}"] = sweep(lambda _w=w, _m=mask, **c: k.prepare24(_w, _m, beta, **c), warps,
                                          k.prepare24(w, mask, beta))
         out[f"refresh24_{name}"] = sweep(refresh, warps, refresh())
-    out["defaults"] = {"mvue_compress24": "block_groups 32, num_warps 4", "prepare24": "num_warps 4",
+    out["defaults"] = {"mvue_compress24": "block_groups 32, num_warps 4",
+                       "prepare24": f"num_warps {k.prepare24.__defaults__[-1]}",
                        "refresh24": f"num_warps {k.refresh24.__defaults__[-1]}"}
     return out
 
@@ -127,8 +128,9 @@ def main(argv=None) -> int:
         if key.startswith("copy"):
             print(f"{key}: {value:.3f} ms")
     if args.name is None:
-        gpu = torch.cuda.get_device_name().split()[-1].lower()
-        args.name = "act24_kernels_sweep_h100" if args.sections == "act24" else f"step_kernels_sweep_{gpu}"
+        from benchmarks.step_profile import gpu_tag
+        args.name = ("act24_kernels_sweep_h100" if args.sections == "act24"
+                     else f"step_kernels_sweep_{gpu_tag(torch.cuda.get_device_name())}")
     print("wrote", write_result(args.name, result, directory=Path(args.out_dir)))
     return 0
 
