@@ -38,18 +38,31 @@ from ._common import check_device, check_tensor
 ROW_TILE = 64
 
 
+# The 4-bit code i | j << 2 of a group from its non-zero flags b = n0 | n1 << 1 | n2 << 2 | n3 << 3, one nibble per
+# b: _PICK_CODES_LO for b < 8, _PICK_CODES_HI for b >= 8 (n3 set: j = 3). Derived from the rule in _pick's
+# docstring (tests/test_kernels.py checks every b): one table lookup instead of compare-and-select chains.
+_PICK_CODES_LO = tl.constexpr(0x898E4DCC)
+_PICK_CODES_HI = tl.constexpr(0xCDCECDCC)
+
+
 @triton.jit
 def _pick(x0, x1, x2, x3, SIGN_OFF: tl.constexpr):
-    """Kept columns (i < j) of each group, their raw values and the 4-bit code i | j << 2."""
+    """Kept columns (i < j) of each group, their raw values and the 4-bit code i | j << 2.
+
+    i is the first non-zero of x0, x1, x2 (0 if none), j the first non-zero after i looking from x3 down to x1
+    (3 if none): groups with fewer than two non-zeros keep zeros in the free slots, as cuSPARSELt's compressor
+    does. The code comes from a table over the four flags; the values are selected by the same rule.
+    """
     n0 = (x0 & SIGN_OFF) != 0
     n1 = (x1 & SIGN_OFF) != 0
     n2 = (x2 & SIGN_OFF) != 0
     n3 = (x3 & SIGN_OFF) != 0
-    i = tl.where(n0, 0, tl.where(n1, 1, tl.where(n2, 2, 0)))
-    j = tl.where(n3 & (i < 3), 3, tl.where(n2 & (i < 2), 2, tl.where(n1 & (i < 1), 1, 3)))
-    v0 = tl.where(i == 0, x0, tl.where(i == 1, x1, x2))
-    v1 = tl.where(j == 3, x3, tl.where(j == 2, x2, x1))
-    return v0, v1, i | (j << 2)
+    shift = tl.where(n0, 4, 0) + tl.where(n1, 8, 0) + tl.where(n2, 16, 0)
+    code = (tl.where(n3, _PICK_CODES_HI, _PICK_CODES_LO) >> shift) & 0xF
+    # i = 1: n1 first; i = 2: n2 first; else i = 0. j = 3: n3 or nothing found; j = 2: n2 after a non-zero i
+    v0 = tl.where(n1 & ~n0, x1, tl.where(n2 & ~(n0 | n1), x2, x0))
+    v1 = tl.where(n3, x3, tl.where(n2 & (n0 | n1), x2, tl.where(n1 & n0, x1, x3)))
+    return v0, v1, code
 
 
 @triton.jit

@@ -60,6 +60,33 @@ def test_kept_pairs_codes_and_short_groups():
     assert {CODES[(int(p), int(q))] for p, q in zip(i[0], j[0])} <= set(CODES.values())
 
 
+def test_pick_tables_hold_the_reference_rule_for_every_flag_pattern():
+    """_pick looks the code up in two 32-bit tables indexed by the group's non-zero flags; each of the 16 nibbles
+    is the code of kept_pairs' rule for that pattern (three and four non-zeros included: the rule is total)."""
+    from sparsity_lab.kernels.compress24 import _PICK_CODES_HI, _PICK_CODES_LO
+
+    table = int(_PICK_CODES_LO.value) | int(_PICK_CODES_HI.value) << 32
+    flags = torch.tensor([[float((b >> k) & 1) for k in range(4)] for b in range(16)]).reshape(1, 64)
+    i, j = kept_pairs(flags)
+    for b in range(16):
+        assert (table >> (4 * b)) & 0xF == int(i[0, b]) | int(j[0, b]) << 2, f"flags {b:04b}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_on_every_pattern_of_at_most_two_non_zeros_with_both_signs_of_zero(dtype):
+    """Every group pattern compress24 accepts (11 sets of at most two non-zeros), each zero +0.0 or -0.0 at
+    random, in every position of a 64-row tile: the kernel's table-driven pick writes the reference's bytes."""
+    gen = torch.Generator().manual_seed(11)
+    sets = [s for b in range(16) if bin(b).count("1") <= 2 for s in [[(b >> k) & 1 for k in range(4)]]]
+    rows, cols = 64, 4 * 64
+    pattern = torch.tensor(sets, dtype=torch.bool)[torch.randint(len(sets), (rows * cols // 4,), generator=gen)]
+    values = torch.rand(rows * cols // 4, 4, generator=gen) + 0.5
+    signs = torch.where(torch.rand(rows * cols // 4, 4, generator=gen) < 0.5, -1.0, 1.0)
+    a = torch.where(pattern, values, torch.zeros(())) * signs  # unkept entries: +0.0 or -0.0
+    a = a.reshape(rows, cols).to(dtype).to(DEVICE)
+    assert _bytes(compress24(a)).equal(_bytes(compress24_reference(a)))
+
+
 @settings(max_examples=20, deadline=None)
 @given(row_tiles=st.integers(1, 3), col_blocks=st.integers(1, 5), dtype=st.sampled_from(DTYPES),
        transposed=st.booleans(), zeros=st.sampled_from([0.0, 0.3]), seed=st.integers(0, 2**31 - 1))
