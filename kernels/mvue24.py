@@ -79,18 +79,9 @@ def _signed(magnitude, x):
 
 
 @triton.jit
-def _mvue_group_level(x0, x1, x2, x3, u):
-    """MVUE of groups through the "water level" L: p_i = min(1, |x_i| / L), no division.
-
-    L is the level at which sum_i min(|x_i|, L) = 2 L (i.e. sum p = 2): with top the largest |x_i|
-    and rest the sum of the other three, L = rest when top > rest (the largest is capped at p = 1,
-    the reference's test), else L = (top + rest) / 2. A kept entry is x_i / p_i = sign(x_i) max(|x_i|, L).
-    Systematic sampling in units of L: entry i owns [e_{i-1}, e_i) with e_i = sum_{j<=i} min(|x_j|, L)
-    (length p_i L); the two pointers are u L and u L + L. The intervals partition [0, inf) (the
-    last is closed at +inf), so each pointer picks exactly one entry: never more than 2 kept.
-    rest is summed from the three smaller entries (no total - top cancellation). Groups with < 2
-    non-zeros (rest == 0) use L = top: the non-zero, if any, owns [0, top) and is kept as it is.
-    """
+def _mvue_level_picks(x0, x1, x2, x3, u):
+    """The "water level" L of each group and which of its entries MVUE keeps (``_mvue_group_level`` says how):
+    returns (level, pick0, pick1, pick2, pick3). At most two picks are set; a picked entry has |x_i| > 0."""
     a0 = tl.abs(x0)
     a1 = tl.abs(x1)
     a2 = tl.abs(x2)
@@ -106,16 +97,39 @@ def _mvue_group_level(x0, x1, x2, x3, u):
     e2 = e1 + tl.minimum(a2, level)
     lo = u * level
     hi = lo + level
-    # hi >= level >= e0, so only lo can land in the first interval; lo <= hi, so only hi can be
-    # the first to reach the last one; a zero entry's interval is empty (the last one: a3 > 0)
-    pick0 = lo < e0
-    pick1 = ((lo >= e0) & (lo < e1)) | ((hi >= e0) & (hi < e1))
-    pick2 = ((lo >= e1) & (lo < e2)) | ((hi >= e1) & (hi < e2))
-    pick3 = (hi >= e2) & (a3 > 0)
-    y0 = tl.where(pick0, _signed(tl.maximum(a0, level), x0), 0.0)
-    y1 = tl.where(pick1, _signed(tl.maximum(a1, level), x1), 0.0)
-    y2 = tl.where(pick2, _signed(tl.maximum(a2, level), x2), 0.0)
-    y3 = tl.where(pick3, _signed(tl.maximum(a3, level), x3), 0.0)
+    # pointer p lands in entry i's interval [e_{i-1}, e_i) when p >= e_{i-1} and p < e_i. hi >= level >= e0
+    # (lo >= 0), so hi is never in the first interval and "hi >= e0" needs no compare; "p >= e_{i-1}" is
+    # "not p < e_{i-1}" (with a NaN p or e both forms end false: p < e_i is false too). Five compares, not ten.
+    lo_in0 = lo < e0
+    lo_below1 = lo < e1
+    hi_below1 = hi < e1
+    lo_below2 = lo < e2
+    hi_below2 = hi < e2
+    pick0 = lo_in0
+    pick1 = (lo_below1 & ~lo_in0) | hi_below1
+    pick2 = (lo_below2 & ~lo_below1) | (hi_below2 & ~hi_below1)
+    pick3 = (hi >= e2) & (a3 > 0)  # a zero entry's interval is empty (the last one is closed at +inf)
+    return level, pick0, pick1, pick2, pick3
+
+
+@triton.jit
+def _mvue_group_level(x0, x1, x2, x3, u):
+    """MVUE of groups through the "water level" L: p_i = min(1, |x_i| / L), no division.
+
+    L is the level at which sum_i min(|x_i|, L) = 2 L (i.e. sum p = 2): with top the largest |x_i|
+    and rest the sum of the other three, L = rest when top > rest (the largest is capped at p = 1,
+    the reference's test), else L = (top + rest) / 2. A kept entry is x_i / p_i = sign(x_i) max(|x_i|, L).
+    Systematic sampling in units of L: entry i owns [e_{i-1}, e_i) with e_i = sum_{j<=i} min(|x_j|, L)
+    (length p_i L); the two pointers are u L and u L + L. The intervals partition [0, inf) (the
+    last is closed at +inf), so each pointer picks exactly one entry: never more than 2 kept.
+    rest is summed from the three smaller entries (no total - top cancellation). Groups with < 2
+    non-zeros (rest == 0) use L = top: the non-zero, if any, owns [0, top) and is kept as it is.
+    """
+    level, pick0, pick1, pick2, pick3 = _mvue_level_picks(x0, x1, x2, x3, u)
+    y0 = tl.where(pick0, _signed(tl.maximum(tl.abs(x0), level), x0), 0.0)
+    y1 = tl.where(pick1, _signed(tl.maximum(tl.abs(x1), level), x1), 0.0)
+    y2 = tl.where(pick2, _signed(tl.maximum(tl.abs(x2), level), x2), 0.0)
+    y3 = tl.where(pick3, _signed(tl.maximum(tl.abs(x3), level), x3), 0.0)
     return y0, y1, y2, y3
 
 

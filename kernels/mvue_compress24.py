@@ -35,17 +35,16 @@ import triton
 import triton.language as tl
 
 from ._common import check_device, check_tensor
-from .compress24 import _pick, _store_compressed
-from .mvue24 import _load_seed, _mvue_group_level, _unit_float, check_seed
+from .compress24 import _PICK_CODES_HI, _PICK_CODES_LO, _pick, _store_compressed
+from .mvue24 import _load_seed, _mvue_group_level, _mvue_level_picks, _signed, _unit_float, check_seed
 from .prepare24 import _fp8_bits, _groups_amax
 
 
 @triton.jit
-def _mvue_tokens_tile(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed, BLOCK_G: tl.constexpr,
-                      EDGES: tl.constexpr = False):
-    """MVUE(dZ) of columns row0 .. row0 + 63 of dZ (tokens, n_cols) and token groups g0 .. g0 + BLOCK_G - 1,
-    rounded to dZ's dtype as ``mvue24(dz, dim=0, seed)`` stores it: four (64, BLOCK_G) tiles, y{j}[i, b] =
-    MVUE(dZ)[4 (g0 + b) + j, row0 + i]. EDGES: entries past n_tokens or n_cols are read as zeros (their
+def _mvue_tokens_inputs(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed, BLOCK_G: tl.constexpr,
+                        EDGES: tl.constexpr = False):
+    """The float32 inputs of the tile's groups and their uniforms: (x0, x1, x2, x3, u), each (64, BLOCK_G),
+    x{j}[i, b] = dZ[4 (g0 + b) + j, row0 + i]. EDGES: entries past n_tokens or n_cols are read as zeros (their
     groups stay zero); without it the tile must lie inside dZ."""
     n = row0 + tl.arange(0, 64)[:, None]
     g = g0 + tl.arange(0, BLOCK_G)[None, :]
@@ -66,9 +65,53 @@ def _mvue_tokens_tile(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed, B
     r0, r1, r2, r3 = tl.randint4x(seed, quads)
     u4 = tl.join(tl.join(_unit_float(r0), _unit_float(r2)), tl.join(_unit_float(r1), _unit_float(r3)))
     u = tl.reshape(tl.permute(tl.reshape(u4, [16, BLOCK_G, 4]), (0, 2, 1)), [64, BLOCK_G])  # column 4q + m
+    return x0, x1, x2, x3, u
+
+
+@triton.jit
+def _mvue_tokens_tile(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed, BLOCK_G: tl.constexpr,
+                      EDGES: tl.constexpr = False):
+    """MVUE(dZ) of columns row0 .. row0 + 63 of dZ (tokens, n_cols) and token groups g0 .. g0 + BLOCK_G - 1,
+    rounded to dZ's dtype as ``mvue24(dz, dim=0, seed)`` stores it: four (64, BLOCK_G) tiles, y{j}[i, b] =
+    MVUE(dZ)[4 (g0 + b) + j, row0 + i]. EDGES: as ``_mvue_tokens_inputs``."""
+    x0, x1, x2, x3, u = _mvue_tokens_inputs(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed, BLOCK_G, EDGES)
     y0, y1, y2, y3 = _mvue_group_level(x0, x1, x2, x3, u)
     dt = dz_ptr.dtype.element_ty
     return y0.to(dt), y1.to(dt), y2.to(dt), y3.to(dt)  # rounded as mvue24 stores them
+
+
+@triton.jit
+def _kept_value(x, level, kept):
+    """MVUE's stored value of a kept entry, sign(x) max(|x|, L) (``_mvue_group_level``), +0.0 where not kept."""
+    return tl.where(kept, _signed(tl.maximum(tl.abs(x), level), x), 0.0)
+
+
+@triton.jit
+def _mvue_tokens_pair(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed, BLOCK_G: tl.constexpr,
+                      EDGES: tl.constexpr = False, EMPTY_CODE_ZERO: tl.constexpr = False):
+    """The compressed pair of every group of ``_mvue_tokens_tile``'s MVUE(dZ), straight from MVUE's picks:
+    (v0, v1, code), each (64, BLOCK_G), v0 and v1 in dZ's dtype.
+
+    Equal to ``_pick`` of the tile's rounded values: a picked entry is non-zero after rounding (|x| > 0 and the
+    stored max(|x|, L) >= |x|), an unpicked one is +0.0, so the picks are _pick's non-zero flags. _pick's rule
+    on them: v0 is the first pick among entries 0-2 (else entry 0: +0.0); v1 is entry 3 if picked, else entry 2
+    if picked after another, else entry 1 if picked after entry 0, else entry 3 (+0.0). Two values are formed
+    and rounded per group instead of four, and no flag is recomputed from bits. EMPTY_CODE_ZERO: code 0 for a
+    group with no pick (CUTLASS's compressor, ``_pick_cutlass``; its zero slots are +0.0 here already)."""
+    x0, x1, x2, x3, u = _mvue_tokens_inputs(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed, BLOCK_G, EDGES)
+    level, p0, p1, p2, p3 = _mvue_level_picks(x0, x1, x2, x3, u)
+    p01 = p0 | p1
+    second2 = p2 & p01
+    first = tl.where(p0, x0, tl.where(p1, x1, x2))
+    second = tl.where(p3, x3, tl.where(second2, x2, x1))
+    dt = dz_ptr.dtype.element_ty
+    v0 = _kept_value(first, level, p01 | p2).to(dt)
+    v1 = _kept_value(second, level, p3 | second2 | (p1 & p0)).to(dt)
+    shift = tl.where(p0, 4, 0) + tl.where(p1, 8, 0) + tl.where(p2, 16, 0)
+    code = (tl.where(p3, _PICK_CODES_HI, _PICK_CODES_LO) >> shift) & 0xF
+    if EMPTY_CODE_ZERO:
+        code = tl.where(p01 | p2 | p3, code, 0)
+    return v0, v1, code
 
 
 @triton.jit
@@ -80,6 +123,11 @@ def _mvue_compress24_kernel(dz_ptr, vals_ptr, meta_ptr, n_cols, quads_per_row, h
     seed = _load_seed(seed, SEED_PTR)
     row0 = tl.program_id(0) * 64  # rows of A = columns n of dZ
     g0 = tl.program_id(1) * BLOCK_G  # groups of A = token groups of dZ
+    if WRITE_VALUES and not FP8 and not WRITE_AMAX:  # the bf16 / fp16 operand alone: the pair from the picks
+        v0, v1, code = _mvue_tokens_pair(dz_ptr, row0, g0, 2 * half_cols, n_cols, quads_per_row, seed, BLOCK_G)
+        _store_compressed(vals_ptr, meta_ptr, row0, g0, v0.to(tl.int16, bitcast=True), v1.to(tl.int16, bitcast=True),
+                          code, half_cols, col_tiles, False, BLOCK_G)
+        return
     y0, y1, y2, y3 = _mvue_tokens_tile(dz_ptr, row0, g0, 2 * half_cols, n_cols, quads_per_row, seed, BLOCK_G)
     if WRITE_AMAX:  # amax of MVUE(dZ) as stored: what the unfused cast of it returns
         tl.store(partial_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), _groups_amax(y0, y1, y2, y3))

@@ -38,7 +38,7 @@ from sparsity_lab.references.fp8 import fp8_format
 from ._common import check_device, check_tensor
 from .fp8_cast import _GRID
 from .mvue24 import _load_seed, check_seed
-from .mvue_compress24 import _mvue_tokens_tile
+from .mvue_compress24 import _mvue_tokens_pair, _mvue_tokens_tile
 from .prepare24 import _groups_amax, _operand_bits
 from .prepare24_cutlass import _pick_cutlass, _round_up, _store_cutlass
 
@@ -55,6 +55,12 @@ def _mvue_compress24_cutlass_kernel(dz_ptr, vals_ptr, meta_ptr, inv_scale_ptr, p
     seed = _load_seed(seed, SEED_PTR)
     row0 = tl.program_id(0) * 64  # rows of A = columns of dZ
     g0 = tl.program_id(1) * BLOCK_G  # groups of A = token groups of dZ
+    if WRITE_VALUES and not FP8 and not WRITE_AMAX:  # the bf16 operand alone: the pair from MVUE's picks
+        v0, v1, code = _mvue_tokens_pair(dz_ptr, row0, g0, n_tokens, n_cols, (n_cols + 3) // 4, seed, BLOCK_G, True,
+                                         True)
+        _store_cutlass(vals_ptr, meta_ptr, row0, g0, v0.to(tl.int16, bitcast=True), v1.to(tl.int16, bitcast=True),
+                       code, n_cols, k_tokens, False, BLOCK_G)
+        return
     y0, y1, y2, y3 = _mvue_tokens_tile(dz_ptr, row0, g0, n_tokens, n_cols, (n_cols + 3) // 4, seed, BLOCK_G, True)
     if WRITE_AMAX:  # amax of MVUE(dZ) as stored: what the unfused cast of it returns
         tl.store(partial_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), _groups_amax(y0, y1, y2, y3))
