@@ -1,0 +1,47 @@
+"""benchmarks.kernels_ab: the step's 2:4 kernels of two trees side by side (CPU smoke through the interpreter):
+the same tree agrees with itself, and a tree whose kernels write other bytes is caught."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(before: Path, out_dir: Path) -> tuple[int, dict]:
+    done = subprocess.run([sys.executable, "-m", "benchmarks.kernels_ab", "--before", str(before), "--smoke",
+                           "--rounds", "1", "--out-dir", str(out_dir), "--name", "ab"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = json.loads((out_dir / "ab_smoke.json").read_text()) if (out_dir / "ab_smoke.json").exists() else {}
+    return done.returncode, result
+
+
+def _copy_tree(dst: Path) -> Path:
+    shutil.copytree(ROOT / "sparsity_lab", dst / "sparsity_lab", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "kernels", dst / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    return dst
+
+
+def test_a_tree_with_other_metadata_bytes_is_reported_and_the_exit_code_says_so(tmp_path):
+    other = _copy_tree(tmp_path / "other")
+    compress = other / "kernels" / "compress24.py"
+    text = compress.read_text()
+    assert "0x898E4DCC" in text
+    compress.write_text(text.replace("0x898E4DCC", "0x898E4DDC"))  # flags 0b0001 (x0 alone): code 0xD, not 0xC
+    code, result = _run(other, tmp_path)
+    assert code == 2
+    rows = result["kernels"]
+    assert result["before_tree"] == str(other.resolve())
+    # every kernel that compresses through _pick writes other metadata; the ones on MVUE's picks write the table too
+    assert not rows["11 prepare24 W 128x64"]["same_bytes"]
+    assert not rows["21 refresh24 W 128x64"]["same_bytes"]
+
+
+def test_the_same_kernels_agree_and_every_case_is_reported(tmp_path):
+    code, result = _run(_copy_tree(tmp_path / "same"), tmp_path)
+    assert code == 0
+    names = set(result["kernels"])
+    assert {n.split()[0] for n in names} == {"10", "11", "21", "23", "24"}
+    assert all(row["same_bytes"] for row in result["kernels"].values())
+    assert result["provenance"]["command"].startswith("python -m benchmarks.kernels_ab")
