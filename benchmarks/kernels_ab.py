@@ -83,7 +83,7 @@ def _cases(k, torch, device, smoke: bool) -> dict:
     return cases
 
 
-def worker(tree: Path, smoke: bool) -> dict:
+def worker(tree: Path, smoke: bool, only: list[str] | None = None) -> dict:
     """Time every case with the tree's kernels (this process imports them from ``tree``)."""
     sys.meta_path.insert(0, _TreeFinder(tree))
     import torch
@@ -94,6 +94,8 @@ def worker(tree: Path, smoke: bool) -> dict:
     device = torch.device("cpu" if smoke else "cuda")
     out = {}
     for name, call in _cases(k, torch, device, smoke).items():
+        if only and name.split()[0] not in only:
+            continue
         first = call()  # compiles, and for the refresh kernels writes the steady mask
         second = call()
         if smoke:
@@ -105,24 +107,24 @@ def worker(tree: Path, smoke: bool) -> dict:
     return out
 
 
-def _run_worker(tree: Path, smoke: bool) -> dict:
+def _run_worker(tree: Path, smoke: bool, only: list[str] | None) -> dict:
     env = dict(os.environ)
     if smoke:
         env["TRITON_INTERPRET"] = "1"
-    cmd = [sys.executable, "-m", "benchmarks.kernels_ab", "--worker", str(tree)] + (["--smoke"] if smoke else [])
+    cmd = [sys.executable, "-m", "benchmarks.kernels_ab", "--worker", str(tree)] + (["--smoke"] if smoke else []) + (["--only", *only] if only else [])
     done = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"the worker for {tree} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def compare(before: Path, rounds: int, smoke: bool) -> dict:
+def compare(before: Path, rounds: int, smoke: bool, only: list[str] | None = None) -> dict:
     runs = {"before": [], "after": []}
     for r in range(rounds):
         for which, tree in (("before", before), ("after", HERE)) if r % 2 == 0 else (("after", HERE),
                                                                                       ("before", before)):
             print(f"round {r + 1}/{rounds}: {which} ({tree})", flush=True)
-            runs[which].append(_run_worker(tree, smoke))
+            runs[which].append(_run_worker(tree, smoke, only))
     rows = {}
     for name in runs["after"][0]:
         b = min(run[name]["ms"] for run in runs["before"])
@@ -141,10 +143,11 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="CPU through the Triton interpreter, small shapes")
     p.add_argument("--out-dir", default="results")
     p.add_argument("--name", default="kernels_ab")
+    p.add_argument("--only", nargs="*", help="kernel numbers to time (default: all), e.g. 10 23")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.worker, args.smoke)))
+        print(json.dumps(worker(args.worker, args.smoke, args.only)))
         return 0
     if args.before is None or not (args.before / "kernels").is_dir() or not (args.before / "sparsity_lab").is_dir():
         p.error(f"--before must name a tree with sparsity_lab/ and kernels/ folders, got {args.before}")
@@ -155,7 +158,9 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("kernels_ab needs a CUDA GPU (use --smoke to check the script on a CPU)")
             return 1
-    result = compare(args.before.resolve(), args.rounds, args.smoke)
+    result = compare(args.before.resolve(), args.rounds, args.smoke, args.only)
+    if not result["kernels"]:
+        p.error(f"--only {args.only} matches none of the kernels 10, 11, 21, 23, 24")
     print(f"{'kernel and shape':48s} {'before ms':>10s} {'after ms':>10s} {'after/before':>12s}  same bytes")
     for name, row in result["kernels"].items():
         ratio = f"{row['after_over_before']:.3f}" if row["after_over_before"] else "-"
