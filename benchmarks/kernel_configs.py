@@ -74,7 +74,7 @@ def measure_step_work(tokens: int = 8192, hidden: int = 16384, d_model: int = 40
         out[f"prepare24_{name}"] = sweep(lambda _w=w, _m=mask, **c: k.prepare24(_w, _m, beta, **c), warps,
                                          k.prepare24(w, mask, beta))
         out[f"refresh24_{name}"] = sweep(refresh, warps, refresh())
-    out["defaults"] = {"mvue_compress24": "block_groups 32, num_warps 4",
+    out["defaults"] = {"mvue_compress24": f"block_groups 32, num_warps {k.mvue_compress24.__defaults__[-1]}",
                        "prepare24": f"num_warps {k.prepare24.__defaults__[-1]}",
                        "refresh24": f"num_warps {k.refresh24.__defaults__[-1]}"}
     return out
