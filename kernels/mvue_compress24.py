@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_device, check_tensor
-from .compress24 import _PICK_CODES_HI, _PICK_CODES_LO, _pick, _store_compressed
+from .compress24 import _pick, _store_compressed
 from .mvue24 import _load_seed, _mvue_group_level, _mvue_level_picks, _signed, _unit_float, check_seed
 from .prepare24 import _fp8_bits, _groups_amax
 
@@ -87,31 +87,34 @@ def _kept_value(x, level, kept):
 
 
 @triton.jit
-def _mvue_tokens_pair(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed, BLOCK_G: tl.constexpr,
-                      EDGES: tl.constexpr = False, EMPTY_CODE_ZERO: tl.constexpr = False):
-    """The compressed pair of every group of ``_mvue_tokens_tile``'s MVUE(dZ), straight from MVUE's picks:
-    (v0, v1, code), each (64, BLOCK_G), v0 and v1 in dZ's dtype.
+def _mvue_tokens_picked(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed, BLOCK_G: tl.constexpr,
+                        EDGES: tl.constexpr = False):
+    """The tile's MVUE picks and its two kept values per group: (first, second, p0, p1, p2, p3), each (64,
+    BLOCK_G); first and second in dZ's dtype, rounded as ``_mvue_tokens_tile`` rounds them.
 
-    Equal to ``_pick`` of the tile's rounded values: a picked entry is non-zero after rounding (|x| > 0 and the
-    stored max(|x|, L) >= |x|), an unpicked one is +0.0, so the picks are _pick's non-zero flags. _pick's rule
-    on them: v0 is the first pick among entries 0-2 (else entry 0: +0.0); v1 is entry 3 if picked, else entry 2
-    if picked after another, else entry 1 if picked after entry 0, else entry 3 (+0.0). Two values are formed
-    and rounded per group instead of four, and no flag is recomputed from bits. EMPTY_CODE_ZERO: code 0 for a
-    group with no pick (CUTLASS's compressor, ``_pick_cutlass``; its zero slots are +0.0 here already)."""
+    MVUE keeps at most two entries of a group. first is the value of the first pick among entries 0-2 (+0.0 if
+    none); second the value of entry 3 if picked, else of entry 2 if picked after another, else of entry 1 if
+    picked after entry 0 (+0.0 if none). So ``_mvue_tokens_tile``'s y_k is first or second where p_k is set
+    (``_picked_slot`` says which) and +0.0 elsewhere: two values are formed and rounded per group, not four.
+    The non-zero flags of the compressed store are still taken from the rebuilt values, not from the picks: a
+    picked value can round to zero where subnormals are flushed (Triton's interpreter does)."""
     x0, x1, x2, x3, u = _mvue_tokens_inputs(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed, BLOCK_G, EDGES)
     level, p0, p1, p2, p3 = _mvue_level_picks(x0, x1, x2, x3, u)
     p01 = p0 | p1
     second2 = p2 & p01
-    first = tl.where(p0, x0, tl.where(p1, x1, x2))
-    second = tl.where(p3, x3, tl.where(second2, x2, x1))
     dt = dz_ptr.dtype.element_ty
-    v0 = _kept_value(first, level, p01 | p2).to(dt)
-    v1 = _kept_value(second, level, p3 | second2 | (p1 & p0)).to(dt)
-    shift = tl.where(p0, 4, 0) + tl.where(p1, 8, 0) + tl.where(p2, 16, 0)
-    code = (tl.where(p3, _PICK_CODES_HI, _PICK_CODES_LO) >> shift) & 0xF
-    if EMPTY_CODE_ZERO:
-        code = tl.where(p01 | p2 | p3, code, 0)
-    return v0, v1, code
+    first = _kept_value(tl.where(p0, x0, tl.where(p1, x1, x2)), level, p01 | p2).to(dt)
+    second = _kept_value(tl.where(p3, x3, tl.where(second2, x2, x1)), level, p3 | second2 | (p1 & p0)).to(dt)
+    return first, second, p0, p1, p2, p3
+
+
+@triton.jit
+def _picked_slot(first, second, rest, p0, p1, p2, p3):
+    """y_0 .. y_3 of the group rebuilt from ``_mvue_tokens_picked``'s two values (or any per-value image of them,
+    e.g. their FP8 bytes): first or second where picked, ``rest`` (the image of +0.0) elsewhere."""
+    p01 = p0 | p1
+    return (tl.where(p0, first, rest), tl.where(p1, tl.where(p0, second, first), rest),
+            tl.where(p2, tl.where(p01, second, first), rest), tl.where(p3, second, rest))
 
 
 @triton.jit
@@ -123,10 +126,19 @@ def _mvue_compress24_kernel(dz_ptr, vals_ptr, meta_ptr, n_cols, quads_per_row, h
     seed = _load_seed(seed, SEED_PTR)
     row0 = tl.program_id(0) * 64  # rows of A = columns n of dZ
     g0 = tl.program_id(1) * BLOCK_G  # groups of A = token groups of dZ
-    if WRITE_VALUES and not FP8 and not WRITE_AMAX:  # the bf16 / fp16 operand alone: the pair from the picks
-        v0, v1, code = _mvue_tokens_pair(dz_ptr, row0, g0, 2 * half_cols, n_cols, quads_per_row, seed, BLOCK_G)
-        _store_compressed(vals_ptr, meta_ptr, row0, g0, v0.to(tl.int16, bitcast=True), v1.to(tl.int16, bitcast=True),
-                          code, half_cols, col_tiles, False, BLOCK_G)
+    if WRITE_VALUES and FP8:  # kernel 19: the two kept values cast, the four bytes rebuilt from the picks
+        first, second, p0, p1, p2, p3 = _mvue_tokens_picked(dz_ptr, row0, g0, 2 * half_cols, n_cols, quads_per_row,
+                                                            seed, BLOCK_G)
+        if WRITE_AMAX:  # the unpicked entries are +0.0: the amax of the four is that of the two
+            zero = tl.zeros_like(first)
+            tl.store(partial_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1),
+                     _groups_amax(first, second, zero, zero))
+        inv_scale = tl.load(inv_scale_ptr)
+        rest = _fp8_bits(tl.zeros([1, 1], dtype=first.dtype), inv_scale, FMAX, MBITS, EMIN)  # +0.0's byte
+        b0, b1, b2, b3 = _picked_slot(_fp8_bits(first, inv_scale, FMAX, MBITS, EMIN),
+                                      _fp8_bits(second, inv_scale, FMAX, MBITS, EMIN), rest, p0, p1, p2, p3)
+        v0, v1, code = _pick(b0, b1, b2, b3, 0x7F)
+        _store_compressed(vals_ptr, meta_ptr, row0, g0, v0, v1, code, half_cols, col_tiles, FP8, BLOCK_G)
         return
     y0, y1, y2, y3 = _mvue_tokens_tile(dz_ptr, row0, g0, 2 * half_cols, n_cols, quads_per_row, seed, BLOCK_G)
     if WRITE_AMAX:  # amax of MVUE(dZ) as stored: what the unfused cast of it returns

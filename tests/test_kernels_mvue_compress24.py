@@ -86,6 +86,28 @@ def test_fp8_same_bytes_and_amax_as_mvue_cast_compress(token_tiles, col_tiles, d
     assert torch.equal(amax, amax_ref) and torch.equal(mvue24_amax(dz, seed % 1000), amax_ref)
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+def test_subnormal_gradients_same_bytes_as_the_unfused_path(fp8):
+    """dZ of bf16 subnormals: where the arithmetic flushes subnormals (Triton's interpreter does), a kept value
+    x / p can round to a signed zero, so the compressed store must take its non-zero flags from the values, not
+    from MVUE's picks (a shortcut that once failed here)."""
+    gen = torch.Generator().manual_seed(5)
+    sign = torch.where(torch.rand(128, 64, generator=gen) < 0.5, -1.0, 1.0)
+    dz = (sign * 1.653e-39).to(torch.bfloat16)
+    dz[torch.rand(128, 64, generator=gen) < 0.1] = -0.0
+    dz[0, 0] = -1.6563e-31
+    dz = dz.to(DEVICE)
+    for seed in (0, 46385):
+        if fp8:
+            inv_scale = torch.tensor([1e30], device=DEVICE)
+            fused, amax = mvue_compress24_fp8(dz, seed, inv_scale)
+            ref, amax_ref = _unfused_fp8(dz, seed, inv_scale)
+            assert torch.equal(amax, amax_ref)
+        else:
+            fused, ref = mvue_compress24(dz, seed=seed), compress24(mvue24(dz, dim=0, seed=seed).t())
+        assert torch.equal(_bytes(fused), _bytes(ref))
+
+
 def test_fp8_seed_from_the_device_and_bad_inputs():
     dz = torch.randn(128, 64).to(torch.bfloat16).to(DEVICE)
     inv = torch.tensor(100.0, device=DEVICE)

@@ -93,6 +93,24 @@ def test_adversarial_magnitudes_ties_and_signed_zeros(data, seed):
     assert torch.equal(amax, amax_ref)
 
 
+def test_subnormal_gradients_same_bytes_as_the_unfused_path():
+    """dZ of bf16 subnormals, bf16 and E4M3: where subnormals flush (Triton's interpreter), a picked value can round
+    to a signed zero; the store takes its flags from the values (hypothesis once found this case)."""
+    gen = torch.Generator().manual_seed(5)
+    sign = torch.where(torch.rand(48, 24, generator=gen) < 0.5, -1.0, 1.0)
+    dz = (sign * 1.653e-39).to(BF16)
+    dz[torch.rand(48, 24, generator=gen) < 0.1] = -0.0
+    dz[0, 0] = -1.6563e-31
+    dz = dz.to(DEVICE)
+    for seed in (0, 46385):
+        _assert_form(mvue_compress24_cutlass(dz, seed=seed), _drawn(dz, seed, 48).t())
+        inv_scale = torch.tensor([1e30], dtype=torch.float32, device=DEVICE)
+        q, amax_ref = quantize_fp8_with_scale(_drawn(dz, seed, 64), inv_scale)
+        values, meta, amax = mvue_compress24_cutlass_fp8(dz, seed, inv_scale)
+        _assert_form((values, meta), q.t())
+        assert torch.equal(amax, amax_ref)
+
+
 def test_ties_signed_zeros_and_empty_groups():
     """Four equal magnitudes per group (every entry p = 1/2), groups of -0.0 only, of one non-zero (kept as it is)
     and of +0.0 only (code 0, both slots +0.0)."""
