@@ -1,9 +1,9 @@
 """The step's 2:4 kernels of this tree against another tree's, timed side by side on one GPU.
 
 A kernel change is judged by its time beside the code it replaces, measured in the same call. ``python -m
-benchmarks.kernels_ab --before DIR`` times kernels 10, 11, 21, 23 and 24 at the lab GPT step's FFN shapes
+benchmarks.kernels_ab --before DIR`` times kernels 10, 11, 19, 21, 23 and 24 at the lab GPT step's FFN shapes
 (dZ of 8192 tokens x 16384 and x 4096, bf16 weights 16384 x 4096 and 4096 x 16384, S-STE's scale, each
-kernel's default launch) once with this tree's ``sparsity_lab`` and once with the one under DIR (a checkout
+E4M3 with a given scale for 19 and 23's FP8 form, each kernel's default launch) once with this tree's ``sparsity_lab`` and once with the one under DIR (a checkout
 or ``git archive`` of another commit: its ``sparsity_lab/`` and ``kernels/``), alternating the trees for
 ``--rounds`` rounds, each tree in its own process. Each process also hashes every kernel's outputs: the two
 trees must write the same bytes (a speed change that changes results is reported as one).
@@ -72,6 +72,11 @@ def _cases(k, torch, device, smoke: bool) -> dict:
         dz = torch.randn(tokens, out_f, device=device, dtype=torch.bfloat16, generator=gen)
         cases[f"10 mvue_compress24 dZ {tokens}x{out_f}"] = lambda dz=dz: (k.mvue_compress24(dz, seed),)
         cases[f"23 mvue_compress24_cutlass dZ {tokens}x{out_f}"] = lambda dz=dz: k.mvue_compress24_cutlass(dz, seed)
+        inv_scale = (448.0 / dz.float().abs().amax()).reshape(1)
+        cases[f"19 mvue_compress24_fp8 dZ {tokens}x{out_f}"] = lambda dz=dz, s=inv_scale: k.mvue_compress24_fp8(
+            dz, seed, s)
+        cases[f"23 mvue_compress24_cutlass_fp8 dZ {tokens}x{out_f}"] = (
+            lambda dz=dz, s=inv_scale: k.mvue_compress24_cutlass_fp8(dz, seed, s))
     for shape in ((hidden, d_model), (d_model, hidden)):
         w = torch.randn(*shape, device=device, generator=gen).to(torch.bfloat16)
         mask = k.transposable_mask24(w, pruned=False)[0]
@@ -160,7 +165,7 @@ def main(argv=None) -> int:
             return 1
     result = compare(args.before.resolve(), args.rounds, args.smoke, args.only)
     if not result["kernels"]:
-        p.error(f"--only {args.only} matches none of the kernels 10, 11, 21, 23, 24")
+        p.error(f"--only {args.only} matches none of the kernels 10, 11, 19, 21, 23, 24")
     print(f"{'kernel and shape':48s} {'before ms':>10s} {'after ms':>10s} {'after/before':>12s}  same bytes")
     for name, row in result["kernels"].items():
         ratio = f"{row['after_over_before']:.3f}" if row["after_over_before"] else "-"
