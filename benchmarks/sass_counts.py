@@ -45,7 +45,8 @@ def _kernel_specs() -> dict:
     """name -> (jit function, signature, constexprs, num_warps, elements per program): the step's launches."""
     import triton.language as tl
 
-    k10 = importlib.import_module("sparsity_lab.kernels.mvue_compress24")._mvue_compress24_kernel
+    m10 = importlib.import_module("sparsity_lab.kernels.mvue_compress24")
+    k10 = m10._mvue_compress24_kernel
     k11 = importlib.import_module("sparsity_lab.kernels.prepare24")
     k21 = importlib.import_module("sparsity_lab.kernels.refresh24")
     k23 = importlib.import_module("sparsity_lab.kernels.mvue_compress24_cutlass")._mvue_compress24_cutlass_kernel
@@ -66,7 +67,8 @@ def _kernel_specs() -> dict:
                  stride_c="i32", n_rows="i32", n_cols="i32")
     bf16 = tl.bfloat16
     return {
-        "10 mvue_compress24": (k10, sig10, dict(BLOCK_G=32, SEED_PTR=True, **mvue_fp8_off), 4, 64 * 4 * 32),
+        "10 mvue_compress24": (k10, sig10, dict(BLOCK_G=32, SEED_PTR=True, **mvue_fp8_off),
+                               _default_warps(m10.mvue_compress24), 64 * 4 * 32),
         "11 prepare24": (k11._prepare24_kernel, sig11, dict(
             SOFT=True, WRITE_W=True, WRITE_T=True, OUT_DTYPE=bf16, stride_c=1, FP8=False, WRITE_AMAX=False,
             FMAX=448.0, MBITS=3, EMIN=-6, SIGN_OFF=0x7FFF, TILE_COLS=32), _default_warps(k11.prepare24), 64 * 64),

@@ -46,22 +46,32 @@ _PICK_CODES_HI = tl.constexpr(0xCDCECDCC)
 
 
 @triton.jit
-def _pick(x0, x1, x2, x3, SIGN_OFF: tl.constexpr):
+def _pick(x0, x1, x2, x3, SIGN_OFF: tl.constexpr, TABLE: tl.constexpr = True):
     """Kept columns (i < j) of each group, their raw values and the 4-bit code i | j << 2.
 
     i is the first non-zero of x0, x1, x2 (0 if none), j the first non-zero after i looking from x3 down to x1
     (3 if none): groups with fewer than two non-zeros keep zeros in the free slots, as cuSPARSELt's compressor
-    does. The code comes from a table over the four flags; the values are selected by the same rule.
+    does. TABLE: the code from a table over the four flags and the values selected by the same rule; else the
+    compare-and-select chains over i and j. Both give the same bytes. Which is faster depends on the kernel
+    around it (Triton 3.6 on the H200, ``results/kernels_ab_h200_*.json``): the table in the weight kernels (11,
+    21, 22, 24), the chains in the MVUE kernels' bf16 form (10, 23).
     """
     n0 = (x0 & SIGN_OFF) != 0
     n1 = (x1 & SIGN_OFF) != 0
     n2 = (x2 & SIGN_OFF) != 0
     n3 = (x3 & SIGN_OFF) != 0
-    shift = tl.where(n0, 4, 0) + tl.where(n1, 8, 0) + tl.where(n2, 16, 0)
-    code = (tl.where(n3, _PICK_CODES_HI, _PICK_CODES_LO) >> shift) & 0xF
-    # i = 1: n1 first; i = 2: n2 first; else i = 0. j = 3: n3 or nothing found; j = 2: n2 after a non-zero i
-    v0 = tl.where(n1 & ~n0, x1, tl.where(n2 & ~(n0 | n1), x2, x0))
-    v1 = tl.where(n3, x3, tl.where(n2 & (n0 | n1), x2, tl.where(n1 & n0, x1, x3)))
+    if TABLE:
+        shift = tl.where(n0, 4, 0) + tl.where(n1, 8, 0) + tl.where(n2, 16, 0)
+        code = (tl.where(n3, _PICK_CODES_HI, _PICK_CODES_LO) >> shift) & 0xF
+        # i = 1: n1 first; i = 2: n2 first; else i = 0. j = 3: n3 or nothing found; j = 2: n2 after a non-zero i
+        v0 = tl.where(n1 & ~n0, x1, tl.where(n2 & ~(n0 | n1), x2, x0))
+        v1 = tl.where(n3, x3, tl.where(n2 & (n0 | n1), x2, tl.where(n1 & n0, x1, x3)))
+    else:
+        i = tl.where(n0, 0, tl.where(n1, 1, tl.where(n2, 2, 0)))
+        j = tl.where(n3 & (i < 3), 3, tl.where(n2 & (i < 2), 2, tl.where(n1 & (i < 1), 1, 3)))
+        v0 = tl.where(i == 0, x0, tl.where(i == 1, x1, x2))
+        v1 = tl.where(j == 3, x3, tl.where(j == 2, x2, x1))
+        code = i | (j << 2)
     return v0, v1, code
 
 

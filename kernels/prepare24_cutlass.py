@@ -45,10 +45,11 @@ from .prepare24 import (TILE, _TL_DTYPES, _groups_amax, _join_groups, _operand_b
 
 
 @triton.jit
-def _pick_cutlass(x0, x1, x2, x3, SIGN_OFF: tl.constexpr):
+def _pick_cutlass(x0, x1, x2, x3, SIGN_OFF: tl.constexpr, TABLE: tl.constexpr = True):
     """CUTLASS's compressor's choice for each group (raw bits, each (64, 16)): kernel 8's kept columns and
-    code, with a zero slot holding +0.0 (a -0.0 is not copied) and code 0 for a group with no non-zero."""
-    v0, v1, code = _pick(x0, x1, x2, x3, SIGN_OFF)
+    code, with a zero slot holding +0.0 (a -0.0 is not copied) and code 0 for a group with no non-zero.
+    TABLE: as ``_pick``."""
+    v0, v1, code = _pick(x0, x1, x2, x3, SIGN_OFF, TABLE)
     k0 = (v0 & SIGN_OFF) != 0
     k1 = (v1 & SIGN_OFF) != 0
     zero = tl.zeros_like(v0)
