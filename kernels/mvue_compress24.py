@@ -206,8 +206,8 @@ def mvue_compress24(dz: torch.Tensor, seed: int = 0, block_groups: int | None = 
     ``compress24(mvue24(dz, dim=0, seed=seed).t())`` (``mvue24``'s default variant, level_philox4).
     Returns ``cusparselt_layout.compressed_shape(out, tokens, dz.dtype)`` of dz's dtype.
 
-    num_warps 8 by default: with the pair formed from MVUE's picks it is 3-4 % faster than the earlier kernel at
-    4 warps, and 4 warps 7 % slower, at the lab step's dZ on the H200 (``results/kernels_ab_h200_k10_*.json``).
+    num_warps 8 by default: 1-3 % faster than 4 at the lab step's dZ on the H200
+    (``results/kernels_ab_h200_k10_8_vs_4_warps.json``).
     """
     block_groups = _checked_dz(dz, seed, block_groups, 8)
     return _launch(dz, seed, block_groups, num_warps, dz.dtype)[0]
