@@ -7,7 +7,8 @@ instructions per source line (the cubin's line table) tells, before any GPU run,
 helper costs per element, and whether a change removed some.
 
 ``python -m benchmarks.sass_counts`` compiles kernels 10, 11, 21, 23 and 24 as the lab GPT's bf16 step launches
-them (S-STE, bf16 operands, their default warps and blocks) with Triton's sm_90 compiler, disassembles them
+them (S-STE, bf16 operands, their default warps and blocks), and the E4M3 forms of kernels 19 and 23 (16 groups a
+program, with the amax, as the FP8 backends launch them), with Triton's sm_90 compiler, disassembles them
 with the ``nvdisasm`` Triton ships, and prints per kernel: instructions per thread, per element, the opcode mix
 (the ALU pipe runs at half the FP32 rate on Hopper: compares, selects and logic cost twice an add) and the
 count of every ``@triton.jit`` helper, its inlined callees included in the callee's own count. ``--json``
@@ -76,6 +77,11 @@ def _kernel_specs() -> dict:
                                                             OUT_DTYPE=bf16, stride_c=1), k21.DEFAULT_WARPS, 64 * 64),
         "23 mvue_compress24_cutlass": (k23, sig23, dict(BLOCK_G=32, SEED_PTR=True, SIGN_OFF=0x7FFF, **mvue_fp8_off),
                                        4, 64 * 4 * 32),
+        "19 mvue_compress24_fp8": (k10, dict(sig10, vals_ptr="*u8"), dict(
+            BLOCK_G=16, SEED_PTR=True, **dict(mvue_fp8_off, FP8=True, WRITE_AMAX=True)), 4, 64 * 4 * 16),
+        "23 mvue_compress24_cutlass_fp8": (k23, dict(sig23, vals_ptr="*u8"), dict(
+            BLOCK_G=16, SEED_PTR=True, SIGN_OFF=0x7F, **dict(mvue_fp8_off, FP8=True, WRITE_AMAX=True)), 4,
+            64 * 4 * 16),
         "24 refresh24_cutlass": (k24, sig24, dict(SOFT=True, COUNT=True, WRITE_W=True, WRITE_T=True, OUT_DTYPE=bf16,
                                                   EDGE=False, stride_c=1, **fp8_off), 4, 64 * 64),
     }
