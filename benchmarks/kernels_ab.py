@@ -2,11 +2,12 @@
 
 A kernel change is judged by its time beside the code it replaces, measured in the same call. ``python -m
 benchmarks.kernels_ab --before DIR`` times kernels 10, 11, 19, 21, 23 and 24 at the lab GPT step's FFN shapes
-(dZ of 8192 tokens x 16384 and x 4096, bf16 weights 16384 x 4096 and 4096 x 16384, S-STE's scale, each
-E4M3 with a given scale for 19 and 23's FP8 form, each kernel's default launch) once with this tree's ``sparsity_lab`` and once with the one under DIR (a checkout
-or ``git archive`` of another commit: its ``sparsity_lab/`` and ``kernels/``), alternating the trees for
-``--rounds`` rounds, each tree in its own process. Each process also hashes every kernel's outputs: the two
-trees must write the same bytes (a speed change that changes results is reported as one).
+(dZ of 8192 tokens x 16384 and x 4096, bf16 weights 16384 x 4096 and 4096 x 16384, S-STE's scale, E4M3 with a
+given scale for 19 and 23's FP8 form, each kernel's default launch) once with this tree's ``sparsity_lab`` and
+once with the one under DIR (a checkout or ``git archive`` of another commit: its ``sparsity_lab/`` and
+``kernels/``), alternating the trees for ``--rounds`` rounds, each tree in its own process. Each process also
+hashes every kernel's outputs: the two trees must write the same bytes (a speed change that changes results is
+reported as one).
 
 It prints, per kernel and shape, both medians (the best round), after / before, and whether the bytes
 agree, and writes ``<out-dir>/<name>.json`` with provenance. ``--smoke`` checks the script on a CPU through
@@ -116,7 +117,8 @@ def _run_worker(tree: Path, smoke: bool, only: list[str] | None) -> dict:
     env = dict(os.environ)
     if smoke:
         env["TRITON_INTERPRET"] = "1"
-    cmd = [sys.executable, "-m", "benchmarks.kernels_ab", "--worker", str(tree)] + (["--smoke"] if smoke else []) + (["--only", *only] if only else [])
+    cmd = [sys.executable, "-m", "benchmarks.kernels_ab", "--worker", str(tree)]
+    cmd += (["--smoke"] if smoke else []) + (["--only", *only] if only else [])
     done = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"the worker for {tree} failed:\n{done.stderr[-3000:]}")

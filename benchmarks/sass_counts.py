@@ -212,7 +212,8 @@ def main(argv=None) -> int:
 
         import sys
 
-        result["provenance"] = provenance(command=" ".join(["python -m benchmarks.sass_counts", *(argv or sys.argv[1:])]))
+        command = " ".join(["python -m benchmarks.sass_counts", *(argv or sys.argv[1:])])
+        result["provenance"] = provenance(command=command)
         out = Path(args.out_dir) / f"sass_counts_triton{result['triton']}.json"
         out.write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {out}")

@@ -40,7 +40,7 @@ ROW_TILE = 64
 
 # The 4-bit code i | j << 2 of a group from its non-zero flags b = n0 | n1 << 1 | n2 << 2 | n3 << 3, one nibble per
 # b: _PICK_CODES_LO for b < 8, _PICK_CODES_HI for b >= 8 (n3 set: j = 3). Derived from the rule in _pick's
-# docstring (tests/test_kernels.py checks every b): one table lookup instead of compare-and-select chains.
+# docstring (tests/test_kernels_compress24.py checks every b): one table lookup instead of compare-and-select chains.
 _PICK_CODES_LO = tl.constexpr(0x898E4DCC)
 _PICK_CODES_HI = tl.constexpr(0xCDCECDCC)
 

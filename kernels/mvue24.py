@@ -99,7 +99,8 @@ def _mvue_level_picks(x0, x1, x2, x3, u):
     hi = lo + level
     # pointer p lands in entry i's interval [e_{i-1}, e_i) when p >= e_{i-1} and p < e_i. hi >= level >= e0
     # (lo >= 0), so hi is never in the first interval and "hi >= e0" needs no compare; "p >= e_{i-1}" is
-    # "not p < e_{i-1}" (with a NaN p or e both forms end false: p < e_i is false too). Five compares, not ten.
+    # "not p < e_{i-1}" (with a NaN p or e both forms end false: p < e_i is false too). Five compares for the first
+    # three picks, not nine.
     lo_in0 = lo < e0
     lo_below1 = lo < e1
     hi_below1 = hi < e1
