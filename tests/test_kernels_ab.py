@@ -33,7 +33,7 @@ def test_a_tree_with_other_metadata_bytes_is_reported_and_the_exit_code_says_so(
     assert code == 2
     rows = result["kernels"]
     assert result["before_tree"] == str(other.resolve())
-    # every kernel that compresses through _pick writes other metadata; the ones on MVUE's picks write the table too
+    # the kernels whose pick uses the table (the weight kernels here) write other metadata
     assert not rows["11 prepare24 W 128x64"]["same_bytes"]
     assert not rows["21 refresh24 W 128x64"]["same_bytes"]
 
