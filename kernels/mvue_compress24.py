@@ -118,6 +118,27 @@ def _picked_slot(first, second, rest, p0, p1, p2, p3):
 
 
 @triton.jit
+def _mvue_tokens_fp8_bytes(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed, inv_scale_ptr, partial_ptr,
+                           BLOCK_G: tl.constexpr, EDGES: tl.constexpr, WRITE_AMAX: tl.constexpr, FMAX: tl.constexpr,
+                           MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """The E4M3 bytes of the tile's MVUE(dZ), q(y_0) .. q(y_3), each (64, BLOCK_G), cast with the scale at
+    ``inv_scale_ptr`` as ``quantize_fp8_with_scale`` casts the stored values (kernels 19 and 23): the two kept
+    values cast, the four bytes rebuilt from MVUE's picks (``_picked_slot``; unpicked entries take the byte of
+    +0.0). WRITE_AMAX: also the program's amax of MVUE(dZ) as stored, at ``partial_ptr`` (the unpicked entries
+    are +0.0, so the amax of the four is that of the two)."""
+    first, second, p0, p1, p2, p3 = _mvue_tokens_picked(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed,
+                                                        BLOCK_G, EDGES)
+    if WRITE_AMAX:
+        zero = tl.zeros_like(first)
+        tl.store(partial_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1),
+                 _groups_amax(first, second, zero, zero))
+    inv_scale = tl.load(inv_scale_ptr)
+    rest = _fp8_bits(tl.zeros([1, 1], dtype=first.dtype), inv_scale, FMAX, MBITS, EMIN)  # +0.0's byte
+    return _picked_slot(_fp8_bits(first, inv_scale, FMAX, MBITS, EMIN), _fp8_bits(second, inv_scale, FMAX, MBITS, EMIN),
+                        rest, p0, p1, p2, p3)
+
+
+@triton.jit
 def _mvue_compress24_kernel(dz_ptr, vals_ptr, meta_ptr, n_cols, quads_per_row, half_cols, seed, col_tiles,
                             inv_scale_ptr, partial_ptr, BLOCK_G: tl.constexpr, SEED_PTR: tl.constexpr = False,
                             FP8: tl.constexpr = False, WRITE_VALUES: tl.constexpr = True,
@@ -126,17 +147,10 @@ def _mvue_compress24_kernel(dz_ptr, vals_ptr, meta_ptr, n_cols, quads_per_row, h
     seed = _load_seed(seed, SEED_PTR)
     row0 = tl.program_id(0) * 64  # rows of A = columns n of dZ
     g0 = tl.program_id(1) * BLOCK_G  # groups of A = token groups of dZ
-    if WRITE_VALUES and FP8:  # kernel 19: the two kept values cast, the four bytes rebuilt from the picks
-        first, second, p0, p1, p2, p3 = _mvue_tokens_picked(dz_ptr, row0, g0, 2 * half_cols, n_cols, quads_per_row,
-                                                            seed, BLOCK_G)
-        if WRITE_AMAX:  # the unpicked entries are +0.0: the amax of the four is that of the two
-            zero = tl.zeros_like(first)
-            tl.store(partial_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1),
-                     _groups_amax(first, second, zero, zero))
-        inv_scale = tl.load(inv_scale_ptr)
-        rest = _fp8_bits(tl.zeros([1, 1], dtype=first.dtype), inv_scale, FMAX, MBITS, EMIN)  # +0.0's byte
-        b0, b1, b2, b3 = _picked_slot(_fp8_bits(first, inv_scale, FMAX, MBITS, EMIN),
-                                      _fp8_bits(second, inv_scale, FMAX, MBITS, EMIN), rest, p0, p1, p2, p3)
+    if WRITE_VALUES and FP8:  # kernel 19
+        b0, b1, b2, b3 = _mvue_tokens_fp8_bytes(dz_ptr, row0, g0, 2 * half_cols, n_cols, quads_per_row, seed,
+                                                inv_scale_ptr, partial_ptr, BLOCK_G, False, WRITE_AMAX, FMAX, MBITS,
+                                                EMIN)
         v0, v1, code = _pick(b0, b1, b2, b3, 0x7F)
         _store_compressed(vals_ptr, meta_ptr, row0, g0, v0, v1, code, half_cols, col_tiles, FP8, BLOCK_G)
         return

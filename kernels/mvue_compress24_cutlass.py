@@ -38,8 +38,8 @@ from sparsity_lab.references.fp8 import fp8_format
 from ._common import check_device, check_tensor
 from .fp8_cast import _GRID
 from .mvue24 import _load_seed, check_seed
-from .mvue_compress24 import _mvue_tokens_picked, _mvue_tokens_tile, _picked_slot
-from .prepare24 import _fp8_bits, _groups_amax, _operand_bits
+from .mvue_compress24 import _mvue_tokens_fp8_bytes, _mvue_tokens_tile
+from .prepare24 import _groups_amax, _operand_bits
 from .prepare24_cutlass import _pick_cutlass, _round_up, _store_cutlass
 
 BLOCK_GROUPS = (16, 32)  # token groups per program: whole metadata bytes, and 128-token atoms divide evenly
@@ -56,16 +56,9 @@ def _mvue_compress24_cutlass_kernel(dz_ptr, vals_ptr, meta_ptr, inv_scale_ptr, p
     row0 = tl.program_id(0) * 64  # rows of A = columns of dZ
     g0 = tl.program_id(1) * BLOCK_G  # groups of A = token groups of dZ
     if WRITE_VALUES and FP8:  # E4M3: the two kept values cast, the four bytes rebuilt from the picks
-        first, second, p0, p1, p2, p3 = _mvue_tokens_picked(dz_ptr, row0, g0, n_tokens, n_cols, (n_cols + 3) // 4,
-                                                            seed, BLOCK_G, True)
-        if WRITE_AMAX:  # the unpicked entries are +0.0: the amax of the four is that of the two
-            zero = tl.zeros_like(first)
-            tl.store(partial_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1),
-                     _groups_amax(first, second, zero, zero))
-        inv_scale = tl.load(inv_scale_ptr)
-        rest = _fp8_bits(tl.zeros([1, 1], dtype=first.dtype), inv_scale, FMAX, MBITS, EMIN)  # +0.0's byte
-        b0, b1, b2, b3 = _picked_slot(_fp8_bits(first, inv_scale, FMAX, MBITS, EMIN),
-                                      _fp8_bits(second, inv_scale, FMAX, MBITS, EMIN), rest, p0, p1, p2, p3)
+        b0, b1, b2, b3 = _mvue_tokens_fp8_bytes(dz_ptr, row0, g0, n_tokens, n_cols, (n_cols + 3) // 4, seed,
+                                                inv_scale_ptr, partial_ptr, BLOCK_G, True, WRITE_AMAX, FMAX, MBITS,
+                                                EMIN)
         v0, v1, code = _pick_cutlass(b0, b1, b2, b3, SIGN_OFF)
         _store_cutlass(vals_ptr, meta_ptr, row0, g0, v0, v1, code, n_cols, k_tokens, FP8, BLOCK_G)
         return
