@@ -3,6 +3,7 @@ against the unfused chain it replaces, kernel 2 -> kernel 9 -> the mask copy -> 
 its own reference), and against the plain PyTorch references: ``solve_patterns``, ``mask_flips_tensor`` and the
 dense S decoded from the compressed bytes."""
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -203,16 +204,8 @@ def test_bad_inputs_are_refused_with_the_reason():
 
 
 _COMPILE_FOR_SM90 = r"""
-import triton, triton.language as tl, importlib
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
-def compile_for_sm90(fn, signature, constexprs, num_warps):
-    # what the JIT specializes on at whole-tile shapes: pointers and int32 sizes divisible by 16
-    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(signature.items())
-             if kind != "constexpr" and name not in constexprs}
-    triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                   target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+import triton.language as tl, importlib
+from benchmarks.sass_counts import compile_sm90 as compile_for_sm90  # as the JIT builds whole tiles, no GPU
 
 k21 = importlib.import_module("sparsity_lab.kernels.refresh24")._refresh24_kernel
 k11 = importlib.import_module("sparsity_lab.kernels.prepare24")._prepare24_kernel
@@ -265,7 +258,7 @@ def test_kernels_21_and_24_and_the_kernels_they_share_code_with_compile_for_sm90
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton's default, set to keep its notice out of the output
     out = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90], capture_output=True, text=True, env=env,
-                         timeout=300)
+                         timeout=300, cwd=Path(__file__).resolve().parent.parent)  # the repo root: benchmarks/
     assert out.returncode == 0 and "compiled" in out.stdout, out.stderr[-3000:]
 
 
