@@ -52,7 +52,8 @@ def _kernel_specs() -> dict:
     k21 = importlib.import_module("sparsity_lab.kernels.refresh24")
     k23 = importlib.import_module("sparsity_lab.kernels.mvue_compress24_cutlass")._mvue_compress24_cutlass_kernel
     k24 = importlib.import_module("sparsity_lab.kernels.refresh24_cutlass")._refresh24_cutlass_kernel
-    fp8_off = importlib.import_module("sparsity_lab.kernels.prepare24_cutlass").fp8_constexprs(False)
+    fp8_constexprs = importlib.import_module("sparsity_lab.kernels.prepare24_cutlass").fp8_constexprs
+    fp8_off, fp8_on = fp8_constexprs(False), fp8_constexprs(True)
     mvue_fp8_off = dict(FP8=False, WRITE_VALUES=True, WRITE_AMAX=False, FMAX=448.0, MBITS=3, EMIN=-6)
     sig10 = dict(dz_ptr="*bf16", vals_ptr="*i16", meta_ptr="*u8", n_cols="i32", quads_per_row="i32",
                  half_cols="i32", seed="*i64", col_tiles="i32", inv_scale_ptr="*fp32", partial_ptr="*fp32")
@@ -84,6 +85,9 @@ def _kernel_specs() -> dict:
             64 * 4 * 16),
         "24 refresh24_cutlass": (k24, sig24, dict(SOFT=True, COUNT=True, WRITE_W=True, WRITE_T=True, OUT_DTYPE=bf16,
                                                   EDGE=False, stride_c=1, **fp8_off), 4, 64 * 64),
+        "24 refresh24_cutlass_fp8": (k24, dict(sig24, vals_ptr="*u8", vals_t_ptr="*u8"), dict(
+            SOFT=True, COUNT=True, WRITE_W=True, WRITE_T=True, OUT_DTYPE=bf16, EDGE=False, stride_c=1,
+            **fp8_on), 4, 64 * 64),
     }
 
 

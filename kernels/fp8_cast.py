@@ -3,7 +3,7 @@
 The idea
     ``sparsity_lab.references.fp8`` is the reference and fixes the convention: ``scale = amax / fp8_max``
     (what ``torch._scaled_mm`` takes), ``q = fp8(clamp(x * (fp8_max / amax)))``, ``x ~= q * scale``, and
-    NaN for an x that is not finite (``_finite_product``, ``_to_fp8_or_nan``).
+    NaN for an x that is not finite (``_finite_product``, ``_fp8_byte``).
 
     Current scaling needs the amax of the whole tensor before the first element can be cast, so it
     is two passes over x: ``_amax_kernel`` writes one max per program (a few thousand floats,
@@ -17,15 +17,20 @@ The idea
     Rounding: the product ``y = x * inv_scale`` is rounded to the FP8 grid explicitly in float32
     (round to nearest even: adding and subtracting ``1.5 * 2**(23 + e - mantissa_bits)`` leaves y
     rounded to a multiple of its FP8 ulp ``2**(e - mantissa_bits)``, e = max(exponent of y, the
-    format's smallest normal exponent)), so the final cast converts an exactly representable value.
-    That makes the result independent of the cast's own rounding (triton 3.9's interpreter carries
-    mantissa overflow wrongly in fp32 -> fp8 casts: 124.8 became 64 instead of 128).
+    format's smallest normal exponent)), and the byte is assembled from that value's bits. The
+    interpreter needs this: triton 3.9's interpreter carries mantissa overflow wrongly in fp32 -> fp8
+    casts (124.8 became 64 instead of 128). A compiled kernel lets the GPU convert instead
+    (``HARDWARE_FP8_CAST``): ``cvt.rn.satfinite`` (sm_89 and later) rounds to nearest even and
+    saturates to the format's largest finite value, the same byte in one instruction instead of about
+    thirty (``benchmarks.sass_counts`` counts them).
 
 Bytes (x of dtype size s, numel n)
     amax: read s n.  quantize: read s n, write n.  current scaling in all: read 2 s n, write n.
     dequantize: read n, write s n.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -64,13 +69,60 @@ def _finite_product(x, y):
     return (tl.abs(x) <= F32_MAX) & (y == y)
 
 
+def _interpreting() -> bool:
+    """Whether Triton runs kernels through its CPU interpreter (TRITON_INTERPRET, read as Triton reads it)."""
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+# Compiled kernels convert with the GPU's instruction; the interpreter rounds in float32 (module docstring).
+HARDWARE_FP8_CAST = tl.constexpr(not _interpreting())
+MIN_FP8_CAPABILITY = (8, 9)  # cvt.rn.satfinite.{e4m3,e5m2}x2.f32: Ada and Hopper onwards
+
+
+def check_fp8_device(device: torch.device) -> None:
+    """A compiled FP8 cast needs the GPU's FP8 conversion (compute capability 8.9 or later)."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < MIN_FP8_CAPABILITY:
+        major, minor = torch.cuda.get_device_capability(device)
+        raise RuntimeError(f"the FP8 kernels need a GPU of compute capability 8.9 or later (its FP8 conversion "
+                           f"instruction); {torch.cuda.get_device_name(device)} is {major}.{minor}")
+
+
 @triton.jit
-def _to_fp8_or_nan(y, keep, FP8: tl.constexpr):
-    """y (on the FP8 grid) converted to the FP8 dtype where ``keep``, NaN (the byte 0x7F, what torch's
-    conversion gives a NaN in both formats) elsewhere. Chosen on the bytes: a float max/min may drop a
-    NaN, the hardware's conversion saturates inf, and the interpreter's turns a NaN into a number."""
-    byte = tl.where(keep, y.to(FP8).to(tl.uint8, bitcast=True), 0x7F).to(tl.uint8)
-    return byte.to(FP8, bitcast=True)
+def _hardware_fp8_byte(y, MBITS: tl.constexpr):
+    """The FP8 byte of float32 y by the GPU's conversion: round to nearest even, saturated to the largest
+    finite value, -0.0 kept (int32, 0..255). MBITS 3: E4M3, 2: E5M2."""
+    if MBITS == 3:
+        asm: tl.constexpr = "{ .reg .b16 t; cvt.rn.satfinite.e4m3x2.f32 t, $1, $1; cvt.u32.u16 $0, t; }"
+    else:
+        asm: tl.constexpr = "{ .reg .b16 t; cvt.rn.satfinite.e5m2x2.f32 t, $1, $1; cvt.u32.u16 $0, t; }"
+    both = tl.inline_asm_elementwise(asm, "=r,r", [y], dtype=tl.int32, is_pure=True, pack=1)
+    return both & 0xFF  # both halves hold the same byte
+
+
+@triton.jit
+def _fp8_byte(y, keep, FMAX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """The FP8 byte (uint8) of float32 y = x * inv_scale: clamped to +-FMAX, rounded to nearest even, -0.0
+    kept as the sign bit alone, where ``keep``; 0x7F (NaN in both formats, as torch's conversion gives it)
+    elsewhere. Chosen on the bytes: a float max/min may drop a NaN and the conversion saturates inf.
+
+    Compiled: the GPU's conversion. Interpreted: y rounded on the FP8 grid in float32 and the byte
+    assembled with integer ops (sign, exponent rebiased to 1 - EMIN, the top MBITS of the mantissa;
+    subnormals as multiples of 2**(EMIN - MBITS))."""
+    y = tl.where(keep, y, 0.0)
+    if HARDWARE_FP8_CAST:
+        byte = _hardware_fp8_byte(y, MBITS)
+    else:
+        r = _round_to_fp8_grid(tl.minimum(tl.maximum(y, -FMAX), FMAX), MBITS, EMIN)
+        bits = r.to(tl.int32, bitcast=True)
+        sign = ((bits >> 31) & 1) << 7
+        e = ((bits >> 23) & 0xFF) - 127
+        normal = (((e + 1 - EMIN) << MBITS) | ((bits >> (23 - MBITS)) & ((1 << MBITS) - 1)))
+        subnormal = (tl.abs(r) * (1 << (MBITS - EMIN))).to(tl.int32)  # exact: r is on the subnormal grid
+        byte = sign | tl.where(e >= EMIN, normal, subnormal)
+    return tl.where(keep, byte, 0x7F).to(tl.uint8)
 
 
 @triton.jit
@@ -87,9 +139,8 @@ def _quantize_kernel(x_ptr, q_ptr, inv_scale_ptr, partial_ptr, n, FMAX: tl.const
     ok = offs < n
     x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     y = x * tl.load(inv_scale_ptr)
-    keep = _finite_product(x, y)
-    y = _round_to_fp8_grid(tl.minimum(tl.maximum(tl.where(keep, y, 0.0), -FMAX), FMAX), MBITS, EMIN)
-    tl.store(q_ptr + offs, _to_fp8_or_nan(y, keep, q_ptr.dtype.element_ty), mask=ok)
+    byte = _fp8_byte(y, _finite_product(x, y), FMAX, MBITS, EMIN)
+    tl.store(q_ptr + offs, byte.to(q_ptr.dtype.element_ty, bitcast=True), mask=ok)
     if WRITE_AMAX:
         tl.store(partial_ptr + tl.program_id(0), tl.max(tl.abs(x), axis=0))
 
@@ -120,6 +171,7 @@ def amax(x: torch.Tensor, block: int = DEFAULT_BLOCK, num_warps: int = DEFAULT_W
 
 
 def _quantize(x, inv_scale, fmt, write_amax, block, num_warps):
+    check_fp8_device(x.device)
     dtype, fmax = fp8_format(fmt)
     mbits, emin = _GRID[fmt]
     x = contiguous(x)

@@ -7,8 +7,8 @@ The idea
     which is the same memory. The forward reads q(X) as it is. Casting X once and copying q(X) into
     its transpose afterwards costs a second read and write of q(X) (and PyTorch's transpose copy of
     a float8 tensor is far from the copy bandwidth). Here each program loads one
-    ``BLOCK_R x BLOCK_C`` tile of x, rounds it to the FP8 grid once (``fp8_cast._round_to_fp8_grid``,
-    the same arithmetic as ``quantize_fp8_with_scale``, so q is bit for bit that kernel's), stores the
+    ``BLOCK_R x BLOCK_C`` tile of x, casts it once (``fp8_cast._fp8_byte``, the same conversion as
+    ``quantize_fp8_with_scale``, so q is bit for bit that kernel's), stores the
     tile at (r, c) of q and its transpose at (c, r) of q^T (Triton turns the tile around in shared
     memory, so both stores are coalesced), and writes the tile's max |x| for the amax.
 
@@ -26,7 +26,7 @@ import triton.language as tl
 from sparsity_lab.references.fp8 import fp8_format
 
 from ._common import HALF_AND_FLOAT, check_device, check_tensor
-from .fp8_cast import _GRID, _finite_product, _round_to_fp8_grid, _to_fp8_or_nan
+from .fp8_cast import _GRID, _finite_product, _fp8_byte, check_fp8_device
 
 DEFAULT_BLOCK_R = 64
 DEFAULT_BLOCK_C = 64
@@ -44,9 +44,7 @@ def _cast_transpose_kernel(x_ptr, q_ptr, qt_ptr, inv_scale_ptr, partial_ptr, R, 
     x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=ok, other=0.0).to(tl.float32)
     y = x * tl.load(inv_scale_ptr)
     keep = _finite_product(x, y)  # False where x is not finite: NaN there
-    y = tl.minimum(tl.maximum(tl.where(keep, y, 0.0), -FMAX), FMAX)
-    y = _round_to_fp8_grid(y, MBITS, EMIN)  # exact on the FP8 grid: the casts below convert, never round
-    q = _to_fp8_or_nan(y, keep, q_ptr.dtype.element_ty)
+    q = _fp8_byte(y, keep, FMAX, MBITS, EMIN).to(q_ptr.dtype.element_ty, bitcast=True)
     tl.store(q_ptr + rows[:, None] * C + cols[None, :], q, mask=ok)
     tl.store(qt_ptr + cols[:, None] * R + rows[None, :], tl.trans(q), mask=tl.trans(ok))
     tl.store(partial_ptr + pid_r * tl.num_programs(1) + pid_c, tl.max(tl.max(tl.abs(x), axis=1), axis=0))
@@ -65,6 +63,7 @@ def quantize_fp8_transposed(x: torch.Tensor, inv_scale: torch.Tensor, fmt: str =
     if not isinstance(inv_scale, torch.Tensor) or inv_scale.numel() != 1 or inv_scale.dtype != torch.float32:
         raise TypeError("inv_scale must be a float32 tensor with one element (fp8_max / amax)")
     check_device(_cast_transpose_kernel, x=x, inv_scale=inv_scale)
+    check_fp8_device(x.device)
     for name, b in (("block_r", block_r), ("block_c", block_c)):
         if b < 16 or b & (b - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {b}")

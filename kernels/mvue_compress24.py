@@ -36,6 +36,7 @@ import triton.language as tl
 
 from ._common import check_device, check_tensor
 from .compress24 import _pick, _store_compressed
+from .fp8_cast import check_fp8_device
 from .mvue24 import _load_seed, _mvue_group_level, _mvue_level_picks, _signed, _unit_float, check_seed
 from .prepare24 import _fp8_bits, _groups_amax
 
@@ -203,6 +204,8 @@ def _launch(dz, seed, block_groups, num_warps, out_dtype, inv_scale=None, write_
         values = out.view(torch.uint8 if fp8 else torch.int16).reshape(-1)[:n_values]
         meta = out.view(torch.uint8).reshape(-1)[n_values * out.element_size():]
     write_amax = fp8 or not write_values
+    if fp8:
+        check_fp8_device(dz.device)
     partial = torch.empty(grid[0] * grid[1] if write_amax else 1, dtype=torch.float32, device=dz.device)
     _mvue_compress24_kernel[grid](dz, values, meta, out_f, out_f // 4, tokens // 2, seed, groups // tile_groups,
                                   inv_scale if inv_scale is not None else partial, partial,

@@ -36,7 +36,7 @@ import triton.language as tl
 from sparsity_lab.references.fp8 import fp8_format
 
 from ._common import check_device, check_tensor
-from .fp8_cast import _GRID
+from .fp8_cast import _GRID, check_fp8_device
 from .mvue24 import _load_seed, check_seed
 from .mvue_compress24 import _mvue_tokens_fp8_bytes, _mvue_tokens_tile
 from .prepare24 import _groups_amax, _operand_bits
@@ -107,6 +107,8 @@ def _launch(dz, seed, k, block_groups, num_warps, inv_scale=None, write_values=T
 
     rows, out_f = dz.shape
     fp8 = inv_scale is not None
+    if fp8:
+        check_fp8_device(dz.device)
     operand_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
     grid = (triton.cdiv(out_f, 64), _round_up(k, layout.ATOM_COLS) // (4 * block_groups))
     form = None

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ._common import HALF_AND_FLOAT, check_device, check_same_shape, check_tensor
 from .compress24 import _pick, _store_compressed
-from .fp8_cast import _finite_product, _round_to_fp8_grid
+from .fp8_cast import _finite_product, _fp8_byte
 from .soft_threshold24 import _shrink
 
 TILE = 64
@@ -84,25 +84,14 @@ def _masked_values(w0, w1, w2, w3, k0, k1, k2, k3, beta, SOFT: tl.constexpr, OUT
 @triton.jit
 def _fp8_bits(s, inv_scale, FMAX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
     """s (the operand dtype) cast to FP8 with ``inv_scale`` as ``quantize_fp8_with_scale`` casts it: the
-    FP8 byte (uint8), -0.0 kept as the sign bit alone.
+    FP8 byte (uint8), -0.0 kept as the sign bit alone, 0x7F (NaN) for a value that is not finite.
 
-    The byte is assembled with integer ops from the float32 value already rounded to the FP8 grid
-    (sign, exponent rebiased to 1 - EMIN, the top MBITS of the mantissa; subnormals as multiples of
-    2**(EMIN - MBITS)) rather than by triton's float32 -> FP8 conversion: on the H100 (triton 3.6)
-    converting and then bitcasting to uint8 before the compressed store put bytes at wrong positions
-    (the interpreter did not), seen in the first GPU run of kernels 18 and 19. A value that is not finite
-    gives 0x7F, the byte torch's conversion gives a NaN in both formats (``references.fp8``'s policy)."""
+    The byte stays an integer (``fp8_cast._fp8_byte``) rather than going through triton's FP8 dtype: on
+    the H100 (triton 3.6) converting to FP8 and then bitcasting to uint8 before the compressed store put
+    bytes at wrong positions (the interpreter did not), seen in the first GPU run of kernels 18 and 19."""
     x = s.to(tl.float32)
     y = x * inv_scale
-    keep = _finite_product(x, y)
-    y = tl.minimum(tl.maximum(tl.where(keep, y, 0.0), -FMAX), FMAX)
-    r = _round_to_fp8_grid(y, MBITS, EMIN)
-    bits = r.to(tl.int32, bitcast=True)
-    sign = ((bits >> 31) & 1) << 7
-    e = ((bits >> 23) & 0xFF) - 127
-    normal = (((e + 1 - EMIN) << MBITS) | ((bits >> (23 - MBITS)) & ((1 << MBITS) - 1)))
-    subnormal = (tl.abs(r) * (1 << (MBITS - EMIN))).to(tl.int32)  # exact: r is on the subnormal grid
-    return tl.where(keep, sign | tl.where(e >= EMIN, normal, subnormal), 0x7F).to(tl.uint8)
+    return _fp8_byte(y, _finite_product(x, y), FMAX, MBITS, EMIN)
 
 
 @triton.jit

@@ -39,7 +39,7 @@ from sparsity_lab.references.fp8 import fp8_format
 
 from ._common import check_device
 from .compress24 import _pick
-from .fp8_cast import _GRID
+from .fp8_cast import _GRID, check_fp8_device
 from .prepare24 import (TILE, _TL_DTYPES, _groups_amax, _join_groups, _operand_bits, _sparse_groups, _split_groups,
                         check_weight_mask_beta)
 
@@ -181,6 +181,8 @@ def _launch(w, mask, beta, dtype, inv_scale, forward, transposed, num_warps):
     None, transposed likewise or None, amax of S as a float32 0-d tensor)."""
     rows, cols = w.shape
     fp8 = inv_scale is not None
+    if fp8:
+        check_fp8_device(w.device)
     mask_u8 = mask.contiguous().view(torch.uint8)
     beta_t = beta.reshape(()).float() if beta is not None else w
     grid = _grid(rows, cols, forward, transposed)

@@ -30,7 +30,7 @@ import torch
 from sparsity_lab.references.fp8 import fp8_format
 
 from ._common import check_device
-from .fp8_cast import _GRID
+from .fp8_cast import _GRID, check_fp8_device
 from .prepare24 import TILE, _TL_DTYPES, _prepare24_kernel, check_weight_mask_beta
 
 
@@ -54,6 +54,8 @@ def _launch(w, mask, beta, dtype, inv_scale, fmt, forward, transposed, num_warps
 
     fwd, fwd_vals, fwd_meta = empty(rows, cols) if forward else (None, mask_u8, mask_u8)
     bwd, bwd_vals, bwd_meta = empty(cols, rows) if transposed else (None, mask_u8, mask_u8)
+    if inv_scale is not None:
+        check_fp8_device(w.device)
     _prepare24_kernel[grid](
         w, mask_u8, beta_t, fwd_vals, fwd_meta, bwd_vals, bwd_meta,
         inv_scale if inv_scale is not None else partial, partial, w.stride(0), w.stride(1), rows, cols,

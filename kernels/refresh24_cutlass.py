@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from ._common import HALF_AND_FLOAT, check_tensor
+from .fp8_cast import check_fp8_device
 from .prepare24 import _TL_DTYPES, _groups_amax, _operand_bits, check_weight_mask_beta
 from .prepare24_cutlass import (_check_forms, _grid, _pick_cutlass, _store_cutlass, check_inv_scale, empty_forms,
                                 fp8_constexprs)
@@ -117,6 +118,8 @@ def _launch(w, mask, beta, dtype, inv_scale, forward, transposed, count, num_war
     metadata) or None, transposed likewise or None, amax of S (E4M3) or None)."""
     rows, cols = w.shape
     fp8 = inv_scale is not None
+    if fp8:
+        check_fp8_device(w.device)
     grid = _grid(rows, cols, forward, transposed)
     edge = grid[0] * 64 != rows or grid[1] * 64 != cols
     flips = torch.zeros((), dtype=torch.int64, device=w.device) if count else None

@@ -110,3 +110,36 @@ def test_values_that_are_not_finite_quantize_to_nan_as_in_the_reference(fmt, inv
     x_inf = torch.where(torch.isnan(x), 0.0, x)  # current scaling with an infinite amax (a NaN amax: the
     q3, _ = fp8_cast.quantize_fp8(x_inf, fmt)     # reference propagates it, the amax kernel may not)
     assert torch.equal(_bits(q3), _bits(reference.quantize_fp8(x_inf, fmt)[0]))
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_every_rounding_boundary_converts_as_the_reference(fmt):
+    """Compiled kernels convert with the GPU's instruction, the interpreter rounds in float32: both must give
+    the reference's byte at every FP8 value, on both sides of every midpoint (one float32 ulp away), in the
+    band above the largest finite value, at float32 subnormals and at -0.0; kernels 7 and 14 agree."""
+    from sparsity_lab.kernels import fp8_cast_transpose
+
+    dtype, fmax = reference.fp8_format(fmt)
+    grid = torch.arange(256, dtype=torch.uint8).view(dtype).float()
+    grid = grid[torch.isfinite(grid) & (grid >= 0)].unique()
+    mids = (grid[:-1] + grid[1:]) / 2
+    above = torch.linspace(fmax, 2.5 * fmax, 61)
+    tiny = torch.tensor([1e-45, 1e-40, 1.1754942e-38, 0.0, grid[1].item() / 2, grid[1].item() / 2 * 1.0000001])
+    x = torch.cat([grid, mids, mids.nextafter(torch.zeros_like(mids)), mids.nextafter(mids * 2), above, tiny])
+    x = torch.cat([x, -x])
+    x = torch.cat([x, torch.zeros(64 - x.numel() % 64)]).reshape(-1, 64).to(DEVICE)
+    one = torch.tensor(1.0, device=DEVICE)
+    q_ref = _bits(reference.quantize_with_inv_scale(x, one, fmt))
+    assert q_ref[x.signbit() & (x.abs() < grid[1] / 2)].eq(0x80).all()  # -0.0 and negative underflow keep the sign
+    q, _ = fp8_cast.quantize_fp8_with_scale(x, one, fmt)
+    q2, q2_t, _ = fp8_cast_transpose.quantize_fp8_transposed(x, one, fmt)
+    assert torch.equal(_bits(q), q_ref)
+    assert torch.equal(_bits(q2), q_ref) and torch.equal(_bits(q2_t), q_ref.t())
+
+
+def test_a_gpu_without_fp8_conversion_is_refused_by_name(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    with pytest.raises(RuntimeError, match=r"compute capability 8.9 or later.*A100 is 8.0"):
+        fp8_cast.check_fp8_device(torch.device("cuda"))
+    fp8_cast.check_fp8_device(torch.device("cpu"))  # the interpreter rounds in software: nothing to check

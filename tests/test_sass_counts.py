@@ -51,3 +51,16 @@ def test_under_the_interpreter_it_says_what_to_unset():
         pytest.skip("the test session does not run the interpreter")
     with pytest.raises(RuntimeError, match="unset TRITON_INTERPRET"):
         sass_counts.measure(["11"])
+
+
+def test_compiled_fp8_forms_convert_with_the_gpu_instruction(tmp_path):
+    """Kernel 24's E4M3 form, compiled for sm_90: one F2FP (the hardware FP8 conversion) per element a
+    thread holds, and none of the float32 rounding the interpreter needs."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-m", "benchmarks.sass_counts", "--kernels", "24", "--json", "--out-dir",
+                    str(tmp_path)], cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)
+    (path,) = tmp_path.glob("sass_counts_triton*.json")
+    kernels = {k["kernel"]: k for k in json.loads(path.read_text())["kernels"]}
+    fp8, bf16 = kernels["24 refresh24_cutlass_fp8"], kernels["24 refresh24_cutlass"]
+    assert fp8["opcodes"]["F2FP"] == fp8["elements_per_thread"] and "F2FP" not in bf16["opcodes"]
+    assert "_hardware_fp8_byte" in fp8["helpers"] and "_round_to_fp8_grid" not in fp8["helpers"]
