@@ -420,6 +420,7 @@ def summarize(records: list[dict], products: dict | None, n_layer: int, flops_pe
         run: dict = {"speedup_vs_fastest_dense": h["speedup"], "fastest_dense": h["dense_source"],
                      "speedup_vs_dense_same_mode": h["against"].get(r["mode"]),
                      "speedup_vs_dense_baseline_mode": h["against"].get("baseline"),
+                     "speedup_vs_dense": h["against"],  # every mode's dense step of this run (e.g. FP8 2:4 vs bf16)
                      "two4_work_share": r.get("two4_work_share")}
         same = dense.get(r["mode"])
         fp8 = "fp8" in r.get("options", ())
@@ -484,6 +485,10 @@ def format_tables(records: list[dict], summary: dict) -> str:
             return summary["runs"].get(f"{mode} {r['config']}", {})
         row("speed-up vs dense, same mode", lambda r: "-" if not r["select"] else
             f"{run_of(r)['speedup_vs_dense_same_mode']:.3f}x")
+        for other in summary["modes"]:  # the same run's dense step of every other mode, measured beside it
+            if other != mode:
+                row(f"speed-up vs dense {other} ({summary['modes'][other]['dense_tflops']:.0f} TFLOP/s)",
+                    lambda r, other=other: "-" if not r["select"] else f"{run_of(r)['speedup_vs_dense'][other]:.3f}x")
         row("Amdahl ceiling", lambda r: "-" if not r["select"] else f"{run_of(r)['ceiling']['ceiling_speedup']:.3f}x")
         row("measured / ceiling", lambda r: "-" if not r["select"] else f"{run_of(r)['measured_over_ceiling']:.3f}")
         row("loss (timed steps, first -> last)", lambda r: f"{r['loss_first']:.3f} -> {r['loss_last']:.3f}")

@@ -173,8 +173,12 @@ def test_summarize_uses_the_fastest_dense_for_the_headline_and_the_same_mode_for
     assert mode["baseline_check"]["checked"]
     no_products = summarize(records, None, 8, 1e15, 8e14, None)["runs"]["baseline ffn24"]
     assert "not measured" in no_products["ceiling_error"]
+    # every run against every mode's dense step of the same run (an FP8 2:4 step against bf16 dense, say)
+    assert base["speedup_vs_dense"] == {"baseline": pytest.approx(165.0 / 150.0), "bf16w": pytest.approx(1.0)}
     text = format_tables(records, s)
     assert "| Amdahl ceiling |" in text and "error" in text and "2:4 work" in text
+    assert "| speed-up vs dense bf16w (6667 TFLOP/s) | - | 1.000x |" in text
+    assert "| speed-up vs dense baseline (6061 TFLOP/s) | - | 1.269x | error |" in text
 
 
 def test_the_fp8_mode_takes_its_ceiling_from_the_fp8_product_table():
