@@ -524,3 +524,25 @@ def test_gpu_evaluation_records_nothing_and_a_non_finite_input_stays_non_finite(
         assert not torch.isfinite(out[1]).any()
     else:  # the sparse tensor cores multiply only the kept weights: NaN exactly where W[:, 5] is kept
         assert torch.equal(~torch.isfinite(out[1]), real.mask[:, 5].to(out.device))
+
+
+@pytest.mark.gpu
+def test_gpu_dense_fp8_recipe_takes_its_transposed_operands_from_the_casts_bit_for_bit():
+    """The dense FP8 baseline reads q(W)^T (dX) and q(dZ)^T (dW) from kernel 14's cast-transpose, not from
+    a transposing FP8 copy: the same bytes, so the same products as with the copies."""
+    from sparsity_lab.backends import fp8_dense as dense
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(272, 400, bias=False, device="cuda", dtype=torch.bfloat16)
+    be = get_backend("fp8_dense").for_layer(layer)
+    x = torch.randn(528, 272, device="cuda", dtype=torch.bfloat16) * 3
+    dz = torch.randn(528, 400, device="cuda", dtype=torch.bfloat16) / 7
+    op = be.prepare(layer.weight.detach())
+    assert op.q_t is not None and torch.equal(op.q_t.view(torch.uint8), op.q.t().contiguous().view(torch.uint8))
+    be.linear(x, op, None)
+    before = copy.deepcopy(be.scaling)  # the scales the backward's casts use (nothing advances in between)
+    dx, dw = be.grad_input(dz, op), be.grad_weight(dz, x, False, None)
+    q_dz, s_dz = quantize_reference(copy.deepcopy(before), "dz", dz)
+    q_x, s_x = quantize_reference(copy.deepcopy(before), "x", x)
+    assert torch.equal(dx, dense.scaled_mm_grad_input(q_dz, s_dz, op.q.t().contiguous(), op.scale))
+    assert torch.equal(dw, dense.scaled_mm_grad_weight(q_dz, s_dz, q_x, s_x).to(dw.dtype))

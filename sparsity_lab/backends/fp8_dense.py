@@ -3,8 +3,9 @@
 The dense FP8 recipe an FP8 user would pick (backend "fp8_dense", and the baseline the FP8 2:4
 products are measured against). Same operands and equations as
 ``sparsity_lab.references.fp8_products``; ``torch._scaled_mm`` takes mat1 row-major and mat2
-column-major, so the operands it needs transposed are copied (Transformer Engine's cast-transpose
-does the same job in its cast). Output bfloat16.
+column-major, so the operands it needs transposed come from the cast that makes them (kernel 14, a
+cast-transpose, as Transformer Engine's recipe does; a transposing copy of an FP8 tensor is PyTorch's
+slow elementwise copy) and are copied here only when the caller has no transposed form. Output bfloat16.
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def scaled_mm_grad_input(q_dz, s_dz, q_w_t, s_w):
     return _mm(q_dz, q_w_t.t(), s_dz, s_w)
 
 
-def scaled_mm_grad_weight(q_g, s_g, q_x, s_x, q_x_t=None):
-    """dW = s_g s_x q_g^T q_x. q_x_t: q_x^T contiguous (in, tokens) when the caller has it (else copied)."""
+def scaled_mm_grad_weight(q_g, s_g, q_x, s_x, q_x_t=None, q_g_t=None):
+    """dW = s_g s_x q_g^T q_x. q_x_t: q_x^T contiguous (in, tokens), q_g_t: q_g^T contiguous (out, tokens),
+    each when the caller has it (else copied)."""
     b = (q_x_t if q_x_t is not None else q_x.t().contiguous()).t()
-    return _mm(q_g.t().contiguous(), b, s_g, s_x)
+    return _mm(q_g_t if q_g_t is not None else q_g.t().contiguous(), b, s_g, s_x)

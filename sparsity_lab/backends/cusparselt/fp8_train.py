@@ -404,15 +404,22 @@ class FP8Backend(Backend, BackendReport, nn.Module):
         return q, None, scale, a
 
     # --- products ---------------------------------------------------------------------------------------
-    def prepare(self, sparse_weight: torch.Tensor) -> FP8Operand:
+    def prepare(self, sparse_weight: torch.Tensor, transposed: bool | None = None) -> FP8Operand:
+        """q(W) and its scale; ``transposed`` (default: on the dense engine) also q(W)^T, for dX's dense
+        FP8 product, from the same cast."""
         if sparse_weight.dim() != 2:
             raise ValueError(f"the sparse weight must be 2-D (out, in), got shape {tuple(sparse_weight.shape)}")
         self.engine.check(sparse_weight, "the layer's weight")
         w = sparse_weight.contiguous()
         # zeros stay zeros: the 2:4 pattern survives the cast. The amax is recorded by a backward that
-        # uses the operand (``_record_forward``): an evaluation forward records nothing
-        q, _, scale, a = self._cast("w", w, transpose=False)
-        return FP8Operand(w, q, scale, amax=a, host_exp=self.scaling.host_exponent("w"))
+        # uses the operand (``_record_forward``): an evaluation forward records nothing. Dense FP8 products
+        # read q(W)^T for dX: one cast-transpose writes both forms (a transposing FP8 copy is slow)
+        if transposed is None:
+            transposed = self.engine.engine == "scaled_mm"
+        q, q_t, scale, a = self._cast("w", w, transpose=transposed)
+        operand = FP8Operand(w, q, scale, amax=a, host_exp=self.scaling.host_exponent("w"))
+        operand.q_t = q_t
+        return operand
 
     def prepare_masked(self, weight, mask, beta, n, m, dtype, backward: bool = True) -> FP8Operand:
         """The step's operand from the master W and the mask. On the sparse engine (CUDA, 2:4, a
@@ -428,7 +435,7 @@ class FP8Backend(Backend, BackendReport, nn.Module):
     def prepare_dense(self, weight: torch.Tensor, dtype: torch.dtype) -> FP8Operand:
         """q(W) of the dense W (out, in) for a dense phase: the products run on dense FP8 tensor cores
         (``torch._scaled_mm``) on every engine but the reference, since W has no 2:4 pattern."""
-        operand = self.prepare(weight.to(dtype))
+        operand = self.prepare(weight.to(dtype), transposed=self.engine.engine != "reference")
         operand.dense = True
         return operand
 
@@ -511,10 +518,14 @@ class FP8Backend(Backend, BackendReport, nn.Module):
                 and self.scaling.recipe.format_of("dz_mvue") == "e4m3"):
             a, s_g = self.engine.mvue_compressed(dz.contiguous(), seed, self.scaling)
             return self.engine.sparse_grad_weight(a, s_g, q_x, q_x_t, s_x, rows, grad_out, alpha)
+        if engine != "reference" and not mvue:  # a dense FP8 product: q(dZ)^T from the cast, not a copy
+            q_g, q_g_t, s_g, a = self._cast(g, dz, transpose=True)
+            self.scaling.record(g, a)
+            return dense.scaled_mm_grad_weight(q_g, s_g, q_x, s_x, q_x_t, q_g_t).to(grad_out.dtype)
         q_g, s_g = self.quantize(g, self.engine.mvue(dz, seed) if mvue else dz)
         if engine == "reference":
             return reference.reference_grad_weight(q_g, s_g, q_x, s_x, grad_out.dtype, alpha=alpha)
-        if engine == "scaled_mm" or not mvue:
+        if engine == "scaled_mm":
             return dense.scaled_mm_grad_weight(q_g, s_g, q_x, s_x, q_x_t).to(grad_out.dtype)
         a = self.engine.kernels().compress24(q_g.t())  # q(MVUE(dZ))^T (out, rows), 2:4 along the tokens
         return self.engine.sparse_grad_weight(a, s_g, q_x, q_x_t, s_x, rows, grad_out, alpha)
