@@ -3,7 +3,8 @@
 A kernel change is judged by its time beside the code it replaces, measured in the same call. ``python -m
 benchmarks.kernels_ab --before DIR`` times kernels 10, 11, 19, 21, 23 and 24 at the lab GPT step's FFN shapes
 (dZ of 8192 tokens x 16384 and x 4096, bf16 weights 16384 x 4096 and 4096 x 16384, S-STE's scale, E4M3 with a
-given scale for 19 and 23's FP8 form, each kernel's default launch) once with this tree's ``sparsity_lab`` and
+given scale for 19 and the FP8 forms of 23 and 24, each kernel's default launch), and the FP8 casts 7 and 14
+of X (8192 x 4096) once with this tree's ``sparsity_lab`` and
 once with the one under DIR (a checkout or ``git archive`` of another commit: its ``sparsity_lab/`` and
 ``kernels/``), alternating the trees for ``--rounds`` rounds, each tree in its own process. Each process also
 hashes every kernel's outputs: the two trees must write the same bytes (a speed change that changes results is
@@ -86,6 +87,14 @@ def _cases(k, torch, device, smoke: bool) -> dict:
         # the mask is rewritten in place: after the first call it is the same mask each time
         cases[f"21 refresh24 {label}"] = lambda w=w, m=mask.clone(): k.refresh24(w, m, beta)
         cases[f"24 refresh24_cutlass {label}"] = lambda w=w, m=mask.clone(): k.refresh24_cutlass(w, m, beta)
+        inv_w = (448.0 / w.float().abs().amax()).reshape(1)
+        cases[f"24 refresh24_cutlass_fp8 {label}"] = lambda w=w, m=mask.clone(), s=inv_w: k.refresh24_cutlass_fp8(
+            w, m, beta, s)
+    # the FP8 casts both FP8 recipes run: X for its products (q and q^T, kernel 14), dZ (kernel 7)
+    x = torch.randn(tokens, d_model, device=device, dtype=torch.bfloat16, generator=gen)
+    inv_x = (448.0 / x.float().abs().amax()).reshape(())
+    cases[f"14 quantize_fp8_transposed X {tokens}x{d_model}"] = lambda: k.quantize_fp8_transposed(x, inv_x)
+    cases[f"7 quantize_fp8_with_scale X {tokens}x{d_model}"] = lambda: k.quantize_fp8_with_scale(x, inv_x)
     return cases
 
 
