@@ -15,11 +15,13 @@ masters, moments and bf16 weights; under ``--smoke`` through Triton's interprete
 ``unfused`` (with bf16w: the masters updated by copy, PyTorch's fused AdamW, copy, as before the kernel),
 ``compile`` (``torch.compile`` of the model: Inductor fuses the norms,
 residual adds, GELU and casts; the dense products stay cuBLAS calls and each 2:4 layer one custom op) and
-``graph`` (forward and backward replayed by ``CudaGraphStep``; not with compile) and ``fp8`` (every block
+``graph`` (forward and backward replayed by ``CudaGraphStep``; not with compile; ``graph+masks_in_graph``: the
+masks refreshed inside the captured step, ``CudaGraphStep(masks_in_graph=True)``) and ``fp8`` (every block
 linear's products in FP8 E4M3 with delayed scaling: the 2:4 ones on ``cusparselt_fp8`` with the scales in
 the product, ``FP8Recipe(scale_in_product="host_alpha")``, or with ``--fp8-backend cutlass_fp8`` on CUTLASS's
 sparse GEMMs with the scales read on the device in the epilogue; the dense ones on ``torch._scaled_mm``, as the
-FP8 benchmark's dense recipe; the LM head stays bf16. With bf16w only (``bf16w+fp8``); CUDA only).
+FP8 benchmark's dense recipe; the LM head stays bf16. With bf16w only (``bf16w+fp8``, also with graph:
+the scales' histories advance eagerly after each replay); CUDA only).
 
 Per run: wall ms per step (CUDA events between consecutive steps: the median for a mask refreshed every
 step, the mean over whole refresh cycles otherwise) and tokens/s; the loss and the flip rate over the timed
@@ -62,7 +64,7 @@ from benchmarks.step_ceiling import (BLOCK_LINEARS, HEAD, PRODUCTS, SELECTIONS, 
 
 MODEL = dict(d_model=4096, n_layer=8, n_head=32, context=1024, batch=8)
 SMOKE_MODEL = dict(d_model=64, n_layer=2, n_head=2, context=32, batch=2)
-OPTIONS = ("bf16w", "unfused", "compile", "graph", "fp8")
+OPTIONS = ("bf16w", "unfused", "compile", "graph", "masks_in_graph", "fp8")
 FP8_BACKENDS = ("cusparselt_fp8", "cutlass_fp8")  # --fp8-backend: where the fp8 mode's 2:4 products run
 DEFAULT_MODES = "baseline,bf16w+compile,bf16w"
 LR = 3e-4  # constant: the loss and flip rate over a few dozen steps, not a schedule
@@ -96,9 +98,12 @@ def parse_mode(mode: str) -> frozenset[str]:
     if "fp8" in parts and "bf16w" not in parts:
         raise ValueError(f"--modes: {mode!r}: fp8 takes bf16 weights (the dense FP8 recipe casts bf16 operands); "
                          "write bf16w+fp8")
-    if "fp8" in parts and {"compile", "graph"} & set(parts):
-        raise ValueError(f"--modes: {mode!r}: fp8 runs eagerly (its scales' histories advance on the host after "
-                         "each step); drop compile and graph")
+    if "fp8" in parts and "compile" in parts:
+        raise ValueError(f"--modes: {mode!r}: fp8 does not compile (its casts and products are custom kernels "
+                         "with host-side scale state); use graph to remove the host's launch time")
+    if "masks_in_graph" in parts and "graph" not in parts:
+        raise ValueError(f"--modes: {mode!r}: masks_in_graph is a form of the graph mode (the masks refreshed "
+                         "inside the captured step); write graph+masks_in_graph")
     if {"compile", "graph"} <= set(parts):
         raise ValueError(f"--modes: {mode!r}: compile and graph do not combine (the compiled model's custom ops "
                          "keep host-side state that a CUDA-graph replay skips); choose one")
@@ -288,7 +293,7 @@ def build(config: Config, options: frozenset, args, batches: list, device: torch
     if graph:
         if not cuda:
             raise RuntimeError("the graph mode needs a CUDA GPU (CudaGraphStep); the CPU runs the others")
-        graph_step = sl.CudaGraphStep(model, loss_fn)
+        graph_step = sl.CudaGraphStep(model, loss_fn, masks_in_graph="masks_in_graph" in options)
 
     def step(i: int) -> torch.Tensor:
         x, y = batches[i]

@@ -209,7 +209,9 @@ def test_modes_and_gpu_names():
     assert parse_mode("bf16w+compile") == {"bf16w", "compile"}
     assert parse_mode("bf16w+unfused") == {"bf16w", "unfused"}
     assert parse_mode("bf16w+fp8") == {"bf16w", "fp8"}
-    for bad in ("fast", "bf16w+bf16w", "compile+graph", "unfused", "unfused+compile", "fp8", "bf16w+fp8+graph"):
+    assert parse_mode("bf16w+fp8+graph+masks_in_graph") == {"bf16w", "fp8", "graph", "masks_in_graph"}
+    for bad in ("fast", "bf16w+bf16w", "compile+graph", "unfused", "unfused+compile", "fp8", "bf16w+fp8+compile",
+                "bf16w+masks_in_graph"):
         with pytest.raises(ValueError, match="--modes"):
             parse_mode(bad)
     assert gpu_tag("NVIDIA H100 80GB HBM3") == "h100" and gpu_tag("NVIDIA H200") == "h200"
