@@ -376,16 +376,22 @@ def test_gpu_products_match_the_reference(name, method):
         x.grad = x2.grad = None
 
 
+_CUTLASS_FP8 = pytest.param("cutlass_fp8", marks=pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)), reason="needs a Hopper GPU (sm_90)"))
+
+
 @pytest.mark.gpu
-def test_gpu_graph_step_replays_the_eager_fp8_steps():
+@pytest.mark.parametrize("backend", ["cusparselt_fp8", _CUTLASS_FP8])
+@pytest.mark.parametrize("masks_in_graph", [False, True], ids=["masks_eager", "masks_in_graph"])
+def test_gpu_graph_step_replays_the_eager_fp8_steps(backend, masks_in_graph):
     from sparsity_lab.graph_step import CudaGraphStep
     torch.manual_seed(5)
-    model = torch.nn.Sequential(SparseLinear(256, 512, method=STE(transposable=True, mvue=True, backend="cusparselt_fp8"),
+    model = torch.nn.Sequential(SparseLinear(256, 512, method=STE(transposable=True, mvue=True, backend=backend),
                                              device="cuda", dtype=torch.bfloat16))
     eager = copy.deepcopy(model)
     xs = [torch.randn(128, 256, device="cuda", dtype=torch.bfloat16) for _ in range(6)]
     loss_fn = lambda m, x: m(x).float().square().mean()  # noqa: E731
-    step = CudaGraphStep(model, loss_fn, warmup_steps=2)
+    step = CudaGraphStep(model, loss_fn, warmup_steps=2, masks_in_graph=masks_in_graph)
     opt_g = torch.optim.SGD(model.parameters(), lr=1e-2)
     opt_e = torch.optim.SGD(eager.parameters(), lr=1e-2)
     attach_optimizer(model, opt_g)
@@ -399,7 +405,8 @@ def test_gpu_graph_step_replays_the_eager_fp8_steps():
         opt_e.step()
         opt_e.zero_grad()
         assert lg == pytest.approx(float(le), rel=1e-3)
-    assert step.recaptures == 1
+    assert step.recaptures == 1 and step.mask_refresh == ("graph" if masks_in_graph else "eager")
+    assert torch.equal(model[0].mask, eager[0].mask)
     torch.testing.assert_close(model[0].backend.scaling.amax_history, eager[0].backend.scaling.amax_history,
                                rtol=1e-3, atol=0)
     torch.testing.assert_close(model[0].weight.float(), eager[0].weight.float(), rtol=2e-2, atol=1e-3)
