@@ -8,6 +8,10 @@ and after the GPU finished (wall ms per step). ``--profile-steps`` more steps ru
 with the most time of their own and the most cumulative time go to the JSON (``results/step_host_<gpu>.json``)
 with provenance. cProfile slows Python down, so its shares rank the host's work; its totals are not the step's.
 
+Host time includes waiting: once CUDA's launch queue is full, a launch blocks until the GPU frees a slot, so a
+GPU-bound step also shows host time close to wall time. ``step-profile``'s idle time (wall minus kernels) tells
+the two apart: a host-bound step leaves the GPU idle, a GPU-bound one does not.
+
 ``--smoke`` runs the plumbing on the CPU (a tiny GPT, backend torch; no fp8 runs there).
 """
 from __future__ import annotations
