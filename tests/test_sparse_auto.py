@@ -285,6 +285,33 @@ def test_gpu_measurements_of_every_library():
 
 
 @pytest.mark.gpu
+def test_gpu_cutlass_weight_gradient_is_timed_on_the_operand_its_compressor_writes(monkeypatch):
+    """The weight-gradient measurement compresses MVUE(dZ)^T with the project's layout kernel (the backend's
+    kernel 23 writes the same layout while drawing): the bytes CUTLASS's own compressor writes for that
+    matrix, and the timed product is the dense product of it."""
+    _hopper_backend()
+    from sparsity_lab.backends.cutlass import measure, ops
+    from sparsity_lab.references import cutlass_layout as layout
+
+    seen = {}
+    real_mm = ops.mm
+
+    def spy(a, b, *args, **kwargs):
+        seen["a"], seen["b"] = a, b
+        return real_mm(a, b, *args, **kwargs)
+    monkeypatch.setattr(ops, "mm", spy)
+    dense_ms, sparse_ms = measure.grad_weight_times(1024, 2048, 512, torch.bfloat16, lambda fn: (fn(), 1.0)[1])
+    assert (dense_ms, sparse_ms) == (1.0, 2.0)  # the dense product; the compression plus the product
+    a, x = seen["a"], seen["b"]
+    matrix = layout.decompress(a.values, a.metadata, 1024, 2048)
+    assert int((matrix != 0).sum()) > 0.45 * matrix.numel()  # a 2:4 draw, not an empty operand
+    theirs = ops.compress(matrix.contiguous())
+    assert torch.equal(a.values.view(torch.uint8), theirs.values.view(torch.uint8))
+    assert torch.equal(a.metadata, theirs.metadata)
+    torch.testing.assert_close(real_mm(a, x, "n", "row").float(), matrix.float() @ x.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("plan,grad_weight", [(("cutlass", "cutlass"), "cutlass"),
                                               (("cutlass", "cusparselt"), "cusparselt"),
                                               (("dense", "cutlass"), "dense"),

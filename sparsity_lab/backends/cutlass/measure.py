@@ -32,11 +32,20 @@ def weight_side_times(sparse_weight: torch.Tensor, tokens: int, t, config: str |
 
 def grad_weight_times(out_features: int, rows: int, in_features: int, dtype: torch.dtype, t) -> tuple[float, float]:
     """(dense_ms, sparse_ms) of dW = MVUE(dZ^T) X (out, in) over ``rows`` padded tokens: the dense product of the
-    masked operand, and CUTLASS's transposing copy of MVUE(dZ) (tokens-major, as the MVUE kernel leaves it), its
-    compression and the product (the MVUE draw itself is common to both and not counted)."""
+    masked operand, and the compression of MVUE(dZ)^T into CUTLASS's layout plus the product. The backend writes
+    that operand while it draws MVUE (kernel 23); here the project's layout kernel (22) writes it from the drawn,
+    tokens-major MVUE(dZ), read transposed, as cuSPARSELt's measurement compresses its operand: the draw itself
+    is common to both and not counted."""
+    from sparsity_lab import kernels as k
+
     key = ProductKey(out_features, rows, in_features, dtype, False, False)
     a, x, _ = synthetic_operands(key, torch.device("cuda"))  # a = MVUE(dZ^T) (out, rows), x (rows, in)
-    tokens_major = a.t().contiguous()
-    compressed = ops.compress(a.contiguous())
+    tokens_major = a.t().contiguous()  # how the MVUE draw leaves it
+    operand = tokens_major.t()  # (out, rows), 2:4 along the rows: a strided view, read as it is
+    kept = (operand != 0).contiguous()
+
+    def compress():
+        return k.prepare24_cutlass(operand, kept, None, forward=True, transposed=False)[0]
+    compressed = ops.SparseOperand(*compress(), (out_features, rows))
     dense_ms = t(lambda: tokens_major.t() @ x)
-    return dense_ms, t(lambda: ops.compress(tokens_major.t().contiguous())) + t(lambda: ops.mm(compressed, x, "n", "row"))
+    return dense_ms, t(compress) + t(lambda: ops.mm(compressed, x, "n", "row"))
