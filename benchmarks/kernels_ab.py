@@ -3,8 +3,8 @@
 A kernel change is judged by its time beside the code it replaces, measured in the same call. ``python -m
 benchmarks.kernels_ab --before DIR`` times kernels 10, 11, 19, 21, 23 and 24 at the lab GPT step's FFN shapes
 (dZ of 8192 tokens x 16384 and x 4096, bf16 weights 16384 x 4096 and 4096 x 16384, S-STE's scale, E4M3 with a
-given scale for 19 and the FP8 forms of 23 and 24, each kernel's default launch), and the FP8 casts 7 and 14
-of X (8192 x 4096) once with this tree's ``sparsity_lab`` and
+given scale for 19 and the FP8 forms of 23 and 24, each kernel's default launch) and the FP8 casts 7 and 14
+of X (8192 x 4096), once with this tree's ``sparsity_lab`` and
 once with the one under DIR (a checkout or ``git archive`` of another commit: its ``sparsity_lab/`` and
 ``kernels/``), alternating the trees for ``--rounds`` rounds, each tree in its own process. Each process also
 hashes every kernel's outputs: the two trees must write the same bytes (a speed change that changes results is

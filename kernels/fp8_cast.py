@@ -30,6 +30,7 @@ Bytes (x of dtype size s, numel n)
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -82,12 +83,22 @@ HARDWARE_FP8_CAST = tl.constexpr(not _interpreting())
 MIN_FP8_CAPABILITY = (8, 9)  # cvt.rn.satfinite.{e4m3,e5m2}x2.f32: Ada and Hopper onwards
 
 
+@functools.lru_cache(maxsize=None)
+def _fp8_conversion_problem(index: int) -> str | None:
+    """Why GPU ``index`` cannot run the compiled FP8 casts, or None (asked once per GPU: launches call it)."""
+    major, minor = torch.cuda.get_device_capability(index)
+    if (major, minor) >= MIN_FP8_CAPABILITY:
+        return None
+    return (f"the FP8 kernels need a GPU of compute capability 8.9 or later (its FP8 conversion instruction); "
+            f"{torch.cuda.get_device_name(index)} is {major}.{minor}")
+
+
 def check_fp8_device(device: torch.device) -> None:
     """A compiled FP8 cast needs the GPU's FP8 conversion (compute capability 8.9 or later)."""
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) < MIN_FP8_CAPABILITY:
-        major, minor = torch.cuda.get_device_capability(device)
-        raise RuntimeError(f"the FP8 kernels need a GPU of compute capability 8.9 or later (its FP8 conversion "
-                           f"instruction); {torch.cuda.get_device_name(device)} is {major}.{minor}")
+    if device.type == "cuda":
+        problem = _fp8_conversion_problem(device.index if device.index is not None else torch.cuda.current_device())
+        if problem:
+            raise RuntimeError(problem)
 
 
 @triton.jit

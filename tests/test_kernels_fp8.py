@@ -140,6 +140,10 @@ def test_every_rounding_boundary_converts_as_the_reference(fmt):
 def test_a_gpu_without_fp8_conversion_is_refused_by_name(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
-    with pytest.raises(RuntimeError, match=r"compute capability 8.9 or later.*A100 is 8.0"):
-        fp8_cast.check_fp8_device(torch.device("cuda"))
+    fp8_cast._fp8_conversion_problem.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=r"compute capability 8.9 or later.*A100 is 8.0"):
+            fp8_cast.check_fp8_device(torch.device("cuda", 0))
+    finally:
+        fp8_cast._fp8_conversion_problem.cache_clear()  # the real GPU's answer, asked again
     fp8_cast.check_fp8_device(torch.device("cpu"))  # the interpreter rounds in software: nothing to check
