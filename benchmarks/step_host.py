@@ -101,14 +101,20 @@ def _parse_runs(runs: list[str]) -> list[tuple[str, str]]:
     return out
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Unknown runs, or fp8 runs under --smoke: ValueError before any work (``python -m benchmarks`` exits 2)."""
+    runs = _parse_runs(args.runs)
+    if args.smoke and any("fp8" in mode for mode, _ in runs):
+        raise ValueError("--runs: the fp8 mode needs a CUDA GPU; --smoke runs bf16 modes only")
+
+
 def run(args: argparse.Namespace) -> int:
     from sparsity_lab.lab.data import BatchSampler, load_corpus
     from sparsity_lab.provenance import write_result
 
     try:
+        check_arguments(args)
         runs = _parse_runs(args.runs)
-        if args.smoke and any("fp8" in mode for mode, _ in runs):
-            raise ValueError("--runs: the fp8 mode needs a CUDA GPU; --smoke runs bf16 modes only")
     except ValueError as err:
         print(f"benchmarks step-host: {err}", file=sys.stderr)
         return 2

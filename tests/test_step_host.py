@@ -22,7 +22,9 @@ def test_smoke_run_records_host_and_wall_time_and_the_ranked_functions(tmp_path)
 
 
 def test_bad_runs_are_named_before_any_work(capsys):
-    assert bench_main(["step-host", "--smoke", "--runs", "bf16w:every"]) == 2
-    assert "--runs" in capsys.readouterr().err
-    assert bench_main(["step-host", "--smoke", "--runs", "bf16w+fp8:all24"]) == 2
-    assert "CUDA GPU" in capsys.readouterr().err
+    import pytest
+
+    for runs, words in (("bf16w:every", "--runs"), ("fast:dense", "--modes"), ("bf16w+fp8:all24", "CUDA GPU")):
+        with pytest.raises(SystemExit) as exit_:
+            bench_main(["step-host", "--smoke", "--runs", runs])
+        assert exit_.value.code == 2 and words in capsys.readouterr().err
