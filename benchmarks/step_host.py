@@ -138,8 +138,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{mode} {config}: host {r['host_ms']:.1f} ms a step to enqueue, wall {r['wall_ms']:.1f} ms "
               f"(host / wall {r['host_over_wall']:.2f})", flush=True)
         for row in r["top_self"][:8]:
-            print(f"    {row['tottime_s'] / args.profile_steps * 1e3:6.2f} ms a step (profiled)  {row['calls']:>6} "
-                  f"calls  {row['function'][-90:]}")
+            print(f"    {row['tottime_s'] / args.profile_steps * 1e3:6.2f} ms a step (profiled)  "
+                  f"{row['calls'] / args.profile_steps:>7.1f} calls a step  {row['function'][-90:]}")
     name = args.name or ("step_host_smoke" if args.smoke else f"step_host_{sp.gpu_tag(gpu)}")
     path = write_result(name, {"smoke": args.smoke, "gpu": gpu, "model": m, "backend": args.backend,
                                "fp8_backend": args.fp8_backend, "warmup": args.warmup, "steps": args.steps,
