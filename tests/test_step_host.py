@@ -1,6 +1,8 @@
 """benchmarks.step_host: an eager step's host time beside its wall time, and cProfile's ranking, on the CPU."""
 import json
 
+import pytest
+
 from benchmarks.__main__ import main as bench_main
 
 
@@ -22,8 +24,6 @@ def test_smoke_run_records_host_and_wall_time_and_the_ranked_functions(tmp_path)
 
 
 def test_bad_runs_are_named_before_any_work(capsys):
-    import pytest
-
     for runs, words in (("bf16w:every", "--runs"), ("fast:dense", "--modes"), ("bf16w+fp8:all24", "CUDA GPU")):
         with pytest.raises(SystemExit) as exit_:
             bench_main(["step-host", "--smoke", "--runs", runs])
