@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "lab-speed": ("benchmarks.lab_speed", "the lab's training loop, dense against 2:4 tokens/s, eager and CUDA graph (GPU)"),
     "step-profile": ("benchmarks.step_profile", "the lab GPT's training step, dense against 2:4: breakdown, Amdahl ceilings (GPU)"),
     "step-host": ("benchmarks.step_host", "an eager lab step's host time to enqueue beside its wall time, and where it goes (GPU)"),
+    "optimizer-overlap": ("benchmarks.optimizer_overlap", "the optimizer and the 2:4 weight work on two CUDA streams: how much hides (GPU)"),
     "dist": ("benchmarks.distributed_speed", "lab GPT dense against 2:4 under DDP and FSDP2 (run under torchrun; GPU)"),
     "torchtitan-gpus": ("benchmarks.torchtitan_gpus", "torchtitan's trainer, dense against 2:4, on every visible GPU (FSDP2; GPU)"),
     "compile": ("benchmarks.compile_speed", "torch.compile'd dense and 2:4 FFN and GPT training steps beside eager (GPU)"),
