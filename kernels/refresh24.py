@@ -167,15 +167,11 @@ def _refresh_block(w_ptr, mask_ptr, beta_ptr, flips_ptr, r0, c0, stride_r, strid
 
 
 @triton.jit
-def _refresh24_kernel(w_ptr, mask_ptr, beta_ptr, flips_ptr, vals_ptr, meta_ptr, vals_t_ptr, meta_t_ptr,
-                      stride_r, stride_c, n_rows, n_cols,
-                      SOFT: tl.constexpr, COUNT: tl.constexpr, WRITE_W: tl.constexpr, WRITE_T: tl.constexpr,
-                      OUT_DTYPE: tl.constexpr):
-    r0 = tl.program_id(0) * 64
-    c0 = tl.program_id(1) * 64
-    s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33 = _refresh_block(
-        w_ptr, mask_ptr, beta_ptr, flips_ptr, r0, c0, stride_r, stride_c, n_rows, n_cols, SOFT, COUNT, OUT_DTYPE,
-        False)
+def _store_forms(s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, beta_ptr, vals_ptr,
+                 meta_ptr, vals_t_ptr, meta_t_ptr, r0, c0, n_rows, n_cols, WRITE_W: tl.constexpr,
+                 WRITE_T: tl.constexpr):
+    """S(W) (WRITE_W) and S(W)^T (WRITE_T) of the 64 x 64 block at (r0, c0), compressed in cuSPARSELt's layout
+    from the block's values s{r}{c} (kernels 21 and 25)."""
     # S's raw 16-bit values
     b00, b01, b02, b03 = _operand_bits(s00, s01, s02, s03, beta_ptr, False, 448.0, 3, -6)
     b10, b11, b12, b13 = _operand_bits(s10, s11, s12, s13, beta_ptr, False, 448.0, 3, -6)
@@ -205,6 +201,20 @@ def _refresh24_kernel(w_ptr, mask_ptr, beta_ptr, flips_ptr, vals_ptr, meta_ptr, 
         v0, v1, c = _pick(b03, b13, b23, b33, _SIGN_OFF)
         _store_compressed(vals_t_ptr, meta_t_ptr, c0, r0 // 4, tl.trans(v0), tl.trans(v1), tl.trans(c), half_t,
                           tiles_t, False, 16, 4, 3)
+
+
+@triton.jit
+def _refresh24_kernel(w_ptr, mask_ptr, beta_ptr, flips_ptr, vals_ptr, meta_ptr, vals_t_ptr, meta_t_ptr,
+                      stride_r, stride_c, n_rows, n_cols,
+                      SOFT: tl.constexpr, COUNT: tl.constexpr, WRITE_W: tl.constexpr, WRITE_T: tl.constexpr,
+                      OUT_DTYPE: tl.constexpr):
+    r0 = tl.program_id(0) * 64
+    c0 = tl.program_id(1) * 64
+    s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33 = _refresh_block(
+        w_ptr, mask_ptr, beta_ptr, flips_ptr, r0, c0, stride_r, stride_c, n_rows, n_cols, SOFT, COUNT, OUT_DTYPE,
+        False)
+    _store_forms(s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, beta_ptr, vals_ptr,
+                 meta_ptr, vals_t_ptr, meta_t_ptr, r0, c0, n_rows, n_cols, WRITE_W, WRITE_T)
 
 
 def check_mask_in_place(mask: torch.Tensor) -> None:
