@@ -41,6 +41,9 @@ def add_arguments(parser) -> None:
                         help="m,n,k;m,n,k;... (A is m x k, 2:4 along k)")
     parser.add_argument("--budget-s", type=positive_float, default=200.0, help="no new shape starts after this many seconds")
     parser.add_argument("--reps", type=positive_int, default=10, help="calls captured per CUDA graph")
+    parser.add_argument("--candidates", nargs="+", default=None, metavar="VARIANT",
+                        help="time these variants (e.g. bf16.tc.128x256x64.2x1.coop) instead of the shipped table: "
+                             "built into a separate library first; the ones that do not compile are recorded")
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -55,6 +58,15 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
 
 def check_arguments(args) -> None:
     parse_shapes(args.shapes)
+    if args.candidates:
+        from sparsity_lab.backends.cutlass.build import variant_row
+        if len(set(args.candidates)) != len(args.candidates):
+            raise ValueError(f"--candidates: each variant once, got {args.candidates}")
+        for name in args.candidates:
+            try:
+                variant_row(0, name)
+            except ValueError as err:
+                raise ValueError(f"--candidates: {err}") from None
 
 
 def gpu_tag(name: str) -> str:
@@ -206,7 +218,15 @@ def run(args) -> int:
     name = args.name or f"cutlass_{gpu_tag(torch.cuda.get_device_name())}"
     result: dict = {"shapes": [], "errors": {}, "skipped": []}
     start = time.perf_counter()
-    lib = ops.library()  # built on first use, or found in the cache
+    if args.candidates:  # a search: the candidates' own library, those that fail to compile named
+        from sparsity_lab.backends.cutlass.build import candidate_library
+        path, failed = candidate_library(args.candidates, log=lambda line: print(line, flush=True))
+        lib = ops.use_library(path)
+        result["candidates"] = {"asked": args.candidates, "failed_to_compile": failed}
+        for name, err in failed.items():
+            print(f"candidate {name} did not compile: {err.strip().splitlines()[-1] if err.strip() else '?'}")
+    else:
+        lib = ops.library()  # built on first use, or found in the cache
     result["library"] = {"load_or_build_s": time.perf_counter() - start, "variants": lib.names}
     print(f"CUTLASS library ready in {result['library']['load_or_build_s']:.1f} s: {len(lib.names)} variants", flush=True)
     sampler = ConditionSampler().start()

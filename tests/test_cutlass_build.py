@@ -143,3 +143,41 @@ def test_the_default_configs_are_built():
     assert len(names) == build.variant_count(SOURCE_TEXT)
     for layouts, config in DEFAULT_CONFIGS.items():
         assert f"{layouts}.{config}" in names
+
+
+def test_the_variant_table_reads_back_and_rows_are_written_from_names():
+    names = build.variant_names(SOURCE_TEXT)
+    assert len(names) == build.variant_count(SOURCE_TEXT) and len(set(names)) == len(names)
+    rebuilt = build.with_variants(SOURCE_TEXT, list(enumerate(names)))
+    assert build.variant_names(rebuilt) == names and build.variant_count(rebuilt) == len(names)
+    two = build.with_variants(SOURCE_TEXT, [(3, "bf16.tc.128x256x64.2x1.coop"), (7, "e4m3.tr.256x128x128.1x2.coopfast")])
+    assert build.variant_names(two) == ["bf16.tc.128x256x64.2x1.coop", "e4m3.tr.256x128x128.1x2.coopfast"]
+    assert build.variant_count(two) == 2
+    assert "X(3, bf16, 't', 'c', 128, 256, 64, 2, 1, Coop," in two and "CoopFast" in two
+    assert two.count("#define SL_VARIANTS(X)") == 1 and "SL_GEMM_ARGS" in two  # the rest of the source kept
+    for bad, why in (("bf16.tc.128x256.2x1.coop", "is not"), ("bf16.tc.128x256x64.2x1.fast", "schedule one of"),
+                     ("e4m3.nr.128x256x128.1x2.coop", "K-major only")):
+        with pytest.raises(ValueError, match=why):
+            build.variant_row(0, bad)
+    with pytest.raises(ValueError, match="at least one row"):
+        build.with_variants(SOURCE_TEXT, [])
+
+
+def test_a_candidate_search_leaves_out_the_variants_that_do_not_compile(fake_tools, monkeypatch):
+    source = fake_tools["root"] / "real.cu"
+    source.write_text(SOURCE_TEXT)
+    monkeypatch.setattr(build, "SOURCE", source)
+    nvcc = _fake_nvcc(fake_tools["root"], fake_tools["log"], fail_on="SL_VARIANT=1")
+    monkeypatch.setattr(build, "find_nvcc", lambda: str(nvcc))
+    names = ["bf16.tc.128x256x64.2x1.coop", "bf16.tc.256x128x64.1x2.coop", "e4m3.tc.256x128x128.1x2.coopfast"]
+    path, failed = build.candidate_library(names, jobs=2, cache=fake_tools["cache"])
+    assert path.is_file() and list(failed) == ["bf16.tc.256x128x64.1x2.coop"] and "error: no" in failed[names[1]]
+    calls = _calls(fake_tools["log"])
+    link = calls[-1]
+    assert "-shared" in link and "variant0.o" in link and "variant2.o" in link and "variant1.o" not in link
+    # the entry points built beside the variants, then again from the kept table
+    assert sum("-DSL_API" in c for c in calls) == 2 and "-DSL_API" in calls[-2]
+    assert build.candidate_library(names, cache=fake_tools["cache"]) == (path, failed)  # cached
+    assert len(_calls(fake_tools["log"])) == len(calls)
+    with pytest.raises(ValueError, match="distinct"):
+        build.candidate_library(names + names[:1], cache=fake_tools["cache"])

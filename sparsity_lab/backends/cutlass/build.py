@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -96,6 +97,48 @@ def variant_count(source_text: str) -> int:
     return int(found.group(1))
 
 
+# one row of the variant table: X(index, element, B major, D layout, TM, TN, TK, CM, CN, schedule, "name")
+_ROW = re.compile(r'^\s*X\((\d+), (\w+), \'(\w)\', \'(\w)\', (\d+), (\d+), (\d+), (\d+), (\d+), (\w+), "([^"]+)"\)')
+_SCHEDULES = {"coop": "Coop", "ping": "Ping", "coopfast": "CoopFast", "pingfast": "PingFast"}
+_NAME = re.compile(r"^(bf16|e4m3)\.([tn])([cr])\.(\d+)x(\d+)x(\d+)\.(\d+)x(\d+)\.(coop|ping|coopfast|pingfast)$")
+
+
+def variant_names(source_text: str) -> list[str]:
+    """The names of the source's variant table, in its order ("<element>.<b><d>.<tile>.<cluster>.<schedule>")."""
+    return [m.group(11) for m in map(_ROW.match, source_text.splitlines()) if m]
+
+
+def variant_row(index: int, name: str) -> str:
+    """The table row of the variant ``name`` (e.g. "bf16.tc.128x256x64.2x1.coop"); ValueError naming the rule."""
+    m = _NAME.match(name)
+    if not m:
+        raise ValueError(f"variant {name!r} is not <bf16|e4m3>.<t|n><c|r>.<TM>x<TN>x<TK>.<CM>x<CN>.<schedule> with "
+                         f"schedule one of {sorted(_SCHEDULES)}")
+    element, b, d, tm, tn, tk, cm, cn, schedule = m.groups()
+    if element == "e4m3" and b != "t":
+        raise ValueError(f"variant {name!r}: E4M3 products read B K-major only (layout 't')")
+    return (f"  X({index}, {element}, '{b}', '{d}', {tm}, {tn}, {tk}, {cm}, {cn}, {_SCHEDULES[schedule]}, "
+            f'"{name}") \\')
+
+
+def with_variants(source_text: str, rows: list[tuple[int, str]]) -> str:
+    """The source with its variant table replaced by ``rows`` ((index, name) pairs: the index names the object's
+    entry point, ``sl_cutlass_gemm_<index>``; the table's order is the library's variant order)."""
+    if not rows:
+        raise ValueError("a variant table needs at least one row")
+    lines = source_text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("#define SL_VARIANTS(X)"))
+    end = start + 1
+    while end < len(lines) and lines[end].strip():
+        end += 1
+    table = [f"#define SL_VARIANTS(X){' ' * 46}\\"] + [variant_row(i, name) for i, name in rows]
+    table[-1] = table[-1].rstrip(" \\")
+    out = lines[:start] + table + lines[end:]
+    count = next(i for i, line in enumerate(out) if line.startswith("#define SL_VARIANT_COUNT "))
+    out[count] = f"#define SL_VARIANT_COUNT {len(rows)}"
+    return "\n".join(out) + "\n"
+
+
 def build_key(source_text: str, flags: tuple[str, ...], nvcc_version: str, cutlass_version: str) -> str:
     """The cache key: a hash of everything that changes the built library."""
     h = hashlib.sha256()
@@ -126,6 +169,62 @@ def _key_for(nvcc: str, includes: list[Path], source_text: str) -> str:
     return build_key(source_text, FLAGS, _version_of(nvcc), cutlass_version)
 
 
+def _run_all(commands: list[list[str]], workers: int) -> list[subprocess.CompletedProcess]:
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(lambda c: subprocess.run(c, capture_output=True, text=True), commands))
+
+
+def candidate_library(names: list[str], jobs: int | None = None, log=None, cache: Path | None = None
+                      ) -> tuple[Path, dict[str, str]]:
+    """A library of the variants ``names`` instead of the shipped table, for a search: ``(path, failed)``.
+
+    A variant that does not compile (a tile CUTLASS's builders refuse, one whose shared memory does not fit, one
+    whose operand layout differs from the compressor's) is left out and named in ``failed`` with the end of its
+    compiler output; the library holds the others, in the order given. Cached as ``library_path`` is."""
+    missing = missing_tools()
+    if missing:
+        raise CutlassUnavailable(f"the CUTLASS backend cannot be built here: missing {' and '.join(missing)}. "
+                                 f"Install: {INSTALL_HINT}")
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"names must be distinct variant names, at least one, got {names}")
+    nvcc, includes = find_nvcc(), find_cutlass()
+    text = with_variants(SOURCE.read_text(), list(enumerate(names)))
+    target_dir = Path(cache or cache_root()) / "cutlass" / ("search-" + _key_for(nvcc, includes, text))
+    library, failures = target_dir / LIBRARY, target_dir / "failed.json"
+    if library.is_file() and failures.is_file():
+        return library, json.loads(failures.read_text())
+    target_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target_dir.parent, prefix="build-") as tmp:
+        tmp = Path(tmp)
+        source = tmp / "sparse_gemm.cu"
+        source.write_text(text)
+        commands = compile_commands(nvcc, includes, source, tmp, len(names))  # the entry points, the variants
+        workers = max(1, min(jobs or os.cpu_count() or 1, len(commands)))
+        if log:
+            log(f"building {len(names)} candidate CUTLASS variants with {workers} nvcc processes")
+        results = _run_all(commands, workers)
+        failed = {name: r.stderr[-1500:] for name, r in zip(names, results[1:]) if r.returncode != 0}
+        kept = [(i, name) for i, name in enumerate(names) if name not in failed]
+        if not kept:
+            raise CutlassUnavailable(f"no candidate variant compiled; the first error:\n{next(iter(failed.values()))}")
+        api = results[0]
+        if failed:  # the entry points again, of the kept objects only
+            source.write_text(with_variants(SOURCE.read_text(), kept))
+            api = subprocess.run(commands[0], capture_output=True, text=True)
+        if api.returncode != 0:
+            raise CutlassUnavailable(f"building the CUTLASS entry points failed:\n{api.stderr[-4000:]}")
+        objects = [tmp / "api.o"] + [tmp / f"variant{i}.o" for i, _ in kept]
+        result = subprocess.run(link_command(nvcc, objects, tmp / LIBRARY), capture_output=True, text=True)
+        if result.returncode != 0:
+            raise CutlassUnavailable(f"linking the CUTLASS library failed:\n{result.stderr[-4000:]}")
+        target_dir.mkdir(exist_ok=True)
+        (target_dir / "failed.json").write_text(json.dumps(failed))
+        os.replace(tmp / LIBRARY, library)
+    if log:
+        log(f"built {library}: {len(kept)} variants, {len(failed)} failed to compile")
+    return library, failed
+
+
 def library_path(jobs: int | None = None, log=None, cache: Path | None = None) -> Path:
     """The built library, built first if the cache has none for this key (minutes on a few cores).
 
@@ -148,8 +247,7 @@ def library_path(jobs: int | None = None, log=None, cache: Path | None = None) -
         workers = max(1, min(jobs or os.cpu_count() or 1, len(commands)))
         if log:
             log(f"building {len(commands)} CUTLASS objects with {workers} nvcc processes in {tmp}")
-        with ThreadPoolExecutor(workers) as pool:
-            results = list(pool.map(lambda c: subprocess.run(c, capture_output=True, text=True), commands))
+        results = _run_all(commands, workers)
         failed = [(c, r) for c, r in zip(commands, results) if r.returncode != 0]
         if failed:
             command, result = failed[0]

@@ -147,6 +147,15 @@ def library() -> _Library:
         return _LIBRARY
 
 
+def use_library(path) -> _Library:
+    """Load the library at ``path`` (e.g. ``build.candidate_library``'s, for a search) in place of the shipped
+    one: every later product of this process runs its variants."""
+    global _LIBRARY
+    with _LOCK:
+        _LIBRARY = _Library(path)
+        return _LIBRARY
+
+
 def configs(dtype: torch.dtype, b_layout: str = "k", out_layout: str = "col") -> list[str]:
     """The ``config`` names built for an element type and layouts (tile.cluster.schedule)."""
     prefix = f"{_ELEMENT[dtype]}.{_B_CODE[b_layout]}{_D_CODE[out_layout]}."
