@@ -223,8 +223,8 @@ def run(args) -> int:
         path, failed = candidate_library(args.candidates, log=lambda line: print(line, flush=True))
         lib = ops.use_library(path)
         result["candidates"] = {"asked": args.candidates, "failed_to_compile": failed}
-        for name, err in failed.items():
-            print(f"candidate {name} did not compile: {err.strip().splitlines()[-1] if err.strip() else '?'}")
+        for variant, err in failed.items():
+            print(f"candidate {variant} did not compile: {err.strip().splitlines()[-1] if err.strip() else '?'}")
     else:
         lib = ops.library()  # built on first use, or found in the cache
     result["library"] = {"load_or_build_s": time.perf_counter() - start, "variants": lib.names}

@@ -89,15 +89,28 @@ def test_operands_are_checked_before_any_gpu_work():
         ops.compress(torch.zeros(64, 64, dtype=BF16))
 
 
-def test_a_product_without_a_config_runs_the_default_of_its_layouts():
+def test_a_product_without_a_config_runs_the_default_of_its_layouts_or_of_its_shape():
     lib = object.__new__(ops._Library)  # the variant table alone, no library loaded
-    lib.names = ["bf16.tc.a", "bf16.tc.128x256x128.1x2.coop", "bf16.nr.b", "e4m3.tc.c"]
+    lib.names = ["bf16.tc.a", "bf16.tc.256x128x128.2x1.coop", "bf16.nr.b", "e4m3.tc.c",
+                 "e4m3.tc.128x256x128.1x2.coopfast", "e4m3.tc.256x128x128.1x2.coopfast"]
     assert lib.variant(BF16, "k", "col", None) == 1  # DEFAULT_CONFIGS
     assert lib.variant(BF16, "k", "col", "a") == 0
-    assert lib.variant(BF16, "n", "row", None) == 2  # no default named: the first built
-    assert lib.variant(E4M3, "k", "col", None) == 3  # the default is not built here: the first
-    with pytest.raises(ValueError, match=r"configs for these layouts: \['a', '128x256x128.1x2.coop'\]"):
+    assert lib.variant(BF16, "n", "row", None) == 2  # the default is not built here: the first of the layouts
+    assert lib.variant(E4M3, "k", "col", None) == 4
+    assert lib.variant(E4M3, "k", "col", None, (4096, 16384, 16384)) == 4
+    assert lib.variant(E4M3, "k", "col", None, (16384, 16384, 4096)) == 5  # SHAPE_CONFIGS
+    assert lib.variant(E4M3, "k", "col", "c", (16384, 16384, 4096)) == 3  # an asked config wins
+    assert ("e4m3.tc", 16384, 16384, 4096) in ops.SHAPE_CONFIGS
+    with pytest.raises(ValueError, match=r"configs for these layouts: \['a', '256x128x128.2x1.coop'\]"):
         lib.variant(BF16, "k", "col", "z")
+
+
+def test_every_default_and_shape_config_is_in_the_shipped_table():
+    from sparsity_lab.backends.cutlass import build
+
+    names = set(build.variant_names(build.SOURCE.read_text()))
+    assert {f"{layouts}.{config}" for layouts, config in ops.DEFAULT_CONFIGS.items()} <= names
+    assert {f"{key[0]}.{config}" for key, config in ops.SHAPE_CONFIGS.items()} <= names
 
 
 def test_the_driver_context_is_made_current_only_where_it_is_not(monkeypatch):

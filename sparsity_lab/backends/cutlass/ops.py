@@ -41,13 +41,17 @@ STATUS = {1: "the kernel cannot run this shape (CUTLASS can_implement)", 2: "ini
 # layout codes of the variant names: "<element>.<b><d>.<tile>.<cluster>.<schedule>"
 _B_CODE, _D_CODE = {"k": "t", "n": "n"}, {"col": "c", "row": "r"}
 _ELEMENT = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
-# the config a product runs when none is asked for, per "<element>.<b><d>", chosen on the H200 at the FFN's product
-# shapes (results/cutlass_h200.json and, for the weight gradient's layouts "nr" and "tr", cutlass_h200_wgrad.json;
-# docs/measuring.md): E4M3's were the fastest at every shape, bf16's at two of the three (the 2x1 cluster won the
-# third by 1-2 %). E4M3's are the fast-accumulation schedule (no promotion to float32 inside the K loop);
-# "128x128x128.1x2.coop" promotes. A layout not named here runs the first config the table builds for it.
-DEFAULT_CONFIGS = {"bf16.tc": "128x256x128.1x2.coop", "e4m3.tc": "128x256x128.1x2.coopfast",
-                   "bf16.nr": "128x256x128.1x2.coop", "e4m3.tr": "128x256x128.1x2.coopfast"}
+# the config a product runs when none is asked for, per "<element>.<b><d>", chosen on the H200 at the FFN's three
+# product shapes (16384 x 16384 x 4096, 4096 x 16384 x 16384, 16384 x 4096 x 16384), every candidate timed side by
+# side in one run (results/cutlass_h200_search.json; docs/measuring.md). bf16: the 256 x 128 tile was within 3 % of
+# the fastest at every shape, where 128 x 256 (the earlier default) ran 16384 x 16384 x 4096 no faster than dense.
+# E4M3 (the fast-accumulation schedule: no promotion to float32 inside the K loop; "128x128x128.1x2.coop"
+# promotes): 128 x 256 was the fastest at the two shapes with k = 16384, 256 x 128 at k = 4096 (SHAPE_CONFIGS).
+# A layout not named here runs the first config the table builds for it.
+DEFAULT_CONFIGS = {"bf16.tc": "256x128x128.2x1.coop", "e4m3.tc": "128x256x128.1x2.coopfast",
+                   "bf16.nr": "256x128x128.1x2.coop", "e4m3.tr": "128x256x128.1x2.coopfast"}
+# exceptions measured at one product shape (m, n, k): ("<element>.<b><d>", m, n, k) -> config
+SHAPE_CONFIGS = {("e4m3.tc", 16384, 16384, 4096): "256x128x128.1x2.coopfast"}
 
 
 def row_alignment(dtype: torch.dtype) -> int:
@@ -123,10 +127,16 @@ class _Library:
         self.names = [lib.sl_cutlass_variant_name(v).decode() for v in range(lib.sl_cutlass_variant_count())]
         self.workspace: dict[tuple, int] = {}  # (variant, m, n, k) -> bytes
 
-    def variant(self, dtype: torch.dtype, b_layout: str, out_layout: str, config: str | None) -> int:
+    def variant(self, dtype: torch.dtype, b_layout: str, out_layout: str, config: str | None,
+                shape: tuple[int, int, int] | None = None) -> int:
+        """The variant of these layouts running ``config``; None: the one measured best at ``shape`` (m, n, k)
+        where ``SHAPE_CONFIGS`` names one, else the layouts' default."""
         prefix = f"{_ELEMENT[dtype]}.{_B_CODE[b_layout]}{_D_CODE[out_layout]}."
-        if config is None and prefix + DEFAULT_CONFIGS.get(prefix[:-1], "") in self.names:
-            config = DEFAULT_CONFIGS[prefix[:-1]]
+        if config is None:
+            chosen = SHAPE_CONFIGS.get((prefix[:-1], *shape), None) if shape else None
+            chosen = chosen or DEFAULT_CONFIGS.get(prefix[:-1])
+            if chosen and prefix + chosen in self.names:
+                config = chosen
         for v, name in enumerate(self.names):
             if name.startswith(prefix) and (config is None or name[len(prefix):] == config):
                 return v
@@ -236,7 +246,7 @@ def mm(a: SparseOperand, b: torch.Tensor, b_layout: str = "k", out_layout: str =
                              f"{tuple(s.shape)} on {s.device}")
         scales.append(None if s is None else s.data_ptr())
     lib = library()
-    variant = lib.variant(a.dtype, b_layout, out_layout, config)
+    variant = lib.variant(a.dtype, b_layout, out_layout, config, (m, n, k))
     out = torch.empty((n, m) if out_layout == "col" else (m, n), dtype=torch.bfloat16, device=b.device)
     key = (variant, m, n, k)
     needed = lib.workspace.get(key)
