@@ -47,7 +47,8 @@ _ELEMENT = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
 # the fastest at every shape, where 128 x 256 (the earlier default) ran 16384 x 16384 x 4096 no faster than dense.
 # E4M3 (the fast-accumulation schedule: no promotion to float32 inside the K loop; "128x128x128.1x2.coop"
 # promotes): 128 x 256 was the fastest at the two shapes with k = 16384, 256 x 128 at k = 4096 (SHAPE_CONFIGS).
-# A layout not named here runs the first config the table builds for it.
+# A layout not named here runs the first config the table builds for it (bf16 "tr", which no backend product
+# uses, has one: the earlier table's 128 x 128 tile, not searched).
 DEFAULT_CONFIGS = {"bf16.tc": "256x128x128.2x1.coop", "e4m3.tc": "128x256x128.1x2.coopfast",
                    "bf16.nr": "256x128x128.1x2.coop", "e4m3.tr": "128x256x128.1x2.coopfast"}
 # exceptions measured at one product shape (m, n, k): ("<element>.<b><d>", m, n, k) -> config

@@ -188,7 +188,7 @@ int compress(const void* a, int64_t lda, void* a_compressed, void* e, int m, int
 
 // The variants: (element, B major, D layout, tile m n k, cluster m n, schedule). Keep SL_VARIANT_COUNT in step:
 // build.py compiles one object per row. Names: "<element>.<b><d>.<tile>.<cluster>.<schedule>".
-#define SL_VARIANT_COUNT 13
+#define SL_VARIANT_COUNT 14
 #define SL_VARIANTS(X)                                              \
   X(0, bf16, 't', 'c', 256, 128, 128, 2, 1, Coop, "bf16.tc.256x128x128.2x1.coop") \
   X(1, bf16, 't', 'c', 256, 128, 128, 1, 2, Coop, "bf16.tc.256x128x128.1x2.coop") \
@@ -202,7 +202,8 @@ int compress(const void* a, int64_t lda, void* a_compressed, void* e, int m, int
   X(9, e4m3, 't', 'c', 128, 256, 128, 2, 1, CoopFast, "e4m3.tc.128x256x128.2x1.coopfast") \
   X(10, e4m3, 't', 'c', 128, 128, 128, 1, 2, Coop, "e4m3.tc.128x128x128.1x2.coop") \
   X(11, e4m3, 't', 'r', 128, 256, 128, 1, 2, CoopFast, "e4m3.tr.128x256x128.1x2.coopfast") \
-  X(12, e4m3, 't', 'r', 256, 128, 128, 1, 2, CoopFast, "e4m3.tr.256x128x128.1x2.coopfast")
+  X(12, e4m3, 't', 'r', 256, 128, 128, 1, 2, CoopFast, "e4m3.tr.256x128x128.1x2.coopfast") \
+  X(13, bf16, 't', 'r', 128, 128, 128, 1, 2, Coop, "bf16.tr.128x128x128.1x2.coop")
 
 #define SL_GEMM_ARGS                                                                                       \
   const void *a, const void *e, const void *b, void *d, int m, int n, int k, const float *scale_a,          \
