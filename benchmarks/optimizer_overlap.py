@@ -17,9 +17,11 @@ per layer the attention's qkv (3d, d) and output (d, d), the FFN's (4d, d) and (
 * ``serial``: the optimizer over every weight, then the work over every weight, one stream (today's order);
 * ``two_streams``: weight i's update on the main stream, its work on a side stream after an event;
   ``two_streams_urgent`` the same with the side stream at CUDA's highest priority.
-* ``fused_<w>_warps`` (work ``refresh``): kernel 25 (``kernels/adamw_refresh24.py``), the update and the
-  refresh in one pass per weight, at 4 and 8 warps.
-It prints ``hidden`` = (serial - the faster schedule) / work: the share of the work taken off the step.
+It prints ``hidden`` = (serial - the faster two-stream schedule) / work: the share of the work taken off the step.
+
+Measured on an H200 (``results/optimizer_overlap_h200.json``): 2-10 % of the work hidden. A kernel that did the
+update and the refresh in one pass per 64 x 64 block did no better (``results/optimizer_overlap_h200_k25.json``,
+docs/measuring.md): the refresh's arithmetic does not hide under the optimizer's memory traffic either way.
 
 ``--smoke`` runs the plumbing on the CPU under the Triton interpreter (tiny shapes, no streams: the
 numbers mean nothing).
@@ -87,20 +89,8 @@ def _optimizer_fn(step_holder: list[int]):
     return update
 
 
-def _fused_fn(name: str, step_holder: list[int]):
-    """(weight, num_warps) -> None: kernel 25, the update and the refresh in one pass; None for other work."""
-    if name != "refresh":
-        return None
-    from sparsity_lab.kernels.adamw_refresh24 import adamw_refresh24_
-
-    def both(w: Weight, warps: int) -> None:
-        adamw_refresh24_(w.low, w.grad, w.master, w.m, w.v, w.mask, w.beta, step=step_holder[0], lr=1e-4, beta1=0.9,
-                         beta2=0.95, eps=1e-8, weight_decay=0.1, num_warps=warps)
-    return both
-
-
-def schedules(weights: list[Weight], work, update, device: torch.device, fused=None) -> dict:
-    """name -> a function running one schedule over every weight (``fused``: kernel 25's schedules too)."""
+def schedules(weights: list[Weight], work, update, device: torch.device) -> dict:
+    """name -> a function running one schedule over every weight."""
     cuda = device.type == "cuda"
     side = torch.cuda.Stream(device) if cuda else None
     # the same with the side stream at CUDA's highest priority: the block scheduler then places the work's
@@ -132,12 +122,8 @@ def schedules(weights: list[Weight], work, update, device: torch.device, fused=N
                 side.wait_event(done)
                 work(w)
         main.wait_stream(side)
-    out = {"optimizer": optimizer, "work": work_only, "serial": serial,
-           "two_streams": lambda: on_two_streams(side), "two_streams_urgent": lambda: on_two_streams(urgent)}
-    if fused is not None:
-        for warps in (4, 8):
-            out[f"fused_{warps}_warps"] = lambda warps=warps: [fused(w, warps) for w in weights]
-    return out
+    return {"optimizer": optimizer, "work": work_only, "serial": serial,
+            "two_streams": lambda: on_two_streams(side), "two_streams_urgent": lambda: on_two_streams(urgent)}
 
 
 def time_ms(fn, device: torch.device, reps: int) -> list[float]:
@@ -158,24 +144,17 @@ def time_ms(fn, device: torch.device, reps: int) -> list[float]:
 def measure(work_name: str, weights: list[Weight], device: torch.device, reps: int) -> dict:
     step = [1]
     update = _optimizer_fn(step)
-    fns = schedules(weights, _work_fn(work_name, device), update, device, _fused_fn(work_name, step))
+    fns = schedules(weights, _work_fn(work_name, device), update, device)
     times = {}
-    order = ["optimizer", "work", "serial", "two_streams", "two_streams_urgent"] + [k for k in fns if k.startswith("fused")]
-    for name in order + ["serial"]:  # serial twice: before and after
+    for name in ("optimizer", "work", "serial", "two_streams", "two_streams_urgent", "serial"):  # serial: before and after
         runs = time_ms(fns[name], device, reps)
         times.setdefault(name, []).extend(runs)
     med = {name: statistics.median(v) for name, v in times.items()}
     best = min(("two_streams", "two_streams_urgent"), key=lambda k: med[k])
     hidden = (med["serial"] - med[best]) / med["work"] if med["work"] > 0 else None
-    rec = {"work": work_name, "ms_median": med, "ms_all": times, "best_two_streams": best,
-           "hidden_share_of_work": hidden,
-           "two_streams_vs_serial": med["serial"] / med[best] if med[best] > 0 else None}
-    fused = [k for k in med if k.startswith("fused")]
-    if fused:
-        best_fused = min(fused, key=lambda k: med[k])
-        rec.update(best_fused=best_fused, fused_vs_serial=med["serial"] / med[best_fused],
-                   fused_hidden_share_of_work=(med["serial"] - med[best_fused]) / med["work"])
-    return rec
+    return {"work": work_name, "ms_median": med, "ms_all": times, "best_two_streams": best,
+            "hidden_share_of_work": hidden,
+            "two_streams_vs_serial": med["serial"] / med[best] if med[best] > 0 else None}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -199,9 +178,6 @@ def run(args: argparse.Namespace) -> int:
               f"{med['serial']:8.2f} ms  two streams {med['two_streams']:8.2f} / urgent {med['two_streams_urgent']:8.2f} ms"
               f"  -> {rec['two_streams_vs_serial']:.3f}x,"
               f" {rec['hidden_share_of_work']:.0%} of the work hidden")
-        if "best_fused" in rec:
-            print(f"{'':>20}  kernel 25 (one pass): " + "  ".join(f"{k} {med[k]:.2f} ms" for k in med if k.startswith("fused"))
-                  + f"  -> {rec['fused_vs_serial']:.3f}x serial, {rec['fused_hidden_share_of_work']:.0%} of the work hidden")
         records.append(rec)
     gpu = "smoke" if args.smoke else torch.cuda.get_device_name(device).split()[-1].lower()
     path = write_result(args.name or f"optimizer_overlap_{gpu}",

@@ -171,7 +171,7 @@ def _store_forms(s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30
                  meta_ptr, vals_t_ptr, meta_t_ptr, r0, c0, n_rows, n_cols, WRITE_W: tl.constexpr,
                  WRITE_T: tl.constexpr):
     """S(W) (WRITE_W) and S(W)^T (WRITE_T) of the 64 x 64 block at (r0, c0), compressed in cuSPARSELt's layout
-    from the block's values s{r}{c} (kernels 21 and 25)."""
+    from the block's values s{r}{c}."""
     # S's raw 16-bit values
     b00, b01, b02, b03 = _operand_bits(s00, s01, s02, s03, beta_ptr, False, 448.0, 3, -6)
     b10, b11, b12, b13 = _operand_bits(s10, s11, s12, s13, beta_ptr, False, 448.0, 3, -6)

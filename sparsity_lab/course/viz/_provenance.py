@@ -43,7 +43,8 @@ BENCHMARK_NAMES = {"mask_solvers": "masks", "kernels": "kernels", "ffn.cli": "ff
                    "mvue_variants": "mvue-variants", "fp8_training": "fp8-training", "fp8_sparse": "fp8-sparse",
                    "kernel_configs": "kernel-configs", "ffn_profile": "ffn-profile", "act24_profile": "act24-profile",
                    "cusparselt_probe": "cusparselt-probe", "cusparselt_layout_dump": "cusparselt-layout",
-                   "step_profile": "step-profile", "step_host": "step-host", "fp8_scalar_alpha": "fp8-scalar-alpha",
+                   "step_profile": "step-profile", "step_host": "step-host", "optimizer_overlap": "optimizer-overlap",
+                   "fp8_scalar_alpha": "fp8-scalar-alpha",
                    "torchtitan_gpus": "torchtitan-gpus", "cutlass_sparse": "cutlass"}
 _ABSOLUTE = re.compile(r"(?<![\w.])/[^\s'\"]+")
 
