@@ -42,7 +42,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--budget-s", type=positive_float, default=200.0, help="no new shape starts after this many seconds")
     parser.add_argument("--reps", type=positive_int, default=10, help="calls captured per CUDA graph")
     parser.add_argument("--candidates", nargs="+", default=None, metavar="VARIANT",
-                        help="time these variants (e.g. bf16.tc.128x256x64.2x1.coop) instead of the shipped table: "
+                        help="time these variants (e.g. bf16.tc.256x128x128.2x1.coop) instead of the shipped table: "
                              "built into a separate library first; the ones that do not compile are recorded")
 
 
