@@ -12,8 +12,9 @@
 bfloat16 operands give bfloat16; float8_e4m3fn operands (both) give bfloat16. Accumulation in float32.
 
 Which kernel runs is a *variant* of ``sparse_gemm.cu`` (its table: element, layouts, tile, cluster,
-schedule); ``config`` picks one by its tail (e.g. "128x256x128.1x2.coop"), default ``DEFAULT_CONFIGS``
-(else the table's first for the element and layouts). Shapes: ``shape_problem`` states the alignment rules (16-byte rows for
+schedule); ``config`` picks one by its tail (e.g. "256x128x128.2x1.coop"), default the one measured best at
+the product's shape (``SHAPE_CONFIGS``), else ``DEFAULT_CONFIGS``, else the table's first for the element and
+layouts. Shapes: ``shape_problem`` states the alignment rules (16-byte rows for
 TMA) on the CPU; what the kernel itself refuses (its ``can_implement``) raises :class:`ValueError` too.
 The compressor (CUTLASS's own, on the GPU) reads at most two non-zeros per group of four along k and
 treats -0.0 as zero; a group with more is not 2:4 and its compressed form is undefined. The layout it
