@@ -56,6 +56,13 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return shapes
 
 
+def compile_error_line(stderr: str) -> str:
+    """The compiler's first ``error:`` line (nvcc ends with a count of errors, which says nothing), else its last."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if "error:" in line]
+    return (errors or lines or ["no compiler output"])[0 if errors else -1][:300]
+
+
 def check_arguments(args) -> None:
     parse_shapes(args.shapes)
     if args.candidates:
@@ -224,7 +231,7 @@ def run(args) -> int:
         lib = ops.use_library(path)
         result["candidates"] = {"asked": args.candidates, "failed_to_compile": failed}
         for variant, err in failed.items():
-            print(f"candidate {variant} did not compile: {err.strip().splitlines()[-1] if err.strip() else '?'}")
+            print(f"candidate {variant} did not compile: {compile_error_line(err)}")
     else:
         lib = ops.library()  # built on first use, or found in the cache
     result["library"] = {"load_or_build_s": time.perf_counter() - start, "variants": lib.names}

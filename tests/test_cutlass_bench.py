@@ -60,3 +60,13 @@ def test_without_a_gpu_the_fp8_ffn_section_skips_cutlass_with_the_reason():
     found = unavailable_variants(("bf16_dense", "fp8_dense", "fp8_24_cutlass"))
     assert set(found) == {"fp8_24_cutlass"} and "no CUDA GPU" in found["fp8_24_cutlass"]
     assert "'cusparselt_fp8'" in found["fp8_24_cutlass"]  # and what to use instead
+
+
+def test_a_failed_candidate_is_reported_by_its_compiler_error():
+    from benchmarks.cutlass_sparse import compile_error_line
+
+    stderr = ('k.cu(231): error: static assertion failed with "every variant must read the operand layout"\n'
+              '  static_assert(x,\n\n1 error detected in the compilation of "k.cu".\n')
+    assert compile_error_line(stderr).startswith("k.cu(231): error: static assertion failed")
+    assert compile_error_line("ld: something odd\n") == "ld: something odd"
+    assert compile_error_line("") == "no compiler output"
