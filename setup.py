@@ -40,7 +40,10 @@ MATERIAL = {
                 # docs/measuring.md, read from a clone
                 ["*_run[0-9].json", "*_run[0-9][0-9].json", "*_old_tree.json", "*_new_tree.json",
                  "*_after_layout.json", "*_eager_masks.json", "*_first.json", "*_cusparselt010.json",
-                 "torchtitan_llama_*.json"]),
+                 "torchtitan_llama_*.json",
+                 # side-by-side kernel checks, instruction counts, host profiles, overlap probes and tile searches
+                 "kernels_ab_*.json", "sass_counts_*.json", "step_host_*.json", "optimizer_overlap_*.json",
+                 "*_search.json", "*_searched.json"]),
 }
 
 
