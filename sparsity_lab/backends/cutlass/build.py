@@ -16,6 +16,9 @@ What it needs, each found here without importing anything heavy:
 
 ``missing_tools`` says what is absent (a CPU-only machine can ask); ``build`` raises
 :class:`CutlassUnavailable` naming it.
+
+A tile search builds other variants the same way: ``candidate_library(names)`` rewrites the source's variant
+table (``with_variants``) and leaves out, naming them, the candidates that do not compile.
 """
 from __future__ import annotations
 
@@ -109,7 +112,7 @@ def variant_names(source_text: str) -> list[str]:
 
 
 def variant_row(index: int, name: str) -> str:
-    """The table row of the variant ``name`` (e.g. "bf16.tc.128x256x64.2x1.coop"); ValueError naming the rule."""
+    """The table row of the variant ``name`` (e.g. "bf16.tc.256x128x128.2x1.coop"); ValueError naming the rule."""
     m = _NAME.match(name)
     if not m:
         raise ValueError(f"variant {name!r} is not <bf16|e4m3>.<t|n><c|r>.<TM>x<TN>x<TK>.<CM>x<CN>.<schedule> with "
