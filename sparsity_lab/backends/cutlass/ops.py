@@ -45,7 +45,8 @@ _ELEMENT = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
 # the config a product runs when none is asked for, per "<element>.<b><d>", chosen on the H200 at the FFN's three
 # product shapes (16384 x 16384 x 4096, 4096 x 16384 x 16384, 16384 x 4096 x 16384), every candidate timed side by
 # side in one run (results/cutlass_h200_search.json; docs/measuring.md). bf16: the 256 x 128 tile was within 3 % of
-# the fastest at every shape, where 128 x 256 (the earlier default) ran 16384 x 16384 x 4096 no faster than dense.
+# the fastest CUTLASS variant at every shape, where 128 x 256 (the earlier default) ran 16384 x 16384 x 4096 no
+# faster than dense.
 # E4M3 (the fast-accumulation schedule: no promotion to float32 inside the K loop; "128x128x128.1x2.coop"
 # promotes): 128 x 256 was the fastest at the two shapes with k = 16384, 256 x 128 at k = 4096 (SHAPE_CONFIGS).
 # A layout not named here runs the first config the table builds for it (bf16 "tr", which no backend product
