@@ -58,9 +58,11 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
 
 def compile_error_line(stderr: str) -> str:
     """The compiler's first ``error:`` line (nvcc ends with a count of errors, which says nothing), else its last."""
-    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     errors = [line for line in lines if "error:" in line]
-    return (errors or lines or ["no compiler output"])[0 if errors else -1][:300]
+    if errors:
+        return errors[0][:300]
+    return lines[-1][:300] if lines else "no compiler output"
 
 
 def check_arguments(args) -> None:

@@ -136,8 +136,7 @@ class _Library:
         where ``SHAPE_CONFIGS`` names one, else the layouts' default."""
         prefix = f"{_ELEMENT[dtype]}.{_B_CODE[b_layout]}{_D_CODE[out_layout]}."
         if config is None:
-            chosen = SHAPE_CONFIGS.get((prefix[:-1], *shape), None) if shape else None
-            chosen = chosen or DEFAULT_CONFIGS.get(prefix[:-1])
+            chosen = (shape and SHAPE_CONFIGS.get((prefix[:-1], *shape))) or DEFAULT_CONFIGS.get(prefix[:-1])
             if chosen and prefix + chosen in self.names:
                 config = chosen
         for v, name in enumerate(self.names):
