@@ -27,6 +27,9 @@ that dense's TFLOP/s beside it.
    is printed with its ratio to dense FP8 and to dense bf16, each with that dense's achieved TFLOP/s
    (``dense_ratios``).
 
+5. ``ffn_profile`` (not in the default sections): the ``--ffn-variants`` run eagerly under torch.profiler, their
+   kernels' GPU time per step by kind (products, 2:4 work, FP8 casts, GELU, ...): ``benchmarks/fp8_ffn_profile.py``.
+
 The products section times the forward product with the host alpha too ("fp8_24_host_alpha_ms", where the
 algorithm search found the scalar alpha honoured).
 """
@@ -433,7 +436,8 @@ def main(argv=None) -> int:
     p.add_argument("--out-dir", default="results")
     p.add_argument("--name", default="fp8_training_h100")
     p.add_argument("--budget-s", type=float, default=240.0, help="no new section starts after this many seconds")
-    p.add_argument("--sections", default="probe,dx_error,products,ffn,ffn_parts")
+    p.add_argument("--sections", default="probe,dx_error,products,ffn,ffn_parts",
+                   help="comma-separated, among probe, dx_error, products, ffn, ffn_parts, ffn_profile")
     p.add_argument("--ffn-variants", default=",".join(FFN_VARIANTS),
                    help=f"comma-separated FFN variants of the ffn section, among {','.join(FFN_VARIANTS)}")
     args = p.parse_args(argv)
@@ -471,6 +475,10 @@ def main(argv=None) -> int:
                     except Exception:
                         result["errors"][f"products {shape}"] = traceback.format_exc()[-1500:]
                         print(f"product {shape}: ERROR", traceback.format_exc()[-600:], flush=True)
+            elif section == "ffn_profile":
+                from benchmarks.fp8_ffn_profile import ffn_profile, table
+                result["ffn_profile"] = ffn_profile(*FFN_SHAPE, variants=ffn_variants)
+                print(table(result["ffn_profile"]), flush=True)
             elif section == "ffn_parts":
                 result["ffn_parts"] = ffn_parts(*FFN_SHAPE, sparse)
                 print("ffn parts:", result["ffn_parts"], flush=True)

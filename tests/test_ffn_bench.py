@@ -472,3 +472,39 @@ def test_graph_section_mask_refresh_mode_is_an_option_and_recorded():
     add_arguments(parser)
     assert settings_from_args(parser.parse_args(["--smoke"])).masks_in_graph is True
     assert settings_from_args(parser.parse_args(["--smoke", "--no-masks-in-graph"])).masks_in_graph is False
+
+
+def _decision(dense_ms, **library_ms):
+    return {"product": "forward", "dense_ms": dense_ms, "library_ms": library_ms}
+
+
+def test_product_ceilings_follow_amdahl_over_each_librarys_products():
+    from benchmarks.ffn.targets import product_ceilings
+    shapes = [{"tokens": 64, "d_model": 16, "backends": {"sparse_auto": {"decisions": [
+        _decision(3.0, cusparselt=2.0, cutlass=2.5), _decision(3.0, cusparselt=2.0, cutlass=1.5),
+        _decision(2.0, cusparselt=1.0)]}}}]  # CUTLASS could not run the third: no ceiling for it
+    out = product_ceilings(shapes, (64, 16), dense_step_ms=10.0)
+    assert set(out) == {"cusparselt"}
+    c = out["cusparselt"]
+    # the dense step's other work (10 - 8 = 2 ms) kept, the products at 5 ms: 10 / 7
+    assert c["ceiling"] == pytest.approx(10.0 / 7.0)
+    assert c["products_ms"] == pytest.approx(5.0) and c["dense_products_ms"] == pytest.approx(8.0)
+    assert c["products_speedup"] == pytest.approx(1.6) and c["products"] == 3
+    assert product_ceilings(shapes, (32, 16), dense_step_ms=10.0) == {}  # another shape: none
+    assert product_ceilings(shapes, (64, 16), dense_step_ms=None) == {}
+    assert product_ceilings(None, (64, 16), dense_step_ms=10.0) == {}
+
+
+def test_the_comparison_prints_each_variants_ceiling():
+    from benchmarks.ffn.report import comparison_lines
+    ceiling = {"ceiling": 1.3, "products_ms": 5.0, "dense_products_ms": 8.0, "products": 3, "dense_step_ms": 10.0,
+               "products_speedup": 1.6}
+    result = {"smoke": False, "library_comparison": {
+        "tokens": 64, "d_model": 16, "between": {},
+        "variants": {"ours_mvue": {"backend": "cusparselt", "speedup": 1.25, "variant_ms": 8.0, "variant_source": "grid",
+                                   "variant_tflops": 100.0, "dense_ms": 10.0, "dense_source": "grid",
+                                   "dense_tflops": 80.0, "ceiling": 1.3}},
+        "ceilings": {"cusparselt": ceiling}}}
+    lines = comparison_lines(result)
+    assert lines[1].endswith("; ceiling of its products 1.30x")
+    assert lines[-1].startswith("  ceiling on cusparselt: 1.30x (its 3 products 5.00 ms, 1.60x")

@@ -226,7 +226,7 @@ def _benchmark(s: Settings, rec: Recorder) -> dict:
         "rows": rows, "shapes": shapes, "paired": paired, "graph": graph, "gpt_step": gpt_step,
         "backend_report": reports, "rounds": s.rounds,
         "targets": judge_targets(rows, gpt_step, s.target, s.grid, paired, graph, baseline),
-        "library_comparison": library_comparison(rows, paired, s.target, baseline),
+        "library_comparison": library_comparison(rows, paired, s.target, baseline, shapes),
         "unavailable": rec.unavailable, "skipped": rec.skipped, "errors": rec.errors, "elapsed_s": rec.elapsed(),
     }
 

@@ -135,9 +135,15 @@ def comparison_lines(result: dict) -> list[str]:
         else:
             paired = (f"; paired rounds {c['paired_ratio']:.2f}x [{c['paired_min']:.2f}, {c['paired_max']:.2f}]"
                       if c.get("paired_ratio") is not None else "")
+            ceiling = (f"; ceiling of its products {c['ceiling']:.2f}x" if c.get("ceiling") is not None else "")
             lines.append(who + f"{c['variant_ms']:.2f} ms ({c['variant_source']}, {_fmt(c['variant_tflops'], '.0f')} "
                          f"TFLOP/s dense-equivalent), {c['speedup']:.2f}x dense ({c['dense_ms']:.2f} ms, "
-                         f"{c['dense_source']}, {_fmt(c.get('dense_tflops'), '.0f')} TFLOP/s){paired}")
+                         f"{c['dense_source']}, {_fmt(c.get('dense_tflops'), '.0f')} TFLOP/s){paired}{ceiling}")
     for name, b in comparison["between"].items():
         lines.append(f"  {name}: {_fmt(b['speedup'], '.2f', 'x')} ({b['source']})")
+    for lib, c in (comparison.get("ceilings") or {}).items():
+        lines.append(f"  ceiling on {lib}: {c['ceiling']:.2f}x (its {c['products']} products {c['products_ms']:.2f} ms, "
+                     f"{c['products_speedup']:.2f}x the dense products' {c['dense_products_ms']:.2f} ms, each timed "
+                     f"alone by sparse_auto; the rest of the dense step {c['dense_step_ms'] - c['dense_products_ms']:.2f}"
+                     f" ms kept, the 2:4 work free)")
     return lines

@@ -87,14 +87,47 @@ def variant_ratio(pair_rows: dict, grid_rows: dict, tokens: int, d: int, numerat
     return None, "not measured"
 
 
+# the library each variant of LIBRARY_COMPARISON runs its products on (its ceiling's products)
+LIBRARY_OF = {"ours_mvue": "cusparselt", "cutlass_mvue": "cutlass"}
+
+
+def product_ceilings(shapes: list[dict] | None, target: tuple[int, int], dense_step_ms: float | None) -> dict:
+    """The Amdahl ceiling of the FFN step on each 2:4 library, from its six products as ``sparse_auto`` timed them
+    in this run (each product alone, dense and on every library, side by side):
+
+        ceiling = T_dense / (T_dense - sum dense products + sum 2:4 products)
+
+    T_dense the dense step's ms (the headline's). What it assumes: the step's other work (GELU, copies) stays as
+    dense's and the 2:4 work (masks, MVUE) is free, so a step at its ceiling has hidden nothing but that work.
+    {} where sparse_auto did not run at the target shape (or no dense step was timed)."""
+    tokens, d = target
+    shape = next((sh for sh in shapes or [] if (sh.get("tokens"), sh.get("d_model")) == (tokens, d)), None)
+    decisions = (((shape or {}).get("backends") or {}).get("sparse_auto") or {}).get("decisions") or []
+    decisions = [x for x in decisions if x.get("dense_ms") and x.get("library_ms")]
+    if not decisions or not dense_step_ms:
+        return {}
+    dense = sum(x["dense_ms"] for x in decisions)
+    out = {}
+    for lib in sorted({lib for x in decisions for lib in x["library_ms"]}):
+        if not all(lib in x["library_ms"] for x in decisions):
+            continue  # a library that could not run one of the products has no ceiling
+        sparse = sum(x["library_ms"][lib] for x in decisions)
+        out[lib] = {"ceiling": dense_step_ms / (dense_step_ms - dense + sparse), "products_ms": sparse,
+                    "dense_products_ms": dense, "products": len(decisions), "dense_step_ms": dense_step_ms,
+                    "products_speedup": dense / sparse}
+    return out
+
+
 def library_comparison(rows: list[dict], paired: list[dict] | None, target: tuple[int, int],
-                       baseline: dict | None) -> dict:
+                       baseline: dict | None, shapes: list[dict] | None = None) -> dict:
     """The same method on each 2:4 library (``LIBRARY_COMPARISON``) at the target shape, forward + backward.
 
     Per variant: its speed-up over the fastest dense of the run and that dense's ms, source and TFLOP/s
     (``ffn_headline``, the targets' rule), its own ms and dense-equivalent TFLOP/s, the paired-round ratio
     beside it, or "skipped" with the reason where its library cannot run. ``between``: each later variant's
-    speed-up over the first (ms of the first / ms of it), paired per round where both were timed in the rounds."""
+    speed-up over the first (ms of the first / ms of it), paired per round where both were timed in the rounds.
+    ``ceilings``: ``product_ceilings`` of each library (``shapes``: the run's, with sparse_auto's decisions); each
+    variant's entry has its library's ``ceiling`` beside its speed-up."""
     tokens, d = target
     flops = ffn_step_flops(tokens, d, 4 * d)
     variants = {}
@@ -111,7 +144,12 @@ def library_comparison(rows: list[dict], paired: list[dict] | None, target: tupl
     for variant in LIBRARY_COMPARISON[1:]:
         value, source = variant_ratio(pair_rows, grid_rows, tokens, d, first, variant)
         between[f"{variant}_vs_{first}"] = {"speedup": value, "source": source}
-    return {"tokens": tokens, "d_model": d, "phase": "fwd_bwd", "variants": variants, "between": between}
+    dense_ms = next((v["dense_ms"] for v in variants.values() if v.get("dense_ms")), None)
+    ceilings = product_ceilings(shapes, target, dense_ms)
+    for variant, entry in variants.items():
+        entry["ceiling"] = (ceilings.get(LIBRARY_OF.get(variant)) or {}).get("ceiling")
+    return {"tokens": tokens, "d_model": d, "phase": "fwd_bwd", "variants": variants, "between": between,
+            "ceilings": ceilings}
 
 
 def judge_targets(rows: list[dict], gpt_step: dict | None, target: tuple[int, int],

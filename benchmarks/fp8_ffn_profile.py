@@ -1,0 +1,137 @@
+"""Where the GPU time of one FP8 FFN training step goes: each variant's kernels under torch.profiler, by kind.
+
+The ``ffn_profile`` section of ``python -m benchmarks fp8-training`` (GPU). The FFN and the variants are the
+``ffn`` section's (``build_ffn``: ``y = W2 gelu(W1 x)``, forward and backward, mask every step, MVUE); each
+variant runs eagerly, forward, backward and its end-of-step update, for ``steps`` profiled steps after
+warm-up. The kernels' own GPU times are summed per step and put in the kinds of ``KINDS`` by name, so a
+reader can see which passes the sparse products leave around them (the question a fused epilogue answers:
+how much of the step is the activation and the FP8 casts between the two products).
+
+Eager, not replayed: a kernel takes the same GPU time either way; the wall of an eager step also holds the
+host's launch gaps, which the ``ffn`` section's replayed timing leaves out.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from benchmarks.step_categories import classify
+
+# (kind, pattern over the lower-cased kernel name); the first match wins, then step_categories' category
+KINDS = (
+    ("scale pass", re.compile(r"_scale_kernel|mul_kernel.*(scalar|cudafunctoronself)")),
+    ("FP8 casts and amax", re.compile(r"_quantize_kernel|_cast_transpose_kernel|_amax_kernel|_dequantize_kernel"
+                                      r"|float8|e4m3|e5m2|amax|abs_kernel|max_kernel|reduce_kernel")),
+    ("activation (GELU forward and backward)", re.compile(r"gelu")),
+)
+ORDER = ("sparse products", "dense products", "2:4 work", "FP8 casts and amax", "activation (GELU forward and backward)",
+         "scale pass", "other elementwise and copies", "other")
+_CATEGORY_KIND = {"sparse_gemm": "sparse products", "dense_gemm": "dense products", "two4_work": "2:4 work",
+                  "norm_cast_elementwise": "other elementwise and copies"}
+
+
+def kind_of(name: str) -> str:
+    """The kind (one of ORDER) of a profiled CUDA kernel named ``name``."""
+    category = classify(name)  # raises TypeError for a non-str
+    if category in ("sparse_gemm", "dense_gemm", "two4_work"):  # a product's or a 2:4 kernel's name may say "e4m3"
+        return _CATEGORY_KIND[category]
+    n = name.lower()
+    for kind, pattern in KINDS:
+        if pattern.search(n):
+            return kind
+    return _CATEGORY_KIND.get(category, "other")
+
+
+def summarize(rows: list[tuple[str, float, float]], top: int = 25) -> dict:
+    """rows: (kernel name, ms per step, calls per step) -> {"kinds_ms", "kernels_ms" (sum), "top"}."""
+    kinds = dict.fromkeys(ORDER, 0.0)
+    for name, ms, _ in rows:
+        kinds[kind_of(name)] += ms
+    ranked = sorted(rows, key=lambda r: -r[1])[:top]
+    return {"kinds_ms": kinds, "kernels_ms": sum(kinds.values()),
+            "top": [{"kernel": n[:160], "kind": kind_of(n), "ms": ms, "calls": calls} for n, ms, calls in ranked]}
+
+
+def eager_step(model, x: torch.Tensor, dy: torch.Tensor):
+    """One eager forward + backward of the FFN with dX (x a leaf that needs grad) and the end-of-step update."""
+    from benchmarks.fp8_training import FP8DenseLinear
+    from sparsity_lab.training_hooks import advance_step, sparse_layers
+    sparse = bool(sparse_layers(model))
+    fp8_dense = [m for m in model.modules() if isinstance(m, FP8DenseLinear)]
+    x = x.detach().requires_grad_(True)
+
+    def step():
+        for p in model.parameters():
+            p.grad = None
+        x.grad = None
+        model(x).backward(dy)
+        if sparse:
+            advance_step(model)
+        for m in fp8_dense:
+            m.advance_step()
+    return step
+
+
+def ffn_profile(tokens: int, d: int, variants: tuple[str, ...], steps: int = 3, warmup: int = 4) -> dict:
+    """{variant: summarize(...) plus "wall_ms" (eager, no profiler)} at ``tokens`` x ``d`` (ffn 4 d)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.fp8_training import build_ffn, unavailable_variants
+    from benchmarks.step_profile import kernel_rows
+    skipped = unavailable_variants(variants)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(tokens, d, device="cuda", generator=gen, dtype=torch.bfloat16)
+    dy = torch.randn(tokens, d, device="cuda", generator=gen, dtype=torch.bfloat16)
+    out = {"tokens": tokens, "d_model": d, "ffn": 4 * d, "steps": steps, "skipped": skipped, "variants": {}}
+    for v in (v for v in variants if v not in skipped):
+        step = eager_step(build_ffn(v, d), x, dy)
+        for _ in range(warmup):
+            step()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps):
+            step()
+        end.record()
+        torch.cuda.synchronize()
+        wall = start.elapsed_time(end) / steps
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize()
+        out["variants"][v] = {"wall_ms": wall, **summarize(kernel_rows(prof, steps, cuda=True))}
+        del step
+        torch.cuda.empty_cache()
+    out["ceilings_vs_fp8_dense"] = ceilings(out)
+    return out
+
+
+def ceilings(profiled: dict, dense: str = "fp8_dense") -> dict:
+    """{variant: its Amdahl ceiling over ``dense``} from the profile's own kernel times (T: all kernels, P: the
+    products, sparse and dense): T_dense / (T_dense - P_dense + P_variant). What the step would take if only its
+    products differed from dense's; a step below its ceiling spends more than dense around its products."""
+    base = profiled["variants"].get(dense)
+    if base is None:
+        return {}
+    products = ("sparse products", "dense products")
+    p_dense = sum(base["kinds_ms"][k] for k in products)
+    return {v: base["kernels_ms"] / (base["kernels_ms"] - p_dense + sum(r["kinds_ms"][k] for k in products))
+            for v, r in profiled["variants"].items() if v != dense}
+
+
+def table(profiled: dict) -> str:
+    """The kinds of every profiled variant side by side, ms per step."""
+    names = list(profiled["variants"])
+    lines = [f"{'ms per step':<42}" + "".join(f"{n:>18}" for n in names)]
+    for kind in ORDER + ("kernels_ms", "wall_ms"):
+        label = {"kernels_ms": "all kernels", "wall_ms": "eager wall (no profiler)"}.get(kind, kind)
+        vals = [profiled["variants"][n]["kinds_ms"][kind] if kind in ORDER else profiled["variants"][n][kind]
+                for n in names]
+        lines.append(f"{label:<42}" + "".join(f"{v:>18.3f}" for v in vals))
+    base = profiled["variants"].get("fp8_dense")
+    for v, c in ceilings(profiled).items():
+        r = profiled["variants"][v]
+        lines.append(f"{v}: kernels {base['kernels_ms'] / r['kernels_ms']:.2f}x fp8_dense's, ceiling of its products "
+                     f"{c:.2f}x")
+    return "\n".join(lines)

@@ -1,0 +1,63 @@
+"""The FP8 FFN profile's kinds: kernel names as torch.profiler reports them, put where a reader expects."""
+import pytest
+
+from benchmarks.fp8_ffn_profile import ORDER, kind_of, summarize, table
+
+NAMES = {
+    "void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, int, int>, "
+    "cutlass::gemm::collective::CollectiveMma<cutlass::gemm::MainloopSm90TmaGmmaWarpSpecializedSparse<4, 2, 1>, "
+    "cutlass::float_e4m3_t>>>": "sparse products",
+    "sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1": "dense products",
+    "nvjet_sm90_qqtst_256x128_64x4_2x1_v_bz_coopA_TNT": "dense products",
+    "_refresh24_cutlass_kernel": "2:4 work",
+    "_mvue_compress24_cutlass_kernel": "2:4 work",
+    "_cast_transpose_kernel": "FP8 casts and amax",
+    "_quantize_kernel": "FP8 casts and amax",
+    "_amax_kernel": "FP8 casts and amax",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
+    "at::native::GeluType)::{lambda()#2}::operator()() const::{lambda(c10::BFloat16)#1}>": "activation (GELU forward and backward)",
+    "_scale_kernel": "scale pass",
+    "void at::native::elementwise_kernel<128, 2, at::native::direct_copy_kernel_cuda>": "other elementwise and copies",
+    "Memset (Device)": "other",
+}
+
+
+@pytest.mark.parametrize("name,kind", NAMES.items())
+def test_kind_of_known_kernels(name, kind):
+    assert kind_of(name) == kind
+
+
+def test_kind_of_refuses_a_non_str():
+    with pytest.raises(TypeError, match="name must be a str"):
+        kind_of(3)
+
+
+def test_summarize_sums_each_kind_and_ranks():
+    rows = [("_amax_kernel", 0.25, 4.0), ("_refresh24_cutlass_kernel", 0.5, 2.0), ("_quantize_kernel", 0.125, 2.0)]
+    out = summarize(rows, top=2)
+    assert set(out["kinds_ms"]) == set(ORDER)
+    assert out["kinds_ms"]["FP8 casts and amax"] == pytest.approx(0.375)
+    assert out["kinds_ms"]["2:4 work"] == pytest.approx(0.5)
+    assert out["kernels_ms"] == pytest.approx(0.875)
+    assert [r["kernel"] for r in out["top"]] == ["_refresh24_cutlass_kernel", "_amax_kernel"]
+
+
+def test_table_has_a_column_per_variant_and_a_row_per_kind():
+    one = {"wall_ms": 2.0, **summarize([("_amax_kernel", 1.0, 1.0)])}
+    two = {"wall_ms": 3.0, **summarize([("_scale_kernel", 1.5, 1.0)])}
+    text = table({"variants": {"fp8_dense": one, "fp8_24_cutlass": two}})
+    lines = text.splitlines()
+    assert "fp8_dense" in lines[0] and "fp8_24_cutlass" in lines[0]
+    assert len(lines) == 1 + len(ORDER) + 2 + 1  # and the 2:4 variant's ceiling
+    assert lines[len(ORDER) + 2].split()[-2:] == ["2.000", "3.000"]
+
+
+def test_ceilings_keep_everything_but_the_products():
+    from benchmarks.fp8_ffn_profile import ceilings
+    dense = {"wall_ms": 11.0, **summarize([("nvjet_sm90_qqtst_x", 8.0, 6.0), ("_quantize_kernel", 2.0, 4.0)])}
+    sparse = {"wall_ms": 9.0, **summarize([("sm90_xmma_sparse_gemm_e4m3", 5.0, 6.0), ("_quantize_kernel", 2.5, 4.0)])}
+    profiled = {"variants": {"fp8_dense": dense, "fp8_24_cutlass": sparse}}
+    assert ceilings(profiled) == {"fp8_24_cutlass": pytest.approx(10.0 / 7.0)}  # 10 / (10 - 8 + 5)
+    assert ceilings({"variants": {"fp8_24_cutlass": sparse}}) == {}
+    assert table(profiled).splitlines()[-1] == ("fp8_24_cutlass: kernels 1.33x fp8_dense's, ceiling of its products "
+                                                "1.43x")
