@@ -182,6 +182,7 @@ def product_row(tokens: int, d_in: int, d_out: int, sparse) -> dict:
 
 # --- 3. the pieces of one FP8 2:4 FFN step ------------------------------------------------------------------
 def ffn_parts(tokens: int, d: int, sparse) -> dict:
+    from sparsity_lab.backends.cusparselt.fp8_train import GRAD_WEIGHT_LAYOUTS
     from sparsity_lab.kernels import (amax, compress24, mvue24, mvue_compress24_fp8, prepare24_fp8, quantize_fp8_transposed,
                            quantize_fp8_with_scale, scale_product_, soft_threshold24, transposable_mask24)
     ffn = 4 * d
@@ -204,7 +205,7 @@ def ffn_parts(tokens: int, d: int, sparse) -> dict:
         c_w, c_wt, c_g = compress24(q_w), compress24(q_w.t()), compress24(q_g.t())
         fwd = sparse.choose(o, i, tokens, [(True, True)], x.device)
         dxc = sparse.choose(i, o, tokens, [(True, True)], x.device)
-        dwc = sparse.choose(o, tokens, i, [(False, False), (True, True)], x.device)
+        dwc = sparse.choose(o, tokens, i, GRAD_WEIGHT_LAYOUTS, x.device)
         b_dw = q_x.t().contiguous().t() if dwc.layout[0] else q_x
         z_fwd = sparse.mm(c_w, q_x.t(), one, one, fwd)
         pieces = {

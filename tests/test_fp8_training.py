@@ -376,6 +376,31 @@ def test_gpu_products_match_the_reference(name, method):
         x.grad = x2.grad = None
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", [FP8Recipe(), FP8Recipe(scale_in_product="host_alpha")], ids=["pass", "host_alpha"])
+def test_gpu_sparse_weight_gradient_arrives_row_major_and_right(recipe):
+    """cuSPARSELt's FP8 weight gradient is written as dW (out, in) row-major, the weight's layout, so autograd
+    has nothing to copy; and it is the reference's gradient."""
+    from sparsity_lab.backends.cusparselt.fp8_train import GRAD_WEIGHT_LAYOUTS
+    real, ref, x = _pair("cusparselt_fp8", SSTE(transposable=True, mvue=True), shape=(384, 640), tokens=320)
+    set_fp8_recipe(real, recipe)
+    set_fp8_recipe(ref, recipe)
+    x2 = x.detach().clone().requires_grad_(True)
+    for step in range(3):
+        z, z_ref = real(x), ref(x2)
+        dz = torch.randn_like(z)
+        z.backward(dz)
+        z_ref.backward(dz)
+        assert rel(real.weight.grad, ref.weight.grad) < 2e-2
+        for layer in (real, ref):
+            layer.advance_step()
+            layer.weight.grad = None
+        x.grad = x2.grad = None
+    chosen = [c for key, c in real.backend.engine.sparse.choices.items()  # key: (m, k, n, layouts)
+              if (key[0], key[2], key[3]) == (384, 640, GRAD_WEIGHT_LAYOUTS)]
+    assert len(chosen) == 1 and chosen[0].layout == (True, False), f"the weight gradient ran as {chosen}"
+
+
 _CUTLASS_FP8 = pytest.param("cutlass_fp8", marks=pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)), reason="needs a Hopper GPU (sm_90)"))
 
