@@ -30,7 +30,7 @@ FFN_RUN = "ffn_speed_h100_2026-11-24"        # benchmarks ffn under the benchmar
 KERNELS_RUN = "kernels_h100"                  # benchmarks kernels: every Triton kernel against the copy rate
 CALLS_RUN = "cusparselt_calls_h100"           # benchmarks cslt-calls: one product, PyTorch's call vs direct
 MASKS_RUN = "mask_solvers_cpu"                # benchmarks masks: the exact transposable solvers on a CPU
-FP8_SPEED_RUN = "fp8_training_ffn_h200_hw_cast"  # benchmarks fp8-training: the FP8 2:4 FFN step against the
+FP8_SPEED_RUN = "fp8_training_ffn_h200_row_major_dw"  # benchmarks fp8-training: the FP8 2:4 FFN step against the
 #   dense FP8 recipe with its transposed operands from cast-transposes (the H100 runs timed a dense FP8 step
 #   that copied them: a slower baseline)
 FP8_LOSS_RUN = "lab_compare_h100_fp8"         # sparsity-lab compare: FP8 against bf16 training, seed 0
