@@ -61,6 +61,7 @@ TARGETS = {"forward_fp8_24_vs_fp8_dense": 1.40, "ffn_fp8_24_vs_fp8_dense": 1.35,
 FFN_VARIANTS = ("bf16_dense", "fp8_dense", "bf16_24", "fp8_24", "fp8_24_unfused", "fp8_24_host_alpha",
                 "fp8_24_cutlass")
 DENSE_BASELINES = ("fp8_dense", "bf16_dense")
+SECTIONS = ("probe", "dx_error", "products", "ffn", "ffn_parts", "ffn_profile")
 SPARSE_FP8 = ("fp8_24", "fp8_24_host_alpha", "fp8_24_unfused", "fp8_24_cutlass")
 # the backend of each 2:4 variant (the dense ones run nn.Linear or FP8DenseLinear)
 SPARSE_BACKENDS = {"bf16_24": "cusparselt", "fp8_24": "cusparselt_fp8", "fp8_24_unfused": "cusparselt_fp8",
@@ -441,7 +442,7 @@ def main(argv=None) -> int:
     p.add_argument("--name", default="fp8_training_h100")
     p.add_argument("--budget-s", type=float, default=240.0, help="no new section starts after this many seconds")
     p.add_argument("--sections", default="probe,dx_error,products,ffn,ffn_parts",
-                   help="comma-separated, among probe, dx_error, products, ffn, ffn_parts, ffn_profile")
+                   help=f"comma-separated, among {', '.join(SECTIONS)}")
     p.add_argument("--ffn-variants", default=",".join(FFN_VARIANTS),
                    help=f"comma-separated FFN variants of the ffn section, among {','.join(FFN_VARIANTS)}")
     args = p.parse_args(argv)
@@ -449,10 +450,14 @@ def main(argv=None) -> int:
     unknown = [v for v in ffn_variants if v not in FFN_VARIANTS]
     if unknown or not ffn_variants:
         p.error(f"--ffn-variants: each must be one of {', '.join(FFN_VARIANTS)}, got {args.ffn_variants!r}")
+    sections = [x for x in args.sections.split(",") if x]
+    unknown = [x for x in sections if x not in SECTIONS]
+    if unknown or not sections:
+        p.error(f"--sections: each must be one of {', '.join(SECTIONS)}, got {args.sections!r}")
     t0 = time.perf_counter()
     result = {"targets": TARGETS, "errors": {}, "skipped": []}
     sparse = FP8SparseProducts()
-    for section in args.sections.split(","):
+    for section in sections:
         if time.perf_counter() - t0 > args.budget_s:
             result["skipped"].append(section)
             continue

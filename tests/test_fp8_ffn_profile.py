@@ -61,3 +61,12 @@ def test_ceilings_keep_everything_but_the_products():
     assert ceilings({"variants": {"fp8_24_cutlass": sparse}}) == {}
     assert table(profiled).splitlines()[-1] == ("fp8_24_cutlass: kernels 1.33x fp8_dense's, ceiling of its products "
                                                 "1.43x")
+
+
+def test_fp8_training_refuses_an_unknown_section_naming_the_choices(capsys):
+    from benchmarks.fp8_training import main
+    with pytest.raises(SystemExit) as err:
+        main(["--sections", "ffn,ffn_profil"])
+    assert err.value.code == 2
+    message = capsys.readouterr().err
+    assert "--sections: each must be one of" in message and "ffn_profile" in message and "'ffn,ffn_profil'" in message
