@@ -7,10 +7,10 @@ warm-up. The kernels' own GPU times are summed per step and put in the kinds of 
 reader can see which passes the sparse products leave around them (the question a fused epilogue answers:
 how much of the step is the activation and the FP8 casts between the two products).
 
-Eager, not replayed: the same kernels, but a short burst of steps. The ``ffn`` section's replayed rounds run
-longer, back to back, and on the H200 its dense FP8 step took 0.9-1.8 ms more than this profile's
-(``results/fp8_training_ffn_h200_row_major_dw.json`` has both): compare kinds within one profile, not its
-times with the ``ffn`` section's.
+Eager, not replayed: the same kernels, but a short burst of steps (3 after 4 of warm-up), whose times move
+with the GPU's state: on the H200 the same dense FP8 step profiled at 11.4 ms of kernels in one call
+(``results/fp8_ffn_profile_h200.json``) and 13.0 ms in another (``results/fp8_training_ffn_h200_row_major_dw.json``).
+Compare the kinds within one profile; the ``ffn`` section's paired rounds give the speed-ups.
 """
 from __future__ import annotations
 
