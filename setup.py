@@ -43,7 +43,9 @@ MATERIAL = {
                  "torchtitan_llama_*.json",
                  # side-by-side kernel checks, instruction counts, host profiles, overlap probes and tile searches
                  "kernels_ab_*.json", "sass_counts_*.json", "step_host_*.json", "optimizer_overlap_*.json",
-                 "*_search.json", "*_searched.json"]),
+                 "*_search.json", "*_searched.json",
+                 # kernel profiles, ceilings beside a figure, and repeats of a run the course quotes
+                 "fp8_ffn_profile_*.json", "*_ceilings.json", "*_repeat.json"]),
 }
 
 
