@@ -110,7 +110,7 @@ def ffn_profile(tokens: int, d: int, variants: tuple[str, ...], steps: int = 3, 
 
 
 def ceilings(profiled: dict, dense: str = "fp8_dense") -> dict:
-    """{variant: its Amdahl ceiling over ``dense``} from the profile's own kernel times (T: all kernels, P: the
+    """{2:4 variant (one with sparse products): its Amdahl ceiling over ``dense``} from the profile's own kernel times (T: all kernels, P: the
     products, sparse and dense): T_dense / (T_dense - P_dense + P_variant). What the step would take if only its
     products differed from dense's; a step below its ceiling spends more than dense around its products."""
     base = profiled["variants"].get(dense)
@@ -119,7 +119,7 @@ def ceilings(profiled: dict, dense: str = "fp8_dense") -> dict:
     products = ("sparse products", "dense products")
     p_dense = sum(base["kinds_ms"][k] for k in products)
     return {v: base["kernels_ms"] / (base["kernels_ms"] - p_dense + sum(r["kinds_ms"][k] for k in products))
-            for v, r in profiled["variants"].items() if v != dense}
+            for v, r in profiled["variants"].items() if v != dense and r["kinds_ms"]["sparse products"] > 0}
 
 
 def table(profiled: dict) -> str:
@@ -136,4 +136,6 @@ def table(profiled: dict) -> str:
         r = profiled["variants"][v]
         lines.append(f"{v}: kernels {base['kernels_ms'] / r['kernels_ms']:.2f}x fp8_dense's, ceiling of its products "
                      f"{c:.2f}x")
+    for v, reason in (profiled.get("skipped") or {}).items():
+        lines.append(f"{v}: skipped: {reason}")
     return "\n".join(lines)

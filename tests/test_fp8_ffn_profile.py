@@ -44,7 +44,7 @@ def test_summarize_sums_each_kind_and_ranks():
 
 def test_table_has_a_column_per_variant_and_a_row_per_kind():
     one = {"wall_ms": 2.0, **summarize([("_amax_kernel", 1.0, 1.0)])}
-    two = {"wall_ms": 3.0, **summarize([("_scale_kernel", 1.5, 1.0)])}
+    two = {"wall_ms": 3.0, **summarize([("_scale_kernel", 1.5, 1.0), ("sm90_xmma_sparse_gemm_e4m3", 0.5, 1.0)])}
     text = table({"variants": {"fp8_dense": one, "fp8_24_cutlass": two}})
     lines = text.splitlines()
     assert "fp8_dense" in lines[0] and "fp8_24_cutlass" in lines[0]
@@ -56,11 +56,14 @@ def test_ceilings_keep_everything_but_the_products():
     from benchmarks.fp8_ffn_profile import ceilings
     dense = {"wall_ms": 11.0, **summarize([("nvjet_sm90_qqtst_x", 8.0, 6.0), ("_quantize_kernel", 2.0, 4.0)])}
     sparse = {"wall_ms": 9.0, **summarize([("sm90_xmma_sparse_gemm_e4m3", 5.0, 6.0), ("_quantize_kernel", 2.5, 4.0)])}
-    profiled = {"variants": {"fp8_dense": dense, "fp8_24_cutlass": sparse}}
+    bf16 = {"wall_ms": 20.0, **summarize([("nvjet_sm90_tst_x", 18.0, 6.0)])}  # a dense baseline: no ceiling
+    profiled = {"variants": {"fp8_dense": dense, "fp8_24_cutlass": sparse, "bf16_dense": bf16},
+                "skipped": {"fp8_24": "a test's reason"}}
     assert ceilings(profiled) == {"fp8_24_cutlass": pytest.approx(10.0 / 7.0)}  # 10 / (10 - 8 + 5)
     assert ceilings({"variants": {"fp8_24_cutlass": sparse}}) == {}
-    assert table(profiled).splitlines()[-1] == ("fp8_24_cutlass: kernels 1.33x fp8_dense's, ceiling of its products "
-                                                "1.43x")
+    lines = table(profiled).splitlines()
+    assert lines[-2:] == ["fp8_24_cutlass: kernels 1.33x fp8_dense's, ceiling of its products 1.43x",
+                          "fp8_24: skipped: a test's reason"]
 
 
 def test_fp8_training_refuses_an_unknown_section_naming_the_choices(capsys):
