@@ -454,6 +454,8 @@ def main(argv=None) -> int:
     unknown = [x for x in sections if x not in SECTIONS]
     if unknown or not sections:
         p.error(f"--sections: each must be one of {', '.join(SECTIONS)}, got {args.sections!r}")
+    if not torch.cuda.is_available():
+        p.error("fp8-training measures FP8 products on a CUDA GPU (FP8 tensor cores, cuSPARSELt); this machine has none")
     t0 = time.perf_counter()
     result = {"targets": TARGETS, "errors": {}, "skipped": []}
     sparse = FP8SparseProducts()

@@ -73,3 +73,11 @@ def test_fp8_training_refuses_an_unknown_section_naming_the_choices(capsys):
     assert err.value.code == 2
     message = capsys.readouterr().err
     assert "--sections: each must be one of" in message and "ffn_profile" in message and "'ffn,ffn_profil'" in message
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the message of a machine without a GPU")
+def test_fp8_training_without_a_gpu_says_so(capsys):
+    from benchmarks.fp8_training import main
+    with pytest.raises(SystemExit) as err:
+        main(["--sections", "ffn_profile"])
+    assert err.value.code == 2 and "on a CUDA GPU" in capsys.readouterr().err
