@@ -79,7 +79,7 @@ def ffn_profile(tokens: int, d: int, variants: tuple[str, ...], steps: int = 3, 
     """{variant: summarize(...) plus "wall_ms" (eager, no profiler)} at ``tokens`` x ``d`` (ffn 4 d)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.fp8_training import build_ffn, unavailable_variants
+    from benchmarks.fp8_training import build_ffn, time_steps, unavailable_variants
     from benchmarks.step_profile import kernel_rows
     skipped = unavailable_variants(variants)
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -91,13 +91,7 @@ def ffn_profile(tokens: int, d: int, variants: tuple[str, ...], steps: int = 3, 
         for _ in range(warmup):
             step()
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(steps):
-            step()
-        end.record()
-        torch.cuda.synchronize()
-        wall = start.elapsed_time(end) / steps
+        wall = time_steps(step, steps)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(steps):
                 step()
