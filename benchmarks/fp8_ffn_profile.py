@@ -2,12 +2,12 @@
 
 The ``ffn_profile`` section of ``python -m benchmarks fp8-training`` (GPU). The FFN and the variants are the
 ``ffn`` section's (``build_ffn``: ``y = W2 gelu(W1 x)``, forward and backward, mask every step, MVUE); each
-variant runs eagerly, forward, backward and its end-of-step update, for ``steps`` profiled steps after
-warm-up. The kernels' own GPU times are summed per step and put in the kinds of ``KINDS`` by name, so a
+variant runs eagerly (and, with ``--ffn-modes`` naming "graphed", graph-replayed), forward, backward and its
+end-of-step update, for ``steps`` profiled steps after warm-up. The kernels' own GPU times are summed per step and put in the kinds of ``KINDS`` by name, so a
 reader can see which passes the sparse products leave around them (the question a fused epilogue answers:
 how much of the step is the activation and the FP8 casts between the two products).
 
-Eager, not replayed: the same kernels, but a short burst of steps (3 after 4 of warm-up), whose times move
+A short burst of steps (3 after 4 of warm-up), whose times move
 with the GPU's state: on the H200 the same dense FP8 step profiled at 11.4 ms of kernels in one call
 (``results/fp8_ffn_profile_h200.json``) and 13.0 ms in another (``results/fp8_training_ffn_h200_row_major_dw.json``).
 Compare the kinds within one profile; the ``ffn`` section's paired rounds give the speed-ups.
@@ -55,50 +55,41 @@ def summarize(rows: list[tuple[str, float, float]], top: int = 25) -> dict:
             "top": [{"kernel": n[:160], "kind": kind_of(n), "ms": ms, "calls": calls} for n, ms, calls in ranked]}
 
 
-def eager_step(model, x: torch.Tensor, dy: torch.Tensor):
-    """One eager forward + backward of the FFN with dX (x a leaf that needs grad) and the end-of-step update."""
-    from benchmarks.fp8_training import FP8DenseLinear
-    from sparsity_lab.training_hooks import advance_step, sparse_layers
-    sparse = bool(sparse_layers(model))
-    fp8_dense = [m for m in model.modules() if isinstance(m, FP8DenseLinear)]
-    x = x.detach().requires_grad_(True)
-
-    def step():
-        for p in model.parameters():
-            p.grad = None
-        x.grad = None
-        model(x).backward(dy)
-        if sparse:
-            advance_step(model)
-        for m in fp8_dense:
-            m.advance_step()
-    return step
-
-
-def ffn_profile(tokens: int, d: int, variants: tuple[str, ...], steps: int = 3, warmup: int = 4) -> dict:
-    """{variant: summarize(...) plus "wall_ms" (eager, no profiler)} at ``tokens`` x ``d`` (ffn 4 d)."""
+def ffn_profile(tokens: int, d: int, variants: tuple[str, ...], steps: int = 3, warmup: int = 4,
+                modes: tuple[str, ...] = ("eager",)) -> dict:
+    """{variant: summarize(...) plus "wall_ms" (no profiler)} at ``tokens`` x ``d`` (ffn 4 d), eager; with "graphed"
+    in ``modes`` also ``out["graphed"][variant]``: the same for the step ``graphed_step`` replays (CUPTI records
+    the kernels a graph launches), to see where a replay spends what the eager step does not."""
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.fp8_training import build_ffn, time_steps, unavailable_variants
+    from benchmarks.fp8_training import build_ffn, eager_step, graphed_step, time_steps, unavailable_variants
     from benchmarks.step_profile import kernel_rows
     skipped = unavailable_variants(variants)
     gen = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(tokens, d, device="cuda", generator=gen, dtype=torch.bfloat16)
     dy = torch.randn(tokens, d, device="cuda", generator=gen, dtype=torch.bfloat16)
     out = {"tokens": tokens, "d_model": d, "ffn": 4 * d, "steps": steps, "skipped": skipped, "variants": {}}
-    for v in (v for v in variants if v not in skipped):
-        step = eager_step(build_ffn(v, d), x, dy)
-        for _ in range(warmup):
-            step()
-        torch.cuda.synchronize()
-        wall = time_steps(step, steps)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(steps):
-                step()
+    for mode in modes:
+        rows = out["variants"] if mode == "eager" else out.setdefault(mode, {})
+        for v in (v for v in variants if v not in skipped):
+            graphed = None
+            if mode == "eager":
+                step = eager_step(build_ffn(v, d), x, dy)
+                for _ in range(warmup):
+                    step()
+            else:
+                step, graphed = graphed_step(build_ffn(v, d), x, dy)  # warmed up and captured
             torch.cuda.synchronize()
-        out["variants"][v] = {"wall_ms": wall, **summarize(kernel_rows(prof, steps, cuda=True))}
-        del step
-        torch.cuda.empty_cache()
+            wall = time_steps(step, steps)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(steps):
+                    step()
+                torch.cuda.synchronize()
+            rows[v] = {"wall_ms": wall, **summarize(kernel_rows(prof, steps, cuda=True))}
+            if graphed is not None:
+                graphed.release()
+            del step, graphed
+            torch.cuda.empty_cache()
     out["ceilings_vs_fp8_dense"] = ceilings(out)
     return out
 
@@ -116,17 +107,23 @@ def ceilings(profiled: dict, dense: str = "fp8_dense") -> dict:
             for v, r in profiled["variants"].items() if v != dense and r["kinds_ms"]["sparse products"] > 0}
 
 
-def table(profiled: dict) -> str:
-    """The kinds of every profiled variant side by side, ms per step."""
-    names = list(profiled["variants"])
+def _kinds_table(rows: dict, wall_label: str) -> list[str]:
+    names = list(rows)
     lines = [f"{'ms per step':<42}" + "".join(f"{n:>18}" for n in names)]
     for kind in ORDER + ("kernels_ms", "wall_ms"):
-        label = {"kernels_ms": "all kernels", "wall_ms": "eager wall (no profiler)"}.get(kind, kind)
-        vals = [profiled["variants"][n]["kinds_ms"][kind] if kind in ORDER else profiled["variants"][n][kind]
-                for n in names]
+        label = {"kernels_ms": "all kernels", "wall_ms": wall_label}.get(kind, kind)
+        vals = [rows[n]["kinds_ms"][kind] if kind in ORDER else rows[n][kind] for n in names]
         lines.append(f"{label:<42}" + "".join(f"{v:>18.3f}" for v in vals))
+    return lines
+
+
+def table(profiled: dict) -> str:
+    """The kinds of every profiled variant side by side, ms per step (eager; then replayed, where profiled)."""
+    lines = _kinds_table(profiled["variants"], "eager wall (no profiler)") if profiled["variants"] else []
+    if profiled.get("graphed"):
+        lines += ["graph-replayed:"] + _kinds_table(profiled["graphed"], "replayed wall (no profiler)")
     base = profiled["variants"].get("fp8_dense")
-    for v, c in ceilings(profiled).items():
+    for v, c in ceilings(profiled).items():  # eager
         r = profiled["variants"][v]
         lines.append(f"{v}: kernels {base['kernels_ms'] / r['kernels_ms']:.2f}x fp8_dense's, ceiling of its products "
                      f"{c:.2f}x")

@@ -1,8 +1,8 @@
 """FP8 2:4 training on the H100: products and FFN steps against dense FP8 and dense bf16.
 
 ``python -m benchmarks.fp8_training --out-dir results/`` writes ``fp8_training_h100.json``.
-Everything is CUDA-graph timed (kernel time, as a graphed training step runs it), side by side in one
-run; every ratio is taken against the fastest dense of its kind measured in the same run, with
+Products are CUDA-graph timed (kernel time); FFN steps are timed both graph-replayed and eager, side by side
+in one run; every ratio is taken against the fastest dense of its kind measured in the same run, with
 that dense's TFLOP/s beside it.
 
 1. ``dx_error``: the input gradient dX = dZ S(W) with dZ in E4M3, in E5M2 and in bfloat16 against
@@ -12,8 +12,8 @@ that dense's TFLOP/s beside it.
 3. ``ffn_parts``: at the target FFN shape, each piece of an FP8 2:4 step timed alone (casts,
    compressions, MVUE, the six sparse products): where the time goes.
 4. ``ffn``: FFN ``y = W2 gelu(W1 x)`` forward + backward (all six products: x is a parameter, so the
-   first layer's dX runs too), mask recomputed every step, MVUE weight gradient, ``advance_step`` after each step, all variants graph-replayed (``CudaGraphStep``),
-   paired rounds: bf16 dense, FP8 dense recipe (``FP8DenseLinear``: the same scaling recipe,
+   first layer's dX runs too), mask recomputed every step, MVUE weight gradient, ``advance_step`` after each step, each variant
+   graph-replayed (``CudaGraphStep``) and eager (``--ffn-modes``), paired rounds: bf16 dense, FP8 dense recipe (``FP8DenseLinear``: the same scaling recipe,
    ``torch._scaled_mm``, no mask), bf16 2:4 ("cusparselt"), FP8 2:4 ("cusparselt_fp8", kernels 18 and 19
    fusing the casts into the weight's compression and into MVUE(dZ)'s) and the same FP8 2:4 with the
    unfused kernels ("fp8_24_unfused": what the fusion saves, measured in the same rounds), and FP8 2:4
@@ -25,10 +25,12 @@ that dense's TFLOP/s beside it.
    ``--ffn-variants`` picks the variants; a variant whose library cannot run here (CUTLASS without a Hopper
    GPU, nvcc or its headers) is listed in ``ffn.skipped`` with the reason, never dropped. Every 2:4 variant
    is printed with its ratio to dense FP8 and to dense bf16, each with that dense's achieved TFLOP/s
-   (``dense_ratios``).
+   (``dense_ratios``), each side in its faster mode (``fastest``; the targets are judged on these): a replayed
+   step is not always the faster one (on the H200 an eager profile of the dense FP8 step ran shorter than its
+   replay had in another call), so a graphed-only comparison could hold the baseline back.
 
-5. ``ffn_profile`` (not in the default sections): the ``--ffn-variants`` run eagerly under torch.profiler, their
-   kernels' GPU time per step by kind (products, 2:4 work, FP8 casts, GELU, ...): ``benchmarks/fp8_ffn_profile.py``.
+5. ``ffn_profile`` (not in the default sections): the ``--ffn-variants`` run under torch.profiler in each of
+   ``--ffn-modes`` (eager, graph-replayed), their kernels' GPU time per step by kind (products, 2:4 work, FP8 casts, GELU, ...): ``benchmarks/fp8_ffn_profile.py``.
 
 The products section times the forward product with the host alpha too ("fp8_24_host_alpha_ms", where the
 algorithm search found the scalar alpha honoured).
@@ -61,6 +63,7 @@ TARGETS = {"forward_fp8_24_vs_fp8_dense": 1.40, "ffn_fp8_24_vs_fp8_dense": 1.35,
 FFN_VARIANTS = ("bf16_dense", "fp8_dense", "bf16_24", "fp8_24", "fp8_24_unfused", "fp8_24_host_alpha",
                 "fp8_24_cutlass")
 DENSE_BASELINES = ("fp8_dense", "bf16_dense")
+MODES = ("graphed", "eager")  # how the ffn section runs each variant's step: CUDA-graph replay, op by op
 SECTIONS = ("probe", "dx_error", "products", "ffn", "ffn_parts", "ffn_profile")
 SPARSE_FP8 = ("fp8_24", "fp8_24_host_alpha", "fp8_24_unfused", "fp8_24_cutlass")
 # the backend of each 2:4 variant (the dense ones run nn.Linear or FP8DenseLinear)
@@ -333,6 +336,26 @@ def graphed_step(model: nn.Module, x: torch.Tensor, dy: torch.Tensor):
     return step, graphed
 
 
+def eager_step(model, x: torch.Tensor, dy: torch.Tensor):
+    """One eager forward + backward of the FFN with dX (x a leaf that needs grad) and the end-of-step update:
+    the step ``graphed_step`` replays, run op by op (gradients set to None first, as an eager loop does)."""
+    from sparsity_lab.training_hooks import advance_step, sparse_layers
+    sparse = bool(sparse_layers(model))
+    fp8_dense = [m for m in model.modules() if isinstance(m, FP8DenseLinear)]
+    x = x.detach().requires_grad_(True)
+
+    def step():
+        for p in model.parameters():
+            p.grad = None
+        x.grad = None
+        model(x).backward(dy)
+        if sparse:
+            advance_step(model)
+        for m in fp8_dense:
+            m.advance_step()
+    return step
+
+
 def time_steps(step, n: int) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -346,13 +369,16 @@ def time_steps(step, n: int) -> float:
 def dense_ratios(variants: dict) -> dict:
     """{sparse variant: {dense baseline: {"speedup", "dense_ms", "dense_tflops"}}}: each FP8 2:4 variant's
     time against each dense baseline measured in the same run, with that baseline's achieved TFLOP/s.
-    variants: {name: {"ms", "tflops"}} (``ffn_speed``'s "variants")."""
+    variants: {name: {"ms", "tflops"}, optionally "mode"} (``ffn_speed``'s "variants" or "fastest"); a row's
+    mode, where given, is kept as "dense_mode"."""
     out = {}
     for v in SPARSE_FP8:
         if v not in variants:
             continue
         out[v] = {base: {"speedup": variants[base]["ms"] / variants[v]["ms"], "dense_ms": variants[base]["ms"],
-                         "dense_tflops": variants[base]["tflops"]} for base in DENSE_BASELINES if base in variants}
+                         "dense_tflops": variants[base]["tflops"],
+                         **({"dense_mode": variants[base]["mode"]} if "mode" in variants[base] else {})}
+                  for base in DENSE_BASELINES if base in variants}
     return out
 
 
@@ -368,69 +394,113 @@ def unavailable_variants(variants: tuple[str, ...]) -> dict[str, str]:
     return found
 
 
+def _mode(mode: str | None) -> str:
+    return f" {mode}" if mode else ""
+
+
 def ratio_lines(variants: dict, skipped: dict | None = None) -> list[str]:
     """One printed line per FP8 2:4 variant: its time, then x(speed-up) against each dense with that dense's TFLOP/s;
     one line per skipped variant with the reason (``skipped``: {variant: reason})."""
     lines = [f"{v}: skipped: {reason}" for v, reason in (skipped or {}).items()]
     for v, bases in dense_ratios(variants).items():
-        parts = [f"x{r['speedup']:.2f} vs {base} ({r['dense_ms']:.3f} ms, {r['dense_tflops']:.0f} TFLOP/s)"
-                 for base, r in bases.items()]
-        lines.append(f"{v}: {variants[v]['ms']:.3f} ms ({variants[v]['tflops']:.0f} TFLOP/s dense-equivalent); "
-                     + ", ".join(parts))
+        parts = [f"x{r['speedup']:.2f} vs {base} ({r['dense_ms']:.3f} ms{_mode(r.get('dense_mode'))}, "
+                 f"{r['dense_tflops']:.0f} TFLOP/s)" for base, r in bases.items()]
+        lines.append(f"{v}: {variants[v]['ms']:.3f} ms{_mode(variants[v].get('mode'))} ({variants[v]['tflops']:.0f} "
+                     "TFLOP/s dense-equivalent); " + ", ".join(parts))
     return lines
 
 
-def ffn_speed(tokens: int, d: int, rounds: int = 5, n: int = 10, variants: tuple[str, ...] = FFN_VARIANTS) -> dict:
+def best_of_modes(out: dict) -> dict:
+    """{variant: {"mode", "ms", "tflops"}}: each variant's faster mode, graph-replayed (``out["variants"]``) or
+    eager (``out["eager"]``), as ``ffn_speed`` measured them in the same rounds."""
+    best = {}
+    for mode, rows in (("graphed", out.get("variants", {})), ("eager", out.get("eager", {}))):
+        for v, r in rows.items():
+            if v not in best or r["ms"] < best[v]["ms"]:
+                best[v] = {"mode": mode, "ms": r["ms"], "tflops": r["tflops"]}
+    return best
+
+
+def _pair_ratios(out: dict, ms: dict, times: dict, suffix: str) -> None:
+    """out[f"{sparse}_vs_{base}{suffix}"] = ms[base] / ms[sparse] and the per-round ratios ("_rounds")."""
+    for sparse in ("fp8_24", "fp8_24_host_alpha", "fp8_24_cutlass"):
+        if sparse not in ms:
+            continue
+        for base in ("fp8_dense", "bf16_dense", "bf16_24", "fp8_24_unfused", "fp8_24"):
+            if base in ms and base != sparse:
+                out[f"{sparse}_vs_{base}{suffix}"] = ms[base] / ms[sparse]
+                # paired per round: the spread of the ratio
+                out[f"{sparse}_vs_{base}{suffix}_rounds"] = [b / s for b, s in zip(times[base], times[sparse])]
+
+
+def ffn_speed(tokens: int, d: int, rounds: int = 5, n: int = 10, variants: tuple[str, ...] = FFN_VARIANTS,
+              modes: tuple[str, ...] = MODES) -> dict:
+    """Each variant's FFN step in each of ``modes`` ("graphed": ``graphed_step``; "eager": ``eager_step``), all
+    timed in the same interleaved rounds. ``variants`` holds the graphed rows, ``eager`` the eager ones; keys
+    ``{sparse}_vs_{base}`` compare graphed with graphed, ``{sparse}_vs_{base}_fastest`` each variant's faster
+    mode (``fastest``): the ratio judged, since the dense baseline must be the fastest dense measured."""
     unknown = [v for v in variants if v not in FFN_VARIANTS]
     if unknown:
         raise ValueError(f"ffn variants must be among {FFN_VARIANTS}, got {unknown}")
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise ValueError(f"ffn modes must be among {MODES}, got {list(modes)}")
     skipped = unavailable_variants(variants)
     for v, reason in skipped.items():
         print(f"ffn {v}: skipped: {reason}", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(tokens, d, device="cuda", generator=gen, dtype=torch.bfloat16)
     dy = torch.randn(tokens, d, device="cuda", generator=gen, dtype=torch.bfloat16)
-    steps, errors = {}, {}
+    steps, errors = {}, {}  # (variant, mode) -> (step, its CudaGraphStep or None)
     for v in (v for v in variants if v not in skipped):
-        try:
-            steps[v] = graphed_step(build_ffn(v, d), x, dy)
-        except Exception:
-            errors[v] = traceback.format_exc()[-1500:]
-            print(f"ffn {v}: ERROR {errors[v][-400:]}", flush=True)
-    times = {v: [] for v in steps}
+        for mode in modes:
+            try:
+                if mode == "graphed":
+                    steps[v, mode] = graphed_step(build_ffn(v, d), x, dy)
+                else:
+                    step = eager_step(build_ffn(v, d), x, dy)
+                    for _ in range(4):  # as graphed_step's warm-up: algorithm searches and first scales done
+                        step()
+                    torch.cuda.synchronize()
+                    steps[v, mode] = (step, None)
+            except Exception:
+                label = v if mode == "graphed" else f"{v} {mode}"
+                errors[label] = traceback.format_exc()[-1500:]
+                print(f"ffn {label}: ERROR {errors[label][-400:]}", flush=True)
+    times = {key: [] for key in steps}
     for _ in range(rounds):
-        for v, (step, _) in steps.items():
-            times[v].append(time_steps(step, n))
+        for key, (step, _) in steps.items():
+            times[key].append(time_steps(step, n))
     flop = 12.0 * tokens * d * 4 * d  # 3 products x 2 layers, dense-equivalent
     out = {"tokens": tokens, "d_model": d, "ffn": 4 * d, "rounds": rounds, "steps_per_round": n, "errors": errors,
-           "skipped": skipped, "variants": {}}
-    for v, ts in times.items():
+           "skipped": skipped, "modes": list(modes), "variants": {}, "eager": {}}
+    for (v, mode), ts in times.items():
         ms = statistics.median(ts)
-        graphed = steps[v][1]
-        out["variants"][v] = {"ms": ms, "ms_rounds": ts, "tflops": tflops(flop, ms), "recaptures": graphed.recaptures,
-                              "scale_recaptures": graphed.scale_recaptures}
+        row = {"ms": ms, "ms_rounds": ts, "tflops": tflops(flop, ms)}
+        if mode == "eager":
+            out["eager"][v] = row
+            continue
+        graphed = steps[v, mode][1]
+        out["variants"][v] = {**row, "recaptures": graphed.recaptures, "scale_recaptures": graphed.scale_recaptures}
         if v == "fp8_24_host_alpha":  # did the host scales reach the products? (None: still the first two steps)
             from sparsity_lab.training_hooks import sparse_layers
             out["variants"][v]["host_exponents"] = {name: layer.backend.scaling.host_exponents
                                                     for name, layer in sparse_layers(graphed.model)}
-    ms = {v: r["ms"] for v, r in out["variants"].items()}
-    for sparse in ("fp8_24", "fp8_24_host_alpha", "fp8_24_cutlass"):
-        if sparse not in ms:
-            continue
-        for base in ("fp8_dense", "bf16_dense", "bf16_24", "fp8_24_unfused", "fp8_24"):
-            if base in ms and base != sparse:
-                out[f"{sparse}_vs_{base}"] = ms[base] / ms[sparse]
-                # paired per round: the spread of the ratio
-                out[f"{sparse}_vs_{base}_rounds"] = [b / s for b, s in zip(times[base], times[sparse])]
-    out["dense_ratios"] = dense_ratios(out["variants"])
+    _pair_ratios(out, {v: r["ms"] for v, r in out["variants"].items()},
+                 {v: ts for (v, mode), ts in times.items() if mode == "graphed"}, "")
+    out["fastest"] = best_of_modes(out)
+    _pair_ratios(out, {v: r["ms"] for v, r in out["fastest"].items()},
+                 {v: times[v, r["mode"]] for v, r in out["fastest"].items()}, "_fastest")
+    out["dense_ratios"] = dense_ratios(out["fastest"])
     from sparsity_lab.backends import get_backend
     # x_requantized: expected absent (0); sparse_products_host_alpha / _pass: products called each way (a captured
     # product counts once per capture); host_alpha_refused: products whose alpha cuSPARSELt did not apply
     out["fp8_backend_stats"] = dict(get_backend("cusparselt_fp8").stats)
-    if "fp8_24_cutlass" in steps:  # its products: sparse_products_epilogue_scale (scales read in the epilogue)
+    if any(v == "fp8_24_cutlass" for v, _ in steps):  # its products: sparse_products_epilogue_scale
         out["cutlass_fp8_backend_stats"] = dict(get_backend("cutlass_fp8").stats)
     for _, g in steps.values():
-        g.release()
+        if g is not None:
+            g.release()
     return out
 
 
@@ -445,7 +515,12 @@ def main(argv=None) -> int:
                    help=f"comma-separated, among {', '.join(SECTIONS)}")
     p.add_argument("--ffn-variants", default=",".join(FFN_VARIANTS),
                    help=f"comma-separated FFN variants of the ffn section, among {','.join(FFN_VARIANTS)}")
+    p.add_argument("--ffn-modes", default=",".join(MODES),
+                   help=f"comma-separated, among {','.join(MODES)}: how the ffn section runs each variant's step")
     args = p.parse_args(argv)
+    ffn_modes = tuple(m for m in args.ffn_modes.split(",") if m)
+    if not ffn_modes or any(m not in MODES for m in ffn_modes):
+        p.error(f"--ffn-modes: each must be one of {', '.join(MODES)}, got {args.ffn_modes!r}")
     ffn_variants = tuple(v for v in args.ffn_variants.split(",") if v)
     unknown = [v for v in ffn_variants if v not in FFN_VARIANTS]
     if unknown or not ffn_variants:
@@ -488,19 +563,22 @@ def main(argv=None) -> int:
                         print(f"product {shape}: ERROR", traceback.format_exc()[-600:], flush=True)
             elif section == "ffn_profile":
                 from benchmarks.fp8_ffn_profile import ffn_profile, table
-                result["ffn_profile"] = ffn_profile(*FFN_SHAPE, variants=ffn_variants)
+                result["ffn_profile"] = ffn_profile(*FFN_SHAPE, variants=ffn_variants, modes=ffn_modes)
                 print(table(result["ffn_profile"]), flush=True)
             elif section == "ffn_parts":
                 result["ffn_parts"] = ffn_parts(*FFN_SHAPE, sparse)
                 print("ffn parts:", result["ffn_parts"], flush=True)
             elif section == "ffn":
-                result["ffn"] = ffn_speed(*FFN_SHAPE, variants=ffn_variants)
+                result["ffn"] = ffn_speed(*FFN_SHAPE, variants=ffn_variants, modes=ffn_modes)
                 f = result["ffn"]
                 print("ffn:", {v: round(r["ms"], 3) for v, r in f["variants"].items()},
                       {k: v for k, v in f.items() if k.startswith("fp8_24") and "_vs_" in k and not k.endswith("rounds")},
                       flush=True)
-                for line in ratio_lines(f["variants"], f["skipped"]):
-                    print("ffn", line, flush=True)
+                for v, r in f["variants"].items():
+                    if v in f["eager"]:
+                        print(f"ffn {v}: graphed {r['ms']:.3f} ms, eager {f['eager'][v]['ms']:.3f} ms", flush=True)
+                for line in ratio_lines(f["fastest"], f["skipped"]):
+                    print("ffn fastest", line, flush=True)
             else:
                 raise ValueError(f"unknown section {section!r}")
         except Exception:
@@ -526,8 +604,10 @@ def judge(result: dict) -> dict:
     for key in ("ffn_fp8_24_vs_fp8_dense", "ffn_fp8_24_vs_bf16_dense", "ffn_fp8_24_host_alpha_vs_fp8_dense",
                 "ffn_fp8_24_host_alpha_vs_bf16_dense", "ffn_fp8_24_cutlass_vs_fp8_dense",
                 "ffn_fp8_24_cutlass_vs_bf16_dense"):
-        if key[4:] in ffn:
-            out[key] = ffn[key[4:]]
+        # each side's faster mode where both ran (the dense baseline is the fastest dense measured), else graphed
+        measured = ffn.get(key[4:] + "_fastest", ffn.get(key[4:]))
+        if measured is not None:
+            out[key] = measured
     return {k: {"measured": v, "threshold": TARGETS[k], "met": v >= TARGETS[k]} for k, v in out.items()}
 
 

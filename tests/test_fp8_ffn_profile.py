@@ -66,6 +66,20 @@ def test_ceilings_keep_everything_but_the_products():
                           "fp8_24: skipped: a test's reason"]
 
 
+def test_table_puts_the_replayed_profile_under_the_eager_one():
+    from benchmarks.fp8_ffn_profile import table
+    kinds = {"sparse products": 0.0, "dense products": 8.0, "2:4 work": 0.0, "FP8 casts and amax": 1.0,
+             "activation (GELU forward and backward)": 0.5, "scale pass": 0.0, "other elementwise and copies": 0.4,
+             "other": 0.1}
+    row = {"kinds_ms": kinds, "kernels_ms": 10.0, "wall_ms": 10.5}
+    lines = table({"variants": {"fp8_dense": row}, "graphed": {"fp8_dense": {**row, "wall_ms": 12.25}}}).splitlines()
+    at = lines.index("graph-replayed:")
+    assert lines[at - 1].startswith("eager wall (no profiler)") and lines[at - 1].split()[-1] == "10.500"
+    assert lines[-1].startswith("replayed wall (no profiler)") and lines[-1].split()[-1] == "12.250"
+    only_graphed = table({"variants": {}, "graphed": {"fp8_dense": row}}).splitlines()
+    assert only_graphed[0] == "graph-replayed:"
+
+
 def test_fp8_training_refuses_an_unknown_section_naming_the_choices(capsys):
     from benchmarks.fp8_training import main
     with pytest.raises(SystemExit) as err:

@@ -353,3 +353,24 @@ def test_ffn_benchmark_prints_each_sparse_variant_against_each_dense_with_its_tf
     assert "fp8_24_host_alpha" in FFN_VARIANTS
     with pytest.raises(SystemExit):
         main(["--ffn-variants", "fp8_24,fp8_fast"])
+
+
+def test_ffn_ratios_take_each_side_in_its_faster_mode_and_the_targets_are_judged_on_them():
+    from benchmarks.fp8_training import _pair_ratios, best_of_modes, dense_ratios, judge, main, ratio_lines
+    out = {"variants": {"fp8_dense": {"ms": 13.0, "tflops": 1000.0}, "fp8_24_host_alpha": {"ms": 10.0, "tflops": 1300.0}},
+           "eager": {"fp8_dense": {"ms": 12.0, "tflops": 1100.0}, "fp8_24_host_alpha": {"ms": 10.4, "tflops": 1250.0}}}
+    fastest = best_of_modes(out)
+    assert fastest == {"fp8_dense": {"mode": "eager", "ms": 12.0, "tflops": 1100.0},
+                       "fp8_24_host_alpha": {"mode": "graphed", "ms": 10.0, "tflops": 1300.0}}
+    times = {"fp8_dense": [12.0, 12.5], "fp8_24_host_alpha": [10.0, 10.0]}
+    _pair_ratios(out, {v: r["ms"] for v, r in fastest.items()}, times, "_fastest")
+    assert out["fp8_24_host_alpha_vs_fp8_dense_fastest"] == pytest.approx(1.2)
+    assert out["fp8_24_host_alpha_vs_fp8_dense_fastest_rounds"] == pytest.approx([1.2, 1.25])
+    out["fp8_24_host_alpha_vs_fp8_dense"] = 1.3  # graphed against graphed: not what is judged
+    judged = judge({"ffn": out})["ffn_fp8_24_host_alpha_vs_fp8_dense"]
+    assert judged["measured"] == pytest.approx(1.2) and judged["met"] is False
+    assert dense_ratios(fastest)["fp8_24_host_alpha"]["fp8_dense"]["dense_mode"] == "eager"
+    line = ratio_lines(fastest)[0]
+    assert line.startswith("fp8_24_host_alpha: 10.000 ms graphed") and "vs fp8_dense (12.000 ms eager, 1100 TFLOP/s)" in line
+    with pytest.raises(SystemExit):
+        main(["--ffn-modes", "graphed,replayed"])
