@@ -578,3 +578,27 @@ def test_gpu_dense_fp8_recipe_takes_its_transposed_operands_from_the_casts_bit_f
     q_x, s_x = quantize_reference(copy.deepcopy(before), "x", x)
     assert torch.equal(dx, dense.scaled_mm_grad_input(q_dz, s_dz, op.q.t().contiguous(), op.scale))
     assert torch.equal(dw, dense.scaled_mm_grad_weight(q_dz, s_dz, q_x, s_x).to(dw.dtype))
+
+
+@pytest.mark.triton
+def test_cusparselt_fp8_refreshes_the_mask_and_counts_its_flips_in_one_pass(monkeypatch):
+    """Kernel 21's mask-only pass (run by the interpreter on CPU tensors) where the FP8 backend's sparse engine
+    refreshes a mask: the mask and flips of kernels 2 and 9 and a copy, and of the unfused engine's chain."""
+    import sparsity_lab.kernels as k
+    from sparsity_lab.backends.cusparselt import operand
+    from sparsity_lab.backends.cusparselt.fp8_train import FP8Backend, FP8Engine
+
+    monkeypatch.setattr(operand, "_triton_device", lambda t: True)
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(128, 192, generator=g)
+    old = k.transposable_mask24(torch.randn(128, 192, generator=g), pruned=False)[0]
+    fused = FP8Backend(FP8Engine("cusparselt_fp8", "cusparselt"))
+    chain = FP8Backend(FP8Engine("cusparselt_fp8", "cusparselt", fused=False))
+    mask_fused, mask_chain = old.clone(), old.clone()
+    flips = fused.refresh_mask_(w, mask_fused, 2, 4, True)
+    want = k.transposable_mask24(w, pruned=False)[0]
+    assert torch.equal(mask_fused, want) and int(flips) == int(k.count_flips(old, want)) > 0
+    assert fused.stats["fused_refreshes"] == 1
+    assert int(chain.refresh_mask_(w, mask_chain, 2, 4, True)) == int(flips)
+    assert torch.equal(mask_chain, mask_fused) and chain.stats["fused_refreshes"] == 0
+    assert fused.refresh_mask_(w, mask_fused, 2, 4, True, count=False) is None and torch.equal(mask_fused, want)

@@ -186,9 +186,9 @@ class FP8Engine:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.name, self.engine, self.fallback_reason = name, engine, fallback_reason
-        # kernels 18 and 19 on the sparse engine (W's cast and both compressions in one pass; MVUE(dZ)'s
-        # cast and compression in one pass); fused=False brings back the unfused kernels for a benchmark's
-        # A/B run: the bytes are the same
+        # kernels 18, 19 and 21 on the sparse engine (W's cast and both compressions in one pass; MVUE(dZ)'s
+        # cast and compression in one pass; the mask refresh and its flips in one pass); fused=False brings
+        # back the unfused kernels for a benchmark's A/B run: the bytes are the same
         self.fused = bool(fused)
         self.reference = TorchBackend()
         self._triton = None
@@ -373,6 +373,17 @@ class FP8Backend(Backend, BackendReport, nn.Module):
         if beta is None:
             return weight.to(dtype) * mask
         return self.sparse_weight(weight, mask, beta, n, m).to(dtype)
+
+    def refresh_mask_(self, weight, mask, n, m, transposable, count=True):
+        """The mask refresh in one pass over W where kernel 21 runs on the sparse engine (``kernels/refresh24.py``
+        writing no operand: the new mask over the old one and their flips, as kernels 2 and 9 and a copy give
+        them; the FP8 operand is kernel 18's, from the new mask); elsewhere ``mask``, ``mask_flips`` and a copy."""
+        from .operand import refresh_kernel_takes
+        if not (self.engine.fused and self.engine.engine == "cusparselt" and (n, m) == (2, 4) and transposable
+                and refresh_kernel_takes(weight, mask)):
+            return super().refresh_mask_(weight, mask, n, m, transposable, count=count)
+        self.engine.stats["fused_refreshes"] += 1
+        return self.engine.kernels().refresh24(weight, mask, forward=False, transposed=False, count=count)[0]
 
     def mask_flips(self, previous, current):
         if previous.is_cuda:
