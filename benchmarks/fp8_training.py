@@ -468,6 +468,10 @@ def ffn_speed(tokens: int, d: int, rounds: int = 5, n: int = 10, variants: tuple
                 errors[label] = traceback.format_exc()[-1500:]
                 print(f"ffn {label}: ERROR {errors[label][-400:]}", flush=True)
     times = {key: [] for key in steps}
+    # one untimed round first: in a run on the H200 the first eager round of two variants took 8-10x the others
+    # (results/fp8_training_ffn_h200_graphed_eager.json), which the median hid but the paired rounds did not
+    for step, _ in steps.values():
+        time_steps(step, n)
     for _ in range(rounds):
         for key, (step, _) in steps.items():
             times[key].append(time_steps(step, n))
