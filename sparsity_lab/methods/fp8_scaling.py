@@ -196,6 +196,12 @@ def exponent_of(scale: float) -> int:
     return exponent - 1
 
 
+def _one_launch(history: torch.Tensor) -> bool:
+    """Where ``advance`` runs kernel 25 (one launch) instead of its PyTorch operations: CUDA tensors (tests
+    widen it to the CPU interpreter)."""
+    return history.is_cuda
+
+
 class FP8ScalingState(nn.Module):
     """Per-layer scaling state: buffers ``amax_history`` (L, 4), ``scale`` (4,), ``inv_scale`` (4,)
     (float32, columns in ``TENSORS`` order) and the host counter ``updates`` (extra state); with
@@ -291,19 +297,31 @@ class FP8ScalingState(nn.Module):
     @torch.no_grad()
     def advance(self) -> None:
         """End of an optimizer step: new scales from the history, then roll it (TE's update)."""
+        if self.recipe.lag and self.updates >= 1:  # host_alpha: the scales the previous advance sent
+            self._receive_next_scale()
+        if _one_launch(self.amax_history):  # kernel 25: the same update in one launch, not two dozen
+            from sparsity_lab.kernels import fp8_scale_update_
+            fp8_scale_update_(self.amax_history, self.fp8_max, self.scale, self.inv_scale,
+                              self.next_scale if self.recipe.lag else None,
+                              most_recent=self.recipe.amax_compute == "most_recent", margin=self.recipe.margin)
+        else:
+            self._advance_ops()
+        if self.recipe.lag:
+            self._send_next_scale()
+        self.updates += 1
+
+    def _advance_ops(self) -> None:
+        """``advance``'s device work in PyTorch operations: the reference kernel 25 is tested against."""
         hist = self.amax_history
         a = hist.amax(dim=0) if self.recipe.amax_compute == "max" else hist[0].clone()
         fmax = self.fp8_max
         usable = torch.isfinite(a) & (a > 0)
         safe = torch.where(usable, a, torch.ones_like(a))
-        if self.recipe.lag:  # host_alpha: the step to come uses D_k-1 (next_scale), the host reads it now
-            if self.updates >= 1:
-                self._receive_next_scale()
+        if self.recipe.lag:  # host_alpha: the step to come uses D_k-1 (next_scale), the host has read it
             self.scale.copy_(self.next_scale)
             self.inv_scale.copy_(1.0 / self.scale)  # exact: a power of two
             new_scale = pow2_scale(safe, fmax, self.recipe.margin)
             self.next_scale.copy_(torch.where(usable, new_scale, self.next_scale))
-            self._send_next_scale()
         else:
             new_scale = safe / fmax * (2.0 ** self.recipe.margin)
             self.scale.copy_(torch.where(usable, new_scale, self.scale))
@@ -311,7 +329,6 @@ class FP8ScalingState(nn.Module):
         if hist.shape[0] > 1:
             hist.copy_(torch.roll(hist, -1, dims=0))
         hist[0].zero_()
-        self.updates += 1
 
     # --- the host copy of the scales (host_alpha) -------------------------------------------------------
     def _send_next_scale(self) -> None:
