@@ -100,3 +100,11 @@ def test_bad_inputs_are_refused_naming_the_argument():
         fp8_scale_update_(hist, four, four.clone(), four.clone(), torch.ones(4, dtype=torch.float16, device=DEVICE))
     with pytest.raises(ValueError, match="margin must be"):
         fp8_scale_update_(hist, four, four.clone(), four.clone(), margin=-1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without a GPU")
+def test_the_host_time_benchmark_without_a_gpu_says_so(capsys):
+    from benchmarks.fp8_scale_update import main
+    with pytest.raises(SystemExit) as err:
+        main([])
+    assert err.value.code == 2 and "on a CUDA GPU" in capsys.readouterr().err
