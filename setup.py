@@ -45,7 +45,9 @@ MATERIAL = {
                  "kernels_ab_*.json", "sass_counts_*.json", "step_host_*.json", "optimizer_overlap_*.json",
                  "*_search.json", "*_searched.json",
                  # kernel profiles, ceilings beside a figure, and repeats of a run the course quotes
-                 "fp8_ffn_profile_*.json", "*_ceilings.json", "*_repeat.json"]),
+                 "fp8_ffn_profile_*.json", "*_ceilings.json", "*_repeat.json",
+                 # the H200 FP8 step profiles (the course quotes the H100 step profile) and launch-time probes
+                 "step_profile_h200_fp8*.json", "fp8_scale_update_*.json"]),
 }
 
 
