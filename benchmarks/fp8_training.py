@@ -26,8 +26,9 @@ that dense's TFLOP/s beside it.
    GPU, nvcc or its headers) is listed in ``ffn.skipped`` with the reason, never dropped. Every 2:4 variant
    is printed with its ratio to dense FP8 and to dense bf16, each with that dense's achieved TFLOP/s
    (``dense_ratios``), each side in its faster mode (``fastest``; the targets are judged on these): a replayed
-   step is not always the faster one (on the H200 an eager profile of the dense FP8 step ran shorter than its
-   replay had in another call), so a graphed-only comparison could hold the baseline back.
+   step is not always the faster one (on the H200 the dense steps agreed within 3 % both ways and the 2:4 steps
+   ran up to 6 % faster eagerly, ``results/fp8_training_ffn_h200_graphed_eager.json``), so a graphed-only
+   comparison could hold either side back.
 
 5. ``ffn_profile`` (not in the default sections): the ``--ffn-variants`` run under torch.profiler in each of
    ``--ffn-modes`` (eager, graph-replayed), their kernels' GPU time per step by kind (products, 2:4 work, FP8 casts, GELU, ...): ``benchmarks/fp8_ffn_profile.py``.
@@ -469,7 +470,7 @@ def ffn_speed(tokens: int, d: int, rounds: int = 5, n: int = 10, variants: tuple
                 print(f"ffn {label}: ERROR {errors[label][-400:]}", flush=True)
     times = {key: [] for key in steps}
     # one untimed round first: in a run on the H200 the first eager round of two variants took 8-10x the others
-    # (results/fp8_training_ffn_h200_graphed_eager.json), which the median hid but the paired rounds did not
+    # (results/fp8_training_ffn_h200_graphed_eager.json; cause not found), which the median hid, the paired rounds not
     for step, _ in steps.values():
         time_steps(step, n)
     for _ in range(rounds):
