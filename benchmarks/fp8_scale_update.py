@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import torch
@@ -69,16 +70,19 @@ def time_paths(recipe: str, layers: int = 32, history_len: int = 16, steps: int 
     return out
 
 
-def main(argv=None) -> int:
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from sparsity_lab.lab.arguments import output_folder, positive_int
+    p.add_argument("--layers", type=positive_int, default=32, help="FP8 layers updated per step (the lab GPT's: 32)")
+    p.add_argument("--steps", type=positive_int, default=50, help="updates of every layer per round (default 50)")
+    p.add_argument("--out-dir", type=output_folder, default=None, help="folder for the JSON (default results/)")
+    p.add_argument("--name", default="fp8_scale_update_h100", help="JSON name")
+
+
+def run(args) -> int:
     from sparsity_lab.provenance import write_result
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--layers", type=int, default=32, help="FP8 layers updated per step (the lab GPT's: 32)")
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--out-dir", default="results")
-    p.add_argument("--name", default="fp8_scale_update_h100")
-    args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        p.error("fp8-scale-update times kernel launches on a CUDA GPU; this machine has none")
+        print("fp8-scale-update times kernel launches on a CUDA GPU; this machine has none", file=sys.stderr)
+        return 2
     result = {"layers": args.layers, "steps": args.steps, "recipes": {}}
     for recipe in RECIPES:
         r = result["recipes"][recipe] = time_paths(recipe, args.layers, steps=args.steps)
@@ -86,9 +90,15 @@ def main(argv=None) -> int:
               f"{r['kernel']['host_us']:.1f} us with kernel 25 ({r['host_ms_per_step_saved']:.2f} ms a step of "
               f"{args.layers} layers); GPU done after {r['operations']['wall_us']:.1f} / {r['kernel']['wall_us']:.1f} us; "
               f"states equal: {r['equal']}", flush=True)
-    path = write_result(args.name, result, directory=__import__("pathlib").Path(args.out_dir))
+    path = write_result(args.name, result, directory=args.out_dir)
     print("wrote", path)
     return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks fp8-scale-update", description=__doc__.split("\n")[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":
