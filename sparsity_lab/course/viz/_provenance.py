@@ -44,7 +44,7 @@ BENCHMARK_NAMES = {"mask_solvers": "masks", "kernels": "kernels", "ffn.cli": "ff
                    "kernel_configs": "kernel-configs", "ffn_profile": "ffn-profile", "act24_profile": "act24-profile",
                    "cusparselt_probe": "cusparselt-probe", "cusparselt_layout_dump": "cusparselt-layout",
                    "step_profile": "step-profile", "step_host": "step-host", "optimizer_overlap": "optimizer-overlap",
-                   "fp8_scalar_alpha": "fp8-scalar-alpha",
+                   "fp8_scalar_alpha": "fp8-scalar-alpha", "fp8_scale_update": "fp8-scale-update",
                    "torchtitan_gpus": "torchtitan-gpus", "cutlass_sparse": "cutlass"}
 _ABSOLUTE = re.compile(r"(?<![\w.])/[^\s'\"]+")
 
