@@ -4,8 +4,8 @@ The idea
     ``FP8ScalingState.advance`` (``sparsity_lab/methods/fp8_scaling.py``, the reference) turns the amax
     history into the next scales and rolls the history: about two dozen small PyTorch operations on
     tensors of 4 to 64 floats. Each is a kernel launch, so for the lab GPT's 32 FP8 layers that is some
-    700 launches a step, milliseconds of host time in a step the host already struggles to feed (the eager
-    FP8 2:4 step leaves the GPU idle: docs/measuring.md). Here one program does the whole update for one
+    700 launches a step, milliseconds of host time in an eager step whose host could barely keep the GPU fed
+    (docs/measuring.md, the FP8 step's host time). Here one program does the whole update for one
     layer: it reads the history (L, 4), writes the scales and the rolled history. The bytes are a few
     hundred; the launch is the cost.
 
