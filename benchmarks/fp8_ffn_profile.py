@@ -3,12 +3,11 @@
 The ``ffn_profile`` section of ``python -m benchmarks fp8-training`` (GPU). The FFN and the variants are the
 ``ffn`` section's (``build_ffn``: ``y = W2 gelu(W1 x)``, forward and backward, mask every step, MVUE); each
 variant runs eagerly (and, with ``--ffn-modes`` naming "graphed", graph-replayed), forward, backward and its
-end-of-step update, for ``steps`` profiled steps after warm-up. The kernels' own GPU times are summed per step and put in the kinds of ``KINDS`` by name, so a
-reader can see which passes the sparse products leave around them (the question a fused epilogue answers:
+end-of-step update, for ``steps`` profiled steps after warm-up. The kernels' own GPU times are summed per step
+and put in the kinds of ``KINDS`` by name, so a reader can see which passes the sparse products leave around them (the question a fused epilogue answers:
 how much of the step is the activation and the FP8 casts between the two products).
 
-A short burst of steps (3 after 4 of warm-up), whose times move
-with the GPU's state: on the H200 the same dense FP8 step profiled at 11.4 ms of kernels in one call
+A short burst of steps (3 after 4 of warm-up), whose times move with the GPU's state: on the H200 the same dense FP8 step profiled at 11.4 ms of kernels in one call
 (``results/fp8_ffn_profile_h200.json``) and 13.0 ms in another (``results/fp8_training_ffn_h200_row_major_dw.json``).
 Compare the kinds within one profile; the ``ffn`` section's paired rounds give the speed-ups.
 """

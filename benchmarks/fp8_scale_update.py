@@ -88,8 +88,8 @@ def run(args) -> int:
         r = result["recipes"][recipe] = time_paths(recipe, args.layers, steps=args.steps)
         print(f"{recipe}: host {r['operations']['host_us']:.1f} us an update with the operations, "
               f"{r['kernel']['host_us']:.1f} us with kernel 25 ({r['host_ms_per_step_saved']:.2f} ms a step of "
-              f"{args.layers} layers); GPU done after {r['operations']['wall_us']:.1f} / {r['kernel']['wall_us']:.1f} us; "
-              f"states equal: {r['equal']}", flush=True)
+              f"{args.layers} layers); GPU done after {r['operations']['wall_us']:.1f} / "
+              f"{r['kernel']['wall_us']:.1f} us; states equal: {r['equal']}", flush=True)
     path = write_result(args.name, result, directory=args.out_dir)
     print("wrote", path)
     return 0

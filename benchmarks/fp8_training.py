@@ -11,17 +11,17 @@ that dense's TFLOP/s beside it.
    dense (``torch._scaled_mm``), FP8 2:4 (cuSPARSELt, direct binding, best correct algorithm).
 3. ``ffn_parts``: at the target FFN shape, each piece of an FP8 2:4 step timed alone (casts,
    compressions, MVUE, the six sparse products): where the time goes.
-4. ``ffn``: FFN ``y = W2 gelu(W1 x)`` forward + backward (all six products: x is a parameter, so the
-   first layer's dX runs too), mask recomputed every step, MVUE weight gradient, ``advance_step`` after each step, each variant
-   graph-replayed (``CudaGraphStep``) and eager (``--ffn-modes``), paired rounds: bf16 dense, FP8 dense recipe (``FP8DenseLinear``: the same scaling recipe,
-   ``torch._scaled_mm``, no mask), bf16 2:4 ("cusparselt"), FP8 2:4 ("cusparselt_fp8", kernels 18 and 19
-   fusing the casts into the weight's compression and into MVUE(dZ)'s) and the same FP8 2:4 with the
-   unfused kernels ("fp8_24_unfused": what the fusion saves, measured in the same rounds), and FP8 2:4
-   with ``FP8Recipe(scale_in_product="host_alpha")`` ("fp8_24_host_alpha": power-of-two scales held by the
-   host one step late, applied inside each sparse product as cuSPARSELt's scalar alpha, no scale pass;
-   its graph is recaptured when a host scale changes, counted in ``scale_recaptures``), and the FP8 2:4 step
-   on CUTLASS's SM90 sparse E4M3 GEMMs ("fp8_24_cutlass": backend "cutlass_fp8", the same recipe with the
-   scales read in the GEMM's epilogue; compared with "fp8_24" in the same rounds, ``fp8_24_cutlass_vs_fp8_24``).
+4. ``ffn``: FFN ``y = W2 gelu(W1 x)`` forward + backward (all six products: x needs a gradient, so the first layer's
+   dX runs too), mask recomputed every step, MVUE weight gradient, ``advance_step`` after each step, each variant
+   graph-replayed (``CudaGraphStep``) and eager (``--ffn-modes``), paired rounds: bf16 dense, FP8 dense recipe
+   (``FP8DenseLinear``: the same scaling recipe, ``torch._scaled_mm``, no mask), bf16 2:4 ("cusparselt"), FP8 2:4
+   ("cusparselt_fp8", kernels 18 and 19 fusing the casts into the weight's compression and into MVUE(dZ)'s) and the
+   same FP8 2:4 with the unfused kernels ("fp8_24_unfused": what the fusion saves, measured in the same rounds), and
+   FP8 2:4 with ``FP8Recipe(scale_in_product="host_alpha")`` ("fp8_24_host_alpha": power-of-two scales held by the
+   host one step late, applied inside each sparse product as cuSPARSELt's scalar alpha, no scale pass; its graph is
+   recaptured when a host scale changes, counted in ``scale_recaptures``), and the FP8 2:4 step on CUTLASS's SM90
+   sparse E4M3 GEMMs ("fp8_24_cutlass": backend "cutlass_fp8", the same recipe with the scales read in the GEMM's
+   epilogue; compared with "fp8_24" in the same rounds, ``fp8_24_cutlass_vs_fp8_24``).
    ``--ffn-variants`` picks the variants; a variant whose library cannot run here (CUTLASS without a Hopper
    GPU, nvcc or its headers) is listed in ``ffn.skipped`` with the reason, never dropped. Every 2:4 variant
    is printed with its ratio to dense FP8 and to dense bf16, each with that dense's achieved TFLOP/s
@@ -31,7 +31,8 @@ that dense's TFLOP/s beside it.
    comparison could hold either side back.
 
 5. ``ffn_profile`` (not in the default sections): the ``--ffn-variants`` run under torch.profiler in each of
-   ``--ffn-modes`` (eager, graph-replayed), their kernels' GPU time per step by kind (products, 2:4 work, FP8 casts, GELU, ...): ``benchmarks/fp8_ffn_profile.py``.
+   ``--ffn-modes`` (eager, graph-replayed), their kernels' GPU time per step by kind (products, 2:4 work, FP8
+   casts, GELU, ...): ``benchmarks/fp8_ffn_profile.py``.
 
 The products section times the forward product with the host alpha too ("fp8_24_host_alpha_ms", where the
 algorithm search found the scalar alpha honoured).
