@@ -119,14 +119,13 @@ def _picked_slot(first, second, rest, p0, p1, p2, p3):
 
 
 @triton.jit
-def _mvue_tokens_fp8_bytes(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed, inv_scale_ptr, partial_ptr,
-                           BLOCK_G: tl.constexpr, EDGES: tl.constexpr, WRITE_AMAX: tl.constexpr, FMAX: tl.constexpr,
-                           MBITS: tl.constexpr, EMIN: tl.constexpr):
-    """The E4M3 bytes of the tile's MVUE(dZ), q(y_0) .. q(y_3), each (64, BLOCK_G), cast with the scale at
-    ``inv_scale_ptr`` as ``quantize_fp8_with_scale`` casts the stored values (kernels 19 and 23): the two kept
-    values cast, the four bytes rebuilt from MVUE's picks (``_picked_slot``; unpicked entries take the byte of
-    +0.0). WRITE_AMAX: also the program's amax of MVUE(dZ) as stored, at ``partial_ptr`` (the unpicked entries
-    are +0.0, so the amax of the four is that of the two)."""
+def _mvue_tokens_fp8_pair(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed, inv_scale_ptr, partial_ptr,
+                          BLOCK_G: tl.constexpr, EDGES: tl.constexpr, WRITE_AMAX: tl.constexpr, FMAX: tl.constexpr,
+                          MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """The E4M3 bytes of the tile's two kept values per group and MVUE's picks: (q(first), q(second), q(+0.0),
+    p0, p1, p2, p3), cast with the scale at ``inv_scale_ptr`` as ``quantize_fp8_with_scale`` casts the stored
+    values (kernels 19 and 23). WRITE_AMAX: also the program's amax of MVUE(dZ) as stored, at ``partial_ptr``
+    (the unpicked entries are +0.0, so the amax of the four is that of the two)."""
     first, second, p0, p1, p2, p3 = _mvue_tokens_picked(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed,
                                                         BLOCK_G, EDGES)
     if WRITE_AMAX:
@@ -135,8 +134,43 @@ def _mvue_tokens_fp8_bytes(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, se
                  _groups_amax(first, second, zero, zero))
     inv_scale = tl.load(inv_scale_ptr)
     rest = _fp8_bits(tl.zeros([1, 1], dtype=first.dtype), inv_scale, FMAX, MBITS, EMIN)  # +0.0's byte
-    return _picked_slot(_fp8_bits(first, inv_scale, FMAX, MBITS, EMIN), _fp8_bits(second, inv_scale, FMAX, MBITS, EMIN),
-                        rest, p0, p1, p2, p3)
+    return (_fp8_bits(first, inv_scale, FMAX, MBITS, EMIN), _fp8_bits(second, inv_scale, FMAX, MBITS, EMIN), rest,
+            p0, p1, p2, p3)
+
+
+@triton.jit
+def _mvue_tokens_fp8_bytes(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed, inv_scale_ptr, partial_ptr,
+                           BLOCK_G: tl.constexpr, EDGES: tl.constexpr, WRITE_AMAX: tl.constexpr, FMAX: tl.constexpr,
+                           MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """The E4M3 bytes of the tile's MVUE(dZ), q(y_0) .. q(y_3), each (64, BLOCK_G): ``_mvue_tokens_fp8_pair``'s
+    two bytes put back in their slots (``_picked_slot``; unpicked entries take the byte of +0.0). Kernel 23
+    compresses these four; kernel 19 takes the pair straight (``_compressed_pair``)."""
+    b_first, b_second, rest, p0, p1, p2, p3 = _mvue_tokens_fp8_pair(
+        dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed, inv_scale_ptr, partial_ptr, BLOCK_G, EDGES,
+        WRITE_AMAX, FMAX, MBITS, EMIN)
+    return _picked_slot(b_first, b_second, rest, p0, p1, p2, p3)
+
+
+@triton.jit
+def _compressed_pair(b_first, b_second, rest, p0, p1, p2, p3, SIGN_OFF: tl.constexpr):
+    """``_pick`` of the group rebuilt by ``_picked_slot`` (the same v0, v1 and code, bit for bit), from the two
+    images and the picks, without rebuilding the four slots.
+
+    The first pick sits at a (0, 1 or 2), the second at b > a. ``_pick``'s non-zero flags can only be set at a and
+    b: nf = q(first) is non-zero, ns = q(second) is (a kept value can still round to a signed zero, so the flags
+    come from the images, not from the picks). Then _pick keeps (i, j) = (a, b) when both are non-zero (the usual
+    case); (a, 3) when only the first is; (b, 3) when only the second is and b < 3; else (0, 3), whose slots hold
+    q(first) at 0 when p0 and q(second) at 3 when p3, +0.0's image elsewhere."""
+    nf = (b_first & SIGN_OFF) != 0
+    ns = (b_second & SIGN_OFF) != 0
+    a = tl.where(p0, 0, tl.where(p1, 1, 2))
+    b = tl.where(p3, 3, tl.where(p2 & (p0 | p1), 2, 1))
+    lead_second = ns & ~p3 & ~nf  # only the second is non-zero, and it is not at 3: it leads
+    i = tl.where(nf, a, tl.where(lead_second, b, 0))
+    j = tl.where(nf & ns, b, 3)
+    v0 = tl.where(nf | (p0 & ~lead_second), b_first, tl.where(lead_second, b_second, rest))
+    v1 = tl.where((nf & ns) | p3, b_second, rest)
+    return v0, v1, i | (j << 2)
 
 
 @triton.jit
@@ -149,10 +183,10 @@ def _mvue_compress24_kernel(dz_ptr, vals_ptr, meta_ptr, n_cols, quads_per_row, h
     row0 = tl.program_id(0) * 64  # rows of A = columns n of dZ
     g0 = tl.program_id(1) * BLOCK_G  # groups of A = token groups of dZ
     if WRITE_VALUES and FP8:  # kernel 19
-        b0, b1, b2, b3 = _mvue_tokens_fp8_bytes(dz_ptr, row0, g0, 2 * half_cols, n_cols, quads_per_row, seed,
-                                                inv_scale_ptr, partial_ptr, BLOCK_G, False, WRITE_AMAX, FMAX, MBITS,
-                                                EMIN)
-        v0, v1, code = _pick(b0, b1, b2, b3, 0x7F)
+        b_first, b_second, rest, p0, p1, p2, p3 = _mvue_tokens_fp8_pair(
+            dz_ptr, row0, g0, 2 * half_cols, n_cols, quads_per_row, seed, inv_scale_ptr, partial_ptr, BLOCK_G, False,
+            WRITE_AMAX, FMAX, MBITS, EMIN)
+        v0, v1, code = _compressed_pair(b_first, b_second, rest, p0, p1, p2, p3, 0x7F)
         _store_compressed(vals_ptr, meta_ptr, row0, g0, v0, v1, code, half_cols, col_tiles, FP8, BLOCK_G)
         return
     y0, y1, y2, y3 = _mvue_tokens_tile(dz_ptr, row0, g0, 2 * half_cols, n_cols, quads_per_row, seed, BLOCK_G)

@@ -2,13 +2,17 @@
 ``compress24(mvue24(dz, dim=0).t())``, whose parts are each tested against their references."""
 import pytest
 import torch
+import triton
+import triton.language as tl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from _kernel_testing import DEVICE
 
 from sparsity_lab.references.cusparselt_layout import compressed_shape, decompress24_reference
 from sparsity_lab.kernels import compress24, mvue24, quantize_fp8_with_scale
-from sparsity_lab.kernels.mvue_compress24 import mvue24_amax, mvue_compress24, mvue_compress24_fp8
+from sparsity_lab.kernels.compress24 import _pick
+from sparsity_lab.kernels.mvue_compress24 import (_compressed_pair, _picked_slot, mvue24_amax, mvue_compress24,
+                                                 mvue_compress24_fp8)
 
 
 def _bytes(t):
@@ -144,3 +148,48 @@ def test_fp8_values_that_are_not_finite_give_nan_bytes():
     ref, _ = _unfused_fp8(dz, 7, inv_scale)
     assert _bytes(ref).eq(0x7F).any()
     assert torch.equal(_bytes(fused), _bytes(ref))
+
+
+# --- kernel 19's pick from MVUE's picks, against _pick of the rebuilt group --------------------------------
+@triton.jit
+def _pair_against_slots_kernel(first_ptr, second_ptr, picks_ptr, out_ptr, N: tl.constexpr, SIGN_OFF: tl.constexpr):
+    offs = tl.arange(0, N)
+    b_first = tl.load(first_ptr + offs)
+    b_second = tl.load(second_ptr + offs)
+    picks = tl.load(picks_ptr + offs)
+    p0, p1, p2, p3 = (picks & 1) != 0, (picks & 2) != 0, (picks & 4) != 0, (picks & 8) != 0
+    rest = tl.zeros_like(b_first)
+    v0, v1, code = _compressed_pair(b_first, b_second, rest, p0, p1, p2, p3, SIGN_OFF)
+    y0, y1, y2, y3 = _picked_slot(b_first, b_second, rest, p0, p1, p2, p3)
+    w0, w1, code_ref = _pick(y0, y1, y2, y3, SIGN_OFF)
+    tl.store(out_ptr + offs, v0)
+    tl.store(out_ptr + N + offs, v1)
+    tl.store(out_ptr + 2 * N + offs, code)
+    tl.store(out_ptr + 3 * N + offs, w0)
+    tl.store(out_ptr + 4 * N + offs, w1)
+    tl.store(out_ptr + 5 * N + offs, code_ref)
+
+
+@pytest.mark.parametrize("sign_off, images", [(0x7F, (0x00, 0x80, 0x01, 0x3C, 0xFE)),
+                                              (0x7FFF, (0x0000, -0x8000, 0x0001, 0x3F80, -0x4080))])
+def test_the_pick_from_the_picks_is_pick_of_the_rebuilt_group(sign_off, images):
+    """Every pick pattern MVUE can give (at most two; the first pick among entries 0-2) with every image of the two
+    kept values (+0.0, -0.0, non-zero ones; +0.0 where a value is not kept): the same v0, v1 and code as ``_pick``
+    of the four slots, for E4M3 bytes and bf16 bits."""
+    rows = []
+    for picks in range(16):
+        p = [(picks >> k) & 1 for k in range(4)]
+        if sum(p) > 2:
+            continue
+        first_kept = p[0] or p[1] or p[2]
+        second_kept = p[3] or (p[2] and (p[0] or p[1])) or (p[1] and p[0])
+        for f in images if first_kept else (0,):
+            for s in images if second_kept else (0,):
+                rows.append((f, s, picks))
+    n = triton.next_power_of_2(len(rows))
+    rows += [rows[0]] * (n - len(rows))
+    first, second, picks = (torch.tensor(c, dtype=torch.int32, device=DEVICE) for c in zip(*rows))
+    out = torch.empty(6 * n, dtype=torch.int32, device=DEVICE)
+    _pair_against_slots_kernel[(1,)](first, second, picks, out, N=n, SIGN_OFF=sign_off)
+    got, ref = out.view(6, n)[:3], out.view(6, n)[3:]
+    assert torch.equal(got, ref), [rows[k] for k in (got != ref).any(0).nonzero().flatten().tolist()][:8]
