@@ -13,7 +13,8 @@ that dense's TFLOP/s beside it.
    compressions, MVUE, the six sparse products): where the time goes.
 4. ``ffn``: FFN ``y = W2 gelu(W1 x)`` forward + backward (all six products: x needs a gradient, so the first layer's
    dX runs too), mask recomputed every step, MVUE weight gradient, ``advance_step`` after each step, each variant
-   graph-replayed (``CudaGraphStep``) and eager (``--ffn-modes``), paired rounds: bf16 dense, FP8 dense recipe
+   graph-replayed (``CudaGraphStep``) and eager (``--ffn-modes``), paired rounds (``--ffn-rounds``, each starting
+   one variant later in the order): bf16 dense, FP8 dense recipe
    (``FP8DenseLinear``: the same scaling recipe, ``torch._scaled_mm``, no mask), bf16 2:4 ("cusparselt"), FP8 2:4
    ("cusparselt_fp8", kernels 18 and 19 fusing the casts into the weight's compression and into MVUE(dZ)'s) and the
    same FP8 2:4 with the unfused kernels ("fp8_24_unfused": what the fusion saves, measured in the same rounds), and
@@ -474,8 +475,9 @@ def ffn_speed(tokens: int, d: int, rounds: int = 5, n: int = 10, variants: tuple
     # (results/fp8_training_ffn_h200_graphed_eager.json; cause not found), which the median hid, the paired rounds not
     for step, _ in steps.values():
         time_steps(step, n)
-    for _ in range(rounds):
-        for key, (step, _) in steps.items():
+    order = list(steps.items())
+    for r in range(rounds if order else 0):  # each round starts one later in the order: no variant always follows another
+        for key, (step, _) in order[r % len(order):] + order[:r % len(order)]:
             times[key].append(time_steps(step, n))
     flop = 12.0 * tokens * d * 4 * d  # 3 products x 2 layers, dense-equivalent
     out = {"tokens": tokens, "d_model": d, "ffn": 4 * d, "rounds": rounds, "steps_per_round": n, "errors": errors,
@@ -512,6 +514,7 @@ def ffn_speed(tokens: int, d: int, rounds: int = 5, n: int = 10, variants: tuple
 
 def main(argv=None) -> int:
     from sparsity_lab.backends.cusparselt.fp8_algorithms import FP8SparseProducts
+    from sparsity_lab.lab.arguments import positive_int
     from sparsity_lab.provenance import write_result
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out-dir", default="results")
@@ -523,6 +526,8 @@ def main(argv=None) -> int:
                    help=f"comma-separated FFN variants of the ffn section, among {','.join(FFN_VARIANTS)}")
     p.add_argument("--ffn-modes", default=",".join(MODES),
                    help=f"comma-separated, among {','.join(MODES)}: how the ffn section runs each variant's step")
+    p.add_argument("--ffn-rounds", type=positive_int, default=5,
+                   help="paired rounds of the ffn section (default 5); its ratios are the medians over them")
     args = p.parse_args(argv)
     ffn_modes = tuple(m for m in args.ffn_modes.split(",") if m)
     if not ffn_modes or any(m not in MODES for m in ffn_modes):
@@ -575,7 +580,7 @@ def main(argv=None) -> int:
                 result["ffn_parts"] = ffn_parts(*FFN_SHAPE, sparse)
                 print("ffn parts:", result["ffn_parts"], flush=True)
             elif section == "ffn":
-                result["ffn"] = ffn_speed(*FFN_SHAPE, variants=ffn_variants, modes=ffn_modes)
+                result["ffn"] = ffn_speed(*FFN_SHAPE, rounds=args.ffn_rounds, variants=ffn_variants, modes=ffn_modes)
                 f = result["ffn"]
                 print("ffn:", {v: round(r["ms"], 3) for v, r in f["variants"].items()},
                       {k: v for k, v in f.items() if k.startswith("fp8_24") and "_vs_" in k and not k.endswith("rounds")},
