@@ -33,6 +33,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "mvue-variants": ("benchmarks.mvue_variants", "the MVUE kernel's variants against the copy ceiling (GPU)"),
     "fp8-training": ("benchmarks.fp8_training", "FP8 2:4 training products and FFN step against dense FP8 and bf16 (GPU)"),
     "fp8-scale-update": ("benchmarks.fp8_scale_update", "FP8 layers' end-of-step scale updates: kernel 25 against the PyTorch operations, host time (GPU)"),
+    "fp8-ffn-clocks": ("benchmarks.fp8_ffn_clocks", "the GPU's SM clock, power and clock-event reasons while each FP8 FFN step runs (GPU)"),
     "fp8-scalar-alpha": ("benchmarks.fp8_scalar_alpha", "does a scalar alpha scale an FP8 2:4 product, and what it saves (GPU)"),
     "cutlass": ("benchmarks.cutlass_sparse", "CUTLASS SM90 2:4 GEMMs (bf16, FP8) against cuBLAS and cuSPARSELt (GPU)"),
     "fp8-sparse": ("benchmarks.fp8_sparse", "one FP8 2:4 forward product against dense FP8 (GPU)"),

@@ -45,6 +45,7 @@ BENCHMARK_NAMES = {"mask_solvers": "masks", "kernels": "kernels", "ffn.cli": "ff
                    "cusparselt_probe": "cusparselt-probe", "cusparselt_layout_dump": "cusparselt-layout",
                    "step_profile": "step-profile", "step_host": "step-host", "optimizer_overlap": "optimizer-overlap",
                    "fp8_scalar_alpha": "fp8-scalar-alpha", "fp8_scale_update": "fp8-scale-update",
+                   "fp8_ffn_clocks": "fp8-ffn-clocks",
                    "torchtitan_gpus": "torchtitan-gpus", "cutlass_sparse": "cutlass"}
 _ABSOLUTE = re.compile(r"(?<![\w.])/[^\s'\"]+")
 
