@@ -117,7 +117,14 @@ def test_level_arithmetic_makes_the_same_draws_as_v2():
         torch.testing.assert_close(b[both], a[both], rtol=1e-6, atol=0)
 
 
-def _unbiasedness(x, dim, draws, seed, variant="v2", block=4096):
+# A draw may misplace an entry with a probability of a few float32 ulps: the kernels' interval ends are float32 sums,
+# so a capped entry (p = 1) owns an interval up to an ulp shorter than the level L that separates the two pointers,
+# and both can miss it. Measured on the H200: 4 capped entries of 2 inputs kept 39999 times in 40000 draws (about
+# 2^-23 a draw). One such draw moves an entry's mean by |x| / (p draws): the checks allow MISPLACED of them.
+MISPLACED = 3
+
+
+def _unbiasedness(x, dim, draws, seed, variant="v2", block=4096, note=""):
     """Mean of `draws` independent draws in one launch: the copies sit along a new last/first axis.
     (A large block: few programs for the CPU interpreter; block-independence is tested above.)"""
     if dim == 0:  # groups along the rows: copies side by side in the columns
@@ -131,11 +138,13 @@ def _unbiasedness(x, dim, draws, seed, variant="v2", block=4096):
     p = mvue_probabilities(_groups(x.double(), dim)).reshape(x.movedim(dim, -1).shape).movedim(-1, dim)
     var = x.double() ** 2 * (1 / p.clamp_min(1e-300) - 1)  # variance of one draw, per entry
     err = (ys.mean(0) - x.double()).abs()
-    # 6 standard errors of the mean of `draws` draws (+ float32 rounding of x / p)
-    assert bool((err <= 6 * (var / draws).sqrt() + 1e-5 * x.double().abs()).all()), float((err / (var / draws).sqrt().clamp_min(1e-12)).max())
+    # 6 standard errors of the mean of `draws` draws, + float32 rounding of x / p, + MISPLACED misplaced draws
+    misplaced = MISPLACED * x.double().abs() / (p.clamp_min(1e-300) * draws)
+    assert bool((err <= 6 * (var / draws).sqrt() + 1e-5 * x.double().abs() + misplaced).all()), (
+        note, float((err / (var / draws).sqrt().clamp_min(1e-12)).max()))
     freq = (ys != 0).double().mean(0)
     nz = x != 0
-    assert bool(((freq - p).abs()[nz] <= 6 * (p * (1 - p) / draws).sqrt()[nz] + 1e-9).all())
+    assert bool(((freq - p).abs()[nz] <= 6 * (p * (1 - p) / draws).sqrt()[nz] + MISPLACED / draws).all()), note
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -190,9 +199,11 @@ def test_mvue_on_gpu_at_size(dtype, variant):
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("dim", [0, -1])
 def test_mvue_unbiased_on_gpu_with_many_draws(dim, variant):
-    x = torch.randn(16, 64, device="cuda")
+    gen = torch.Generator(device="cuda")
+    x_seed = gen.seed()  # fresh inputs each run, the seed kept for the message
+    x = torch.randn(16, 64, device="cuda", generator=gen)
     x = x if dim == -1 else x.t().contiguous()
-    _unbiasedness(x, dim, draws=40000, seed=3, variant=variant, block=512)
+    _unbiasedness(x, dim, draws=40000, seed=3, variant=variant, block=512, note=f"x from generator seed {x_seed}")
 
 
 @pytest.mark.filterwarnings("default")
