@@ -16,6 +16,7 @@ do that. Measured on the H200 (``results/fp8_ffn_clocks_h200.json``): every FFN 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import subprocess
 import sys
@@ -70,8 +71,9 @@ def _gpu_id() -> list[str]:
     return [f"--id=GPU-{uuid}"] if uuid is not None else []
 
 
+@functools.cache
 def _query() -> str:
-    """QUERY as this nvidia-smi names its fields."""
+    """QUERY as this nvidia-smi names its fields (asked once)."""
     probe = subprocess.run(["nvidia-smi", f"--query-gpu={QUERY[-1]}", "--format=csv,noheader"], capture_output=True,
                            text=True)
     return ",".join(QUERY if probe.returncode == 0 else (*QUERY[:-1], OLD_REASONS_FIELD))
@@ -129,19 +131,19 @@ def measure(variants: tuple[str, ...], seconds: float, rounds: int) -> dict:
     for r in range(rounds):
         for v in variants:
             ms, samples = run_for(steps[v], seconds)
-            rows[v].append({"ms": ms, **summarize(samples)})
-            print(f"round {r + 1}/{rounds} {v}: {ms:.3f} ms a step; SM {rows[v][-1].get('sm_mhz', 0):.0f} MHz, "
-                  f"power {rows[v][-1].get('power_w', 0):.0f} W, reasons {rows[v][-1].get('reasons', {})}", flush=True)
+            row = {"ms": ms, **summarize(samples)}  # samples is never empty: Sampler.stop raises then
+            rows[v].append(row)
+            print(f"round {r + 1}/{rounds} {v}: {ms:.3f} ms a step; SM {row['sm_mhz']:.0f} MHz, "
+                  f"power {row['power_w']:.0f} W, reasons {row['reasons']}", flush=True)
     out = {"tokens": tokens, "d_model": d, "seconds": seconds, "rounds": rounds, "sample_ms": SAMPLE_MS,
            "variants": {}}
     for v, rs in rows.items():
-        reasons = sorted({name for row in rs for name in row.get("reasons", {})})
+        reasons = sorted({name for row in rs for name in row["reasons"]})
         out["variants"][v] = {
             "ms": statistics.median(row["ms"] for row in rs),
-            "sm_mhz": statistics.median(row["sm_mhz"] for row in rs if "sm_mhz" in row),
-            "power_w": statistics.median(row["power_w"] for row in rs if "power_w" in row),
-            "reasons": {name: statistics.median(row.get("reasons", {}).get(name, 0.0) for row in rs)
-                        for name in reasons},
+            "sm_mhz": statistics.median(row["sm_mhz"] for row in rs),
+            "power_w": statistics.median(row["power_w"] for row in rs),
+            "reasons": {name: statistics.median(row["reasons"].get(name, 0.0) for row in rs) for name in reasons},
             "rounds": rs}
     return out
 

@@ -119,8 +119,8 @@ def test_level_arithmetic_makes_the_same_draws_as_v2():
 
 # A draw may misplace an entry with a probability of a few float32 ulps: the kernels' interval ends are float32 sums,
 # so a capped entry (p = 1) owns an interval up to an ulp shorter than the level L that separates the two pointers,
-# and both can miss it. Measured on the H200: 4 capped entries of 2 inputs kept 39999 times in 40000 draws (about
-# 2^-23 a draw). One such draw moves an entry's mean by |x| / (p draws): the checks allow MISPLACED of them.
+# and both can miss it. Measured on the H200: 4 capped entries of 2 inputs kept 39999 times in 40000 draws (the
+# miss is an ulp-wide chance a draw). One such draw moves an entry's mean by |x| / (p draws): the checks allow MISPLACED of them.
 MISPLACED = 3
 
 
