@@ -3,7 +3,8 @@
 A kernel change is judged by its time beside the code it replaces, measured in the same call. ``python -m
 benchmarks.kernels_ab --before DIR`` times kernels 10, 11, 19, 21, 23 and 24 at the lab GPT step's FFN shapes
 (dZ of 8192 tokens x 16384 and x 4096, bf16 weights 16384 x 4096 and 4096 x 16384, S-STE's scale, E4M3 with a
-given scale for 19 and the FP8 forms of 23 and 24, each kernel's default launch) and the FP8 casts 7 and 14
+given scale for 19 and the FP8 forms of 21, 23 and 24, each kernel's default launch; a tree without kernel 21's
+FP8 form runs the chain it replaces, kernel 21's mask-only pass and kernel 18) and the FP8 casts 7 and 14
 of X (8192 x 4096), once with this tree's ``sparsity_lab`` and
 once with the one under DIR (a checkout or ``git archive`` of another commit: its ``sparsity_lab/`` and
 ``kernels/``), alternating the trees for ``--rounds`` rounds, each tree in its own process. Each process also
@@ -90,12 +91,22 @@ def _cases(k, torch, device, smoke: bool) -> dict:
         inv_w = (448.0 / w.float().abs().amax()).reshape(1)
         cases[f"24 refresh24_cutlass_fp8 {label}"] = lambda w=w, m=mask.clone(), s=inv_w: k.refresh24_cutlass_fp8(
             w, m, beta, s)
+        cases[f"21 refresh24_fp8 {label}"] = lambda w=w, m=mask.clone(), s=inv_w: _refresh24_fp8(k, w, m, beta, s)
     # the FP8 casts both FP8 recipes run: X for its products (q and q^T, kernel 14), dZ (kernel 7)
     x = torch.randn(tokens, d_model, device=device, dtype=torch.bfloat16, generator=gen)
     inv_x = (448.0 / x.float().abs().amax()).reshape(())
     cases[f"14 quantize_fp8_transposed X {tokens}x{d_model}"] = lambda: k.quantize_fp8_transposed(x, inv_x)
     cases[f"7 quantize_fp8_with_scale X {tokens}x{d_model}"] = lambda: k.quantize_fp8_with_scale(x, inv_x)
     return cases
+
+
+def _refresh24_fp8(k, w, mask, beta, inv_scale):
+    """Kernel 21's E4M3 form, or in a tree without it the chain it replaces (kernel 21 writing the mask and its flips
+    only, then kernel 18 on the new mask): the same outputs, (flips, q(S(W)), q(S(W))^T, amax)."""
+    if hasattr(k, "refresh24_fp8"):
+        return k.refresh24_fp8(w, mask, beta, inv_scale)
+    flips = k.refresh24(w, mask, forward=False, transposed=False)[0]
+    return (flips, *k.prepare24_fp8(w, mask, beta, inv_scale))
 
 
 def worker(tree: Path, smoke: bool, only: list[str] | None = None) -> dict:

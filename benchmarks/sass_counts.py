@@ -61,7 +61,9 @@ def _kernel_specs() -> dict:
                  meta_t_ptr="*u8", inv_scale_ptr="*u8", partial_ptr="*u8", stride_r="i32", stride_c="i32",
                  n_rows="i32", n_cols="i32")
     sig21 = dict(w_ptr="*bf16", mask_ptr="*i32", beta_ptr="*fp32", flips_ptr="*i64", vals_ptr="*i16", meta_ptr="*u8",
-                 vals_t_ptr="*i16", meta_t_ptr="*u8", stride_r="i32", stride_c="i32", n_rows="i32", n_cols="i32")
+                 vals_t_ptr="*i16", meta_t_ptr="*u8", inv_scale_ptr="*fp32", partial_ptr="*fp32", stride_r="i32",
+                 stride_c="i32", n_rows="i32", n_cols="i32")
+    fp8_21 = dict(fp8_on, TILE_COLS=64)
     sig23 = dict(dz_ptr="*bf16", vals_ptr="*i16", meta_ptr="*u8", inv_scale_ptr="*fp32", partial_ptr="*fp32",
                  n_tokens="i32", n_cols="i32", k_tokens="i32", seed="*i64")
     sig24 = dict(w_ptr="*fp32", mask_ptr="*i32", beta_ptr="*fp32", flips_ptr="*i64", vals_ptr="*i16", meta_ptr="*u8",
@@ -75,7 +77,11 @@ def _kernel_specs() -> dict:
             SOFT=True, WRITE_W=True, WRITE_T=True, OUT_DTYPE=bf16, stride_c=1, FP8=False, WRITE_AMAX=False,
             FMAX=448.0, MBITS=3, EMIN=-6, SIGN_OFF=0x7FFF, TILE_COLS=32), _default_warps(k11.prepare24), 64 * 64),
         "21 refresh24": (k21._refresh24_kernel, sig21, dict(SOFT=True, COUNT=True, WRITE_W=True, WRITE_T=True,
-                                                            OUT_DTYPE=bf16, stride_c=1), k21.DEFAULT_WARPS, 64 * 64),
+                                                            OUT_DTYPE=bf16, stride_c=1, **fp8_off, TILE_COLS=32),
+                         k21.DEFAULT_WARPS, 64 * 64),
+        "21 refresh24_fp8": (k21._refresh24_kernel, dict(sig21, vals_ptr="*u8", vals_t_ptr="*u8"), dict(
+            SOFT=True, COUNT=True, WRITE_W=True, WRITE_T=True, OUT_DTYPE=bf16, stride_c=1, **fp8_21),
+            k21.DEFAULT_WARPS, 64 * 64),
         "23 mvue_compress24_cutlass": (k23, sig23, dict(BLOCK_G=32, SEED_PTR=True, SIGN_OFF=0x7FFF, **mvue_fp8_off),
                                        4, 64 * 4 * 32),
         "19 mvue_compress24_fp8": (k10, dict(sig10, vals_ptr="*u8"), dict(

@@ -26,6 +26,7 @@ package (named in its docstring) and a test against it (tests/test_kernels_*.py)
     mvue_compress24   19. mvue_compress24_fp8: kernel 10 casting MVUE(dZ) to FP8 before its store, and its amax
     adamw_master      20. AdamW on float32 masters from bf16 gradients, the bf16 weights written back, one pass
     refresh24         21. a step's mask refresh: kernels 2, 9 and 11 in one pass (mask in place, flips, S(W), S(W)^T)
+    refresh24_fp8     21. the same with E4M3 operands: kernels 2, 9 and 18 in one pass (delayed scaling)
     prepare24_cutlass 22. S(W) and S(W)^T (bf16, or E4M3 with a given scale) straight from W into CUTLASS's SM90 layout
     mvue_compress24_cutlass 23. MVUE 2:4 of dZ along the tokens (bf16, or E4M3 and its amax) into CUTLASS's SM90 layout
     refresh24_cutlass 24. kernel 21 for CUTLASS: kernels 2, 9 and 22 in one pass (mask in place, flips, bf16 or E4M3 forms)
@@ -51,7 +52,7 @@ from .prepare24_fp8 import prepare24_amax, prepare24_fp8
 from .prepare24_cutlass import prepare24_cutlass, prepare24_cutlass_amax, prepare24_cutlass_fp8
 from .prune24 import pack_mask24, prune24, unpack_mask24
 from .prune24_tokens import prune24_tokens
-from .refresh24 import refresh24
+from .refresh24 import refresh24, refresh24_fp8
 from .refresh24_cutlass import refresh24_cutlass, refresh24_cutlass_fp8
 from .relu2 import relu2_backward, relu2_forward
 from .scale_product import scale_product_
@@ -62,7 +63,7 @@ __all__ = [
     "act24", "act24_backward", "adamw_master_", "amax", "compress24", "count_flips", "dequantize_fp8", "fp8_scale_update_", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "mvue24_amax", "mvue_compress24",
     "mvue_compress24_cutlass", "mvue_compress24_cutlass_amax", "mvue_compress24_cutlass_fp8", "mvue_compress24_fp8", "pack_mask24",
     "prepare24", "prepare24_amax", "prepare24_cutlass", "prepare24_cutlass_amax", "prepare24_cutlass_fp8", "prepare24_fp8", "prune24", "prune24_tokens", "quantize_fp8", "quantize_fp8_transposed", "quantize_fp8_with_scale", "refresh24", "refresh24_cutlass",
-    "refresh24_cutlass_fp8", "relu2_backward",
+    "refresh24_cutlass_fp8", "refresh24_fp8", "relu2_backward",
     "relu2_forward", "scale_product_",
     "soft_threshold24", "transposable_mask24",
     "unpack_mask24",

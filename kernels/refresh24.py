@@ -25,10 +25,16 @@ The idea
     The result equals ``transposable_mask24(w, pruned=False)`` -> ``count_flips(old, new)`` ->
     ``mask.copy_(new)`` -> ``prepare24(w, mask, beta)`` (tested, bit for bit).
 
+    ``refresh24_fp8`` is the same pass with kernel 18's E4M3 cast before the stores (S rounded to the
+    compute dtype, times ``inv_scale``, rounded to the E4M3 grid) and the block's amax of S written for the
+    recipe: the chain with ``prepare24_fp8`` instead of ``prepare24``. It needs the scale before the pass
+    (delayed scaling); current scaling needs amax(S) of the new mask first, which this pass cannot give.
+
 Bytes (W of O x I elements n, element size s; products in a 16-bit dtype)
     read ``s n`` (W) + ``n`` (previous mask); write ``n`` (new mask) + ``2 (n + n / 8)`` (two compressed
     forms, values and metadata). bf16 W: 6.25 bytes per element, against 12.25 for the unfused
-    chain (kernel 2: 3n, kernel 9: 2n, the mask copy: 2n, kernel 11: 5.25n).
+    chain (kernel 2: 3n, kernel 9: 2n, the mask copy: 2n, kernel 11: 5.25n). E4M3 forms: ``n + n / 4``
+    written for both; bf16 W 5.25 bytes per element against 11.25 for the chain with kernel 18.
 """
 from __future__ import annotations
 
@@ -36,13 +42,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import HALF_AND_FLOAT, check_tensor
+from sparsity_lab.references.fp8 import fp8_format
+
+from ._common import HALF_AND_FLOAT, check_device, check_tensor
 from .compress24 import _pick, _store_compressed
-from .prepare24 import _TL_DTYPES, TILE, _masked_values, _operand_bits, check_weight_mask_beta
+from .fp8_cast import _GRID, check_fp8_device
+from .prepare24 import _TL_DTYPES, TILE, _groups_amax, _masked_values, _operand_bits, check_weight_mask_beta
 from .transposable24 import _keep_flags, _pattern_code, _split4_2d
 
 DEFAULT_WARPS = 4
-_SIGN_OFF = tl.constexpr(0x7FFF)  # 16-bit values: "kept" means non-zero ignoring the sign bit (compress24's rule)
 
 
 @triton.jit
@@ -167,54 +175,62 @@ def _refresh_block(w_ptr, mask_ptr, beta_ptr, flips_ptr, r0, c0, stride_r, strid
 
 
 @triton.jit
-def _store_forms(s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, beta_ptr, vals_ptr,
-                 meta_ptr, vals_t_ptr, meta_t_ptr, r0, c0, n_rows, n_cols, WRITE_W: tl.constexpr,
-                 WRITE_T: tl.constexpr):
+def _store_forms(s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, inv_scale_ptr,
+                 vals_ptr, meta_ptr, vals_t_ptr, meta_t_ptr, r0, c0, n_rows, n_cols, WRITE_W: tl.constexpr,
+                 WRITE_T: tl.constexpr, FP8: tl.constexpr, FMAX: tl.constexpr, MBITS: tl.constexpr,
+                 EMIN: tl.constexpr, SIGN_OFF: tl.constexpr, TILE_COLS: tl.constexpr):
     """S(W) (WRITE_W) and S(W)^T (WRITE_T) of the 64 x 64 block at (r0, c0), compressed in cuSPARSELt's layout
-    from the block's values s{r}{c}."""
-    # S's raw 16-bit values
-    b00, b01, b02, b03 = _operand_bits(s00, s01, s02, s03, beta_ptr, False, 448.0, 3, -6)
-    b10, b11, b12, b13 = _operand_bits(s10, s11, s12, s13, beta_ptr, False, 448.0, 3, -6)
-    b20, b21, b22, b23 = _operand_bits(s20, s21, s22, s23, beta_ptr, False, 448.0, 3, -6)
-    b30, b31, b32, b33 = _operand_bits(s30, s31, s32, s33, beta_ptr, False, 448.0, 3, -6)
+    from the block's values s{r}{c}: their 16-bit values, or (FP8) their E4M3 bytes cast with ``inv_scale``
+    (kernel 18's cast). TILE_COLS: the columns of a metadata tile (32 for 16-bit values, 64 for 8-bit)."""
+    b00, b01, b02, b03 = _operand_bits(s00, s01, s02, s03, inv_scale_ptr, FP8, FMAX, MBITS, EMIN)
+    b10, b11, b12, b13 = _operand_bits(s10, s11, s12, s13, inv_scale_ptr, FP8, FMAX, MBITS, EMIN)
+    b20, b21, b22, b23 = _operand_bits(s20, s21, s22, s23, inv_scale_ptr, FP8, FMAX, MBITS, EMIN)
+    b30, b31, b32, b33 = _operand_bits(s30, s31, s32, s33, inv_scale_ptr, FP8, FMAX, MBITS, EMIN)
     if WRITE_W:  # S(W): row slice r holds rows r0 + 4a + r, groups c0 / 4 + b
-        half, tiles = n_cols // 2, n_cols // 32
-        v0, v1, c = _pick(b00, b01, b02, b03, _SIGN_OFF)
-        _store_compressed(vals_ptr, meta_ptr, r0, c0 // 4, v0, v1, c, half, tiles, False, 16, 4, 0)
-        v0, v1, c = _pick(b10, b11, b12, b13, _SIGN_OFF)
-        _store_compressed(vals_ptr, meta_ptr, r0, c0 // 4, v0, v1, c, half, tiles, False, 16, 4, 1)
-        v0, v1, c = _pick(b20, b21, b22, b23, _SIGN_OFF)
-        _store_compressed(vals_ptr, meta_ptr, r0, c0 // 4, v0, v1, c, half, tiles, False, 16, 4, 2)
-        v0, v1, c = _pick(b30, b31, b32, b33, _SIGN_OFF)
-        _store_compressed(vals_ptr, meta_ptr, r0, c0 // 4, v0, v1, c, half, tiles, False, 16, 4, 3)
+        half, tiles = n_cols // 2, n_cols // TILE_COLS
+        v0, v1, c = _pick(b00, b01, b02, b03, SIGN_OFF)
+        _store_compressed(vals_ptr, meta_ptr, r0, c0 // 4, v0, v1, c, half, tiles, FP8, 16, 4, 0)
+        v0, v1, c = _pick(b10, b11, b12, b13, SIGN_OFF)
+        _store_compressed(vals_ptr, meta_ptr, r0, c0 // 4, v0, v1, c, half, tiles, FP8, 16, 4, 1)
+        v0, v1, c = _pick(b20, b21, b22, b23, SIGN_OFF)
+        _store_compressed(vals_ptr, meta_ptr, r0, c0 // 4, v0, v1, c, half, tiles, FP8, 16, 4, 2)
+        v0, v1, c = _pick(b30, b31, b32, b33, SIGN_OFF)
+        _store_compressed(vals_ptr, meta_ptr, r0, c0 // 4, v0, v1, c, half, tiles, FP8, 16, 4, 3)
     if WRITE_T:  # S(W)^T: column slice c is rows c0 + 4b + c, groups r0 / 4 + a, after a (16, 16) transpose
-        half_t, tiles_t = n_rows // 2, n_rows // 32
-        v0, v1, c = _pick(b00, b10, b20, b30, _SIGN_OFF)
+        half_t, tiles_t = n_rows // 2, n_rows // TILE_COLS
+        v0, v1, c = _pick(b00, b10, b20, b30, SIGN_OFF)
         _store_compressed(vals_t_ptr, meta_t_ptr, c0, r0 // 4, tl.trans(v0), tl.trans(v1), tl.trans(c), half_t,
-                          tiles_t, False, 16, 4, 0)
-        v0, v1, c = _pick(b01, b11, b21, b31, _SIGN_OFF)
+                          tiles_t, FP8, 16, 4, 0)
+        v0, v1, c = _pick(b01, b11, b21, b31, SIGN_OFF)
         _store_compressed(vals_t_ptr, meta_t_ptr, c0, r0 // 4, tl.trans(v0), tl.trans(v1), tl.trans(c), half_t,
-                          tiles_t, False, 16, 4, 1)
-        v0, v1, c = _pick(b02, b12, b22, b32, _SIGN_OFF)
+                          tiles_t, FP8, 16, 4, 1)
+        v0, v1, c = _pick(b02, b12, b22, b32, SIGN_OFF)
         _store_compressed(vals_t_ptr, meta_t_ptr, c0, r0 // 4, tl.trans(v0), tl.trans(v1), tl.trans(c), half_t,
-                          tiles_t, False, 16, 4, 2)
-        v0, v1, c = _pick(b03, b13, b23, b33, _SIGN_OFF)
+                          tiles_t, FP8, 16, 4, 2)
+        v0, v1, c = _pick(b03, b13, b23, b33, SIGN_OFF)
         _store_compressed(vals_t_ptr, meta_t_ptr, c0, r0 // 4, tl.trans(v0), tl.trans(v1), tl.trans(c), half_t,
-                          tiles_t, False, 16, 4, 3)
+                          tiles_t, FP8, 16, 4, 3)
 
 
 @triton.jit
 def _refresh24_kernel(w_ptr, mask_ptr, beta_ptr, flips_ptr, vals_ptr, meta_ptr, vals_t_ptr, meta_t_ptr,
-                      stride_r, stride_c, n_rows, n_cols,
+                      inv_scale_ptr, partial_ptr, stride_r, stride_c, n_rows, n_cols,
                       SOFT: tl.constexpr, COUNT: tl.constexpr, WRITE_W: tl.constexpr, WRITE_T: tl.constexpr,
-                      OUT_DTYPE: tl.constexpr):
+                      OUT_DTYPE: tl.constexpr, FP8: tl.constexpr = False, FMAX: tl.constexpr = 448.0,
+                      MBITS: tl.constexpr = 3, EMIN: tl.constexpr = -6, SIGN_OFF: tl.constexpr = 0x7FFF,
+                      TILE_COLS: tl.constexpr = 32):
     r0 = tl.program_id(0) * 64
     c0 = tl.program_id(1) * 64
     s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33 = _refresh_block(
         w_ptr, mask_ptr, beta_ptr, flips_ptr, r0, c0, stride_r, stride_c, n_rows, n_cols, SOFT, COUNT, OUT_DTYPE,
         False)
-    _store_forms(s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, beta_ptr, vals_ptr,
-                 meta_ptr, vals_t_ptr, meta_t_ptr, r0, c0, n_rows, n_cols, WRITE_W, WRITE_T)
+    if FP8:  # the block's amax of S, reduced by the wrapper: what the recipe records
+        a = tl.maximum(tl.maximum(_groups_amax(s00, s01, s02, s03), _groups_amax(s10, s11, s12, s13)),
+                       tl.maximum(_groups_amax(s20, s21, s22, s23), _groups_amax(s30, s31, s32, s33)))
+        tl.store(partial_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), a)
+    _store_forms(s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, inv_scale_ptr,
+                 vals_ptr, meta_ptr, vals_t_ptr, meta_t_ptr, r0, c0, n_rows, n_cols, WRITE_W, WRITE_T, FP8, FMAX,
+                 MBITS, EMIN, SIGN_OFF, TILE_COLS)
 
 
 def check_mask_in_place(mask: torch.Tensor) -> None:
@@ -273,10 +289,61 @@ def refresh24(w: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | float | 
     bwd, bwd_vals, bwd_meta = _compressed_outputs(cols, rows, out_dtype, w.device) if transposed else (None, w, w)
     _refresh24_kernel[(rows // TILE, cols // TILE)](
         w, mask_words, beta.reshape(()).float() if beta is not None else w, flips if count else mask_words,
-        fwd_vals, fwd_meta, bwd_vals, bwd_meta, w.stride(0), w.stride(1), rows, cols,
+        fwd_vals, fwd_meta, bwd_vals, bwd_meta, w, w, w.stride(0), w.stride(1), rows, cols,
         SOFT=beta is not None, COUNT=count, WRITE_W=forward, WRITE_T=transposed, OUT_DTYPE=_TL_DTYPES[out_dtype],
         num_warps=num_warps)
     # the kernel wrote the mask in place: its version counter says so, as mask.copy_(new) would
     torch.autograd.graph.increment_version(mask)
     return flips, fwd, bwd
 
+
+
+def refresh24_fp8(w: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | float | None, inv_scale: torch.Tensor,
+                  dtype: torch.dtype = torch.bfloat16, forward: bool = True, transposed: bool = True,
+                  count: bool = True, num_warps: int = DEFAULT_WARPS):
+    """:func:`refresh24` with E4M3 operands: the mask in place, its flips, q(S(W)) and q(S(W))^T compressed in
+    cuSPARSELt's FP8 layout, and amax(S(W)), in one pass over W.
+
+    Arguments as :func:`refresh24`; inv_scale: float32 one-element tensor on w's device, ``fp8_max / amax``
+    (read on the device: the recipe's delayed scale); dtype: what S is rounded to before the cast (the layer's
+    compute dtype, bfloat16 or float16).
+
+    Returns ``(flips, fwd, bwd, amax)``, the chain kernel 2 -> ``count_flips`` -> the copy ->
+    ``prepare24_fp8(w, mask, beta, inv_scale, dtype, forward, transposed)``, bit for bit (fwd / bwd None where
+    not asked); amax a float32 0-d tensor, the amax of S of the new mask in ``dtype``, also when neither form
+    is written.
+    """
+    from sparsity_lab.references import cusparselt_layout as layout
+
+    check_tensor(w, "w", HALF_AND_FLOAT)
+    if w.dim() == 2 and (w.shape[0] % TILE or w.shape[1] % TILE):
+        raise ValueError(f"w has shape {tuple(w.shape)}; out and in must be multiples of {TILE} (whole 64 x 64 "
+                         "tiles of the compressed layout)")
+    beta = check_weight_mask_beta(w, mask, beta, dtype, "dtype")
+    if not isinstance(inv_scale, torch.Tensor) or inv_scale.numel() != 1 or inv_scale.dtype != torch.float32:
+        raise TypeError("inv_scale must be a float32 tensor with one element (fp8_max / amax)")
+    check_device(_refresh24_kernel, w=w, inv_scale=inv_scale)
+    check_mask_in_place(mask)
+    check_fp8_device(w.device)
+    rows, cols = w.shape
+    fp8_dtype, fmax = fp8_format("e4m3")
+    mbits, emin = _GRID["e4m3"]
+    grid = (rows // TILE, cols // TILE)
+    partial = torch.empty(grid[0] * grid[1], dtype=torch.float32, device=w.device)
+    flips = torch.zeros((), dtype=torch.int64, device=w.device) if count else None
+
+    def empty(r: int, c: int):  # kernel 18's outputs: the values' bytes, then the metadata
+        out = torch.empty(layout.compressed_shape(r, c, fp8_dtype), dtype=fp8_dtype, device=w.device)
+        flat = out.view(torch.uint8).reshape(-1)
+        return out, flat[:r * c // 2], flat[r * c // 2:]
+
+    fwd, fwd_vals, fwd_meta = empty(rows, cols) if forward else (None, partial, partial)
+    bwd, bwd_vals, bwd_meta = empty(cols, rows) if transposed else (None, partial, partial)
+    _refresh24_kernel[grid](
+        w, mask.view(torch.int32), beta.reshape(()).float() if beta is not None else partial,
+        flips if count else partial, fwd_vals, fwd_meta, bwd_vals, bwd_meta, inv_scale.reshape(()), partial,
+        w.stride(0), w.stride(1), rows, cols, SOFT=beta is not None, COUNT=count, WRITE_W=forward,
+        WRITE_T=transposed, OUT_DTYPE=_TL_DTYPES[dtype], FP8=True, FMAX=fmax, MBITS=mbits, EMIN=emin, SIGN_OFF=0x7F,
+        TILE_COLS=64, num_warps=num_warps)
+    torch.autograd.graph.increment_version(mask)  # written in place, as mask.copy_(new) would say
+    return flips, fwd, bwd, partial.amax()

@@ -602,3 +602,50 @@ def test_cusparselt_fp8_refreshes_the_mask_and_counts_its_flips_in_one_pass(monk
     assert int(chain.refresh_mask_(w, mask_chain, 2, 4, True)) == int(flips)
     assert torch.equal(mask_chain, mask_fused) and chain.stats["fused_refreshes"] == 0
     assert fused.refresh_mask_(w, mask_fused, 2, 4, True, count=False) is None and torch.equal(mask_fused, want)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("soft", [False, True], ids=["ste", "sste"])
+@pytest.mark.parametrize("scaling", ["delayed", "current"])
+def test_cusparselt_fp8_refresh_and_prepare_writes_mask_flips_and_both_e4m3_forms_in_one_pass(scaling, soft,
+                                                                                               monkeypatch):
+    """Kernel 21's E4M3 form (interpreted on CPU tensors) where the sparse engine refreshes a mask right before
+    the step's products: with the history's scale (delayed scaling) the mask, flips and both forms are kernels 2,
+    9 and 18's, and amax(S) is kept for the history; where the scale is the new S(W)'s own amax (current scaling)
+    the mask is refreshed alone and the operand made after it, which the stats say."""
+    import sparsity_lab.kernels as k
+    from sparsity_lab.backends.cusparselt import operand
+
+    monkeypatch.setattr(operand, "_triton_device", lambda t: True)
+    monkeypatch.setattr(FP8Engine, "check", lambda self, t, what: None)  # the separate calls' cast, on CPU
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(128, 192, generator=g).to(torch.bfloat16).float()  # exact in bf16: the interpreter truncates
+    old = k.transposable_mask24(torch.randn(128, 192, generator=g), pruned=False)[0]
+    beta = torch.tensor(0.8) if soft else None
+    be = FP8Backend(FP8Engine("cusparselt_fp8", "cusparselt"), FP8Recipe(scaling=scaling))
+    be.scaling.record("w", torch.tensor(3.0))
+    be.scaling.advance()  # one step of history: delayed scaling's scales come from it now
+    assert be.fuses_refresh_and_prepare and be.scaling.uses_history == (scaling == "delayed")
+    mask = old.clone()
+    flips, op = be.refresh_and_prepare(w, mask, beta, 2, 4, True, torch.bfloat16)
+    new = k.transposable_mask24(w, pruned=False)[0]
+    assert torch.equal(mask, new) and int(flips) == int(k.count_flips(old, new)) > 0
+    assert be.stats["fused_refreshes"] == 1
+    if scaling == "current":  # the separate calls on this CPU tensor: S(W) cast by the reference
+        assert be.stats["refresh_then_prepare_current_scaling"] == 1
+        s = be.sparse_weight_as(w, new, beta, 2, 4, torch.bfloat16)
+        q, scale = quantize_reference(copy.deepcopy(be.scaling), "w", s)
+        assert torch.equal(op.q.view(torch.uint8), q.view(torch.uint8)) and torch.equal(op.scale, scale)
+        return
+    assert be.stats["refresh_then_prepare_current_scaling"] == 0 and op.q is None
+    scale, inv_scale, _ = be.scaling.scales_for("w", None)
+    fwd, bwd, amax = k.prepare24_fp8(w, new, beta, inv_scale, torch.bfloat16)
+    assert torch.equal(op.compressed.view(torch.uint8), fwd.view(torch.uint8))
+    assert torch.equal(op.compressed_t.view(torch.uint8), bwd.view(torch.uint8))
+    assert torch.equal(op.amax, amax) and torch.equal(op.scale, scale) and op.make_transposed is None
+    mask.copy_(old)  # the forward form alone (an evaluation step): the transposed one is made on demand
+    flips, op = be.refresh_and_prepare(w, mask, beta, 2, 4, True, torch.bfloat16, backward=False, count=False)
+    assert flips is None and op.compressed_t is None and torch.equal(mask, new)
+    assert torch.equal(op.make_transposed().view(torch.uint8), bwd.view(torch.uint8))
+    fp8_dense = FP8Backend(FP8Engine("fp8_dense", "scaled_mm"), FP8Recipe(scaling=scaling))
+    assert not fp8_dense.fuses_refresh_and_prepare  # the dense engine has no fused pass: the separate calls

@@ -210,12 +210,18 @@ from benchmarks.sass_counts import compile_sm90 as compile_for_sm90  # as the JI
 k21 = importlib.import_module("sparsity_lab.kernels.refresh24")._refresh24_kernel
 k11 = importlib.import_module("sparsity_lab.kernels.prepare24")._prepare24_kernel
 k2 = importlib.import_module("sparsity_lab.kernels.transposable24")._transposable24_kernel
+fp8_constexprs = importlib.import_module("sparsity_lab.kernels.prepare24_cutlass").fp8_constexprs
 sig21 = dict(w_ptr="*bf16", mask_ptr="*i32", beta_ptr="*fp32", flips_ptr="*i64", vals_ptr="*i16", meta_ptr="*u8",
-             vals_t_ptr="*i16", meta_t_ptr="*u8", stride_r="i32", stride_c="i32", n_rows="i32", n_cols="i32",
-             SOFT="constexpr", COUNT="constexpr", WRITE_W="constexpr", WRITE_T="constexpr", OUT_DTYPE="constexpr")
-for soft, operands, warps in ((True, True, 4), (False, True, 8), (False, False, 4)):
-    compile_for_sm90(k21, sig21, dict(SOFT=soft, COUNT=True, WRITE_W=operands, WRITE_T=operands,
-                                      OUT_DTYPE=tl.bfloat16, stride_c=1), warps)
+             vals_t_ptr="*i16", meta_t_ptr="*u8", inv_scale_ptr="*fp32", partial_ptr="*fp32", stride_r="i32",
+             stride_c="i32", n_rows="i32", n_cols="i32", SOFT="constexpr", COUNT="constexpr", WRITE_W="constexpr",
+             WRITE_T="constexpr", OUT_DTYPE="constexpr", FP8="constexpr", FMAX="constexpr", MBITS="constexpr",
+             EMIN="constexpr", SIGN_OFF="constexpr", TILE_COLS="constexpr")
+for soft, operands, warps, fp8 in ((True, True, 4, False), (False, True, 8, False), (False, False, 4, False),
+                                   (True, True, 4, True), (False, True, 4, True)):
+    bits = "*u8" if fp8 else "*i16"
+    compile_for_sm90(k21, dict(sig21, vals_ptr=bits, vals_t_ptr=bits),
+                     dict(SOFT=soft, COUNT=True, WRITE_W=operands, WRITE_T=operands, OUT_DTYPE=tl.bfloat16,
+                          stride_c=1, TILE_COLS=64 if fp8 else 32, **fp8_constexprs(fp8)), warps)
 sig11 = dict(w_ptr="*bf16", mask_ptr="*u8", beta_ptr="*fp32", vals_ptr="*i16", meta_ptr="*u8", vals_t_ptr="*i16",
              meta_t_ptr="*u8", inv_scale_ptr="*u8", partial_ptr="*u8", stride_r="i32", stride_c="i32", n_rows="i32",
              n_cols="i32", SOFT="constexpr", WRITE_W="constexpr", WRITE_T="constexpr", OUT_DTYPE="constexpr",
@@ -229,7 +235,6 @@ compile_for_sm90(k2, sig2, dict(WRITE_PRUNED=False, WRITE_T=2, BA=4, BB=64), 4)
 # kernel 24 (CUTLASS's layout) and kernel 22, whose store it shares: bf16 and E4M3, whole and partial blocks
 k24 = importlib.import_module("sparsity_lab.kernels.refresh24_cutlass")._refresh24_cutlass_kernel
 k22 = importlib.import_module("sparsity_lab.kernels.prepare24_cutlass")._prepare24_cutlass_kernel
-fp8_constexprs = importlib.import_module("sparsity_lab.kernels.prepare24_cutlass").fp8_constexprs
 for fp8, edge, soft in ((False, False, True), (False, True, False), (True, False, False), (True, True, True)):
     bits = "*u8" if fp8 else "*i16"
     sig24 = dict(w_ptr="*fp32", mask_ptr="*i32", beta_ptr="*fp32", flips_ptr="*i64", vals_ptr=bits, meta_ptr="*u8",
