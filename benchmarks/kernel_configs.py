@@ -10,8 +10,8 @@ read 2, write 2).
 
 ``--sections step`` times instead the 2:4 work of the lab GPT's bf16 step (``benchmarks step-profile``):
 kernel 10 (``mvue_compress24``, dZ of 8192 tokens x 16384, bf16), 11 (``prepare24``) and 21 (``refresh24``,
-the mask refresh with both operands) on both bf16 FFN weights (16384 x 4096 and 4096 x 16384) with S-STE's
-scale, with a copy of each input as its bandwidth reference.
+the mask refresh with both operands; and its E4M3 form, the FP8 step's) on both bf16 FFN weights (16384 x 4096
+and 4096 x 16384) with S-STE's scale, with a copy of each input as its bandwidth reference.
 """
 from __future__ import annotations
 
@@ -74,9 +74,15 @@ def measure_step_work(tokens: int = 8192, hidden: int = 16384, d_model: int = 40
         out[f"prepare24_{name}"] = sweep(lambda _w=w, _m=mask, **c: k.prepare24(_w, _m, beta, **c), warps,
                                          k.prepare24(w, mask, beta))
         out[f"refresh24_{name}"] = sweep(refresh, warps, refresh())
+        inv_w = (448.0 / w.float().abs().amax()).reshape(1)
+
+        def refresh_fp8(_w=w, _mask=mask.clone(), **c):  # the FP8 step's refresh: E4M3 forms with a given scale
+            return k.refresh24_fp8(_w, _mask, beta, inv_w, **c)[1:3]
+        out[f"refresh24_fp8_{name}"] = sweep(refresh_fp8, warps, refresh_fp8())
     out["defaults"] = {"mvue_compress24": f"block_groups 32, num_warps {k.mvue_compress24.__defaults__[-1]}",
                        "prepare24": f"num_warps {k.prepare24.__defaults__[-1]}",
-                       "refresh24": f"num_warps {k.refresh24.__defaults__[-1]}"}
+                       "refresh24": f"num_warps {k.refresh24.__defaults__[-1]}",
+                       "refresh24_fp8": f"num_warps {k.refresh24_fp8.__defaults__[-1]}"}
     return out
 
 
