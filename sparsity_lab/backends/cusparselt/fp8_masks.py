@@ -75,7 +75,7 @@ class FP8MaskWork:
         the scale before the pass: at a step whose scale is the new S(W)'s own amax (current scaling, delayed
         scaling's first step) the mask is refreshed alone, then kernel 18 takes the amax and writes the forms,
         counted in ``stats["refresh_then_prepare_current_scaling"]``. Elsewhere the separate calls run."""
-        from .fp8_train import HALF, fused_weight_operand
+        from .fp8_train import HALF, fused_refresh_operand
         if not (self._refreshes_in_one_pass(weight, mask, n, m, transposable) and dtype in HALF
                 and self.scaling.recipe.format_of("w") == "e4m3"):
             return super().refresh_and_prepare(weight, mask, beta, n, m, transposable, dtype, backward=backward,
@@ -84,17 +84,11 @@ class FP8MaskWork:
             self.engine.stats["refresh_then_prepare_current_scaling"] += 1
             return super().refresh_and_prepare(weight, mask, beta, n, m, transposable, dtype, backward=backward,
                                                count=count)
-        k, flips = self.engine.kernels(), []
-
-        def refresh(w, mask_, beta_, inv_scale, dtype_, transposed=True):  # kernel 21 (first_fn), the flips kept
-            counted, fwd, bwd, amax = k.refresh24_fp8(w, mask_, beta_, inv_scale, dtype_, transposed=transposed,
-                                                      count=count)
-            flips.append(counted)
-            return fwd, bwd, amax
-        operand = fused_weight_operand(self.scaling, weight, mask, beta, dtype, backward, k.prepare24_amax,
-                                       k.prepare24_fp8, first_fn=refresh)
+        k = self.engine.kernels()
+        refreshed = fused_refresh_operand(self.scaling, weight, mask, beta, dtype, backward, count, k.prepare24_amax,
+                                          k.prepare24_fp8, k.refresh24_fp8)
         self.engine.stats["fused_refreshes"] += 1
-        return flips[0], operand
+        return refreshed
 
     def mask_flips(self, previous, current):
         if previous.is_cuda:

@@ -144,6 +144,22 @@ def fused_weight_operand(state: FP8ScalingState, weight, mask, beta, dtype, back
                       make_transposed=None if backward else make_transposed, amax=a, host_exp=state.host_exponent("w"))
 
 
+def fused_refresh_operand(state: FP8ScalingState, weight, mask, beta, dtype, backward: bool, count: bool, amax_fn,
+                          prepare_fn, refresh_fn) -> tuple[torch.Tensor | None, FP8Operand]:
+    """``(flips, operand)`` of a mask refresh that writes the step's FP8 operand in the same pass (kernel 21's or
+    kernel 24's E4M3 form): ``refresh_fn(w, mask, beta, inv_scale, dtype, transposed=, count=) -> (flips, forward
+    form, transposed form, amax)`` as ``fused_weight_operand``'s ``first_fn``, with the history's scale (the
+    caller checks ``state.uses_history``)."""
+    flips = []
+
+    def first(w, mask_, beta_, inv_scale, dtype_, transposed=True):
+        counted, *forms = refresh_fn(w, mask_, beta_, inv_scale, dtype_, transposed=transposed, count=count)
+        flips.append(counted)
+        return tuple(forms)
+    operand = fused_weight_operand(state, weight, mask, beta, dtype, backward, amax_fn, prepare_fn, first_fn=first)
+    return flips[0], operand
+
+
 def fused_mvue_operand(state: FP8ScalingState, dz: torch.Tensor, seed: MvueSeed | None, amax_fn, compress_fn):
     """(compressed q(MVUE(dZ))^T, its scale) written by a fused kernel under ``state``'s recipe, amax recorded:
     one pass with delayed scaling, after an amax pass ``amax_fn(dz, kernel_seed)`` of the same draw with current

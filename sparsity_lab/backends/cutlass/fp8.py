@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from ..cusparselt.fp8_train import (HALF, FP8Backend, FP8Engine, FP8Operand, _pad_rows, _padded_rows,
-                                    fused_mvue_operand, fused_weight_operand)
+                                    fused_mvue_operand, fused_refresh_operand, fused_weight_operand)
 from . import ops
 from .backend import _fused_device, refresh_kernel_takes, require_cutlass
 
@@ -134,17 +134,15 @@ class CutlassFP8Backend(FP8Backend):
             return super().refresh_and_prepare(weight, mask, beta, n, m, transposable, dtype, backward=backward,
                                                count=count)
         self._check_products(weight, n, m, transposable)
-        flips = []
 
-        def refresh(w, mask_, beta_, inv_scale, dtype_, transposed=True):  # kernel 24 (first_fn), the flips kept
-            counted, fwd, bwd, amax = self.engine.kernels().refresh24_cutlass_fp8(w, mask_, beta_, inv_scale, dtype_,
-                                                                                  transposed=transposed, count=count)
-            flips.append(counted)
-            return (*self._forms(fwd, bwd, w.shape), amax)
-        operand = fused_weight_operand(self.scaling, weight, mask, beta, dtype, backward,
-                                       self.engine.kernels().prepare24_cutlass_amax, self._kernel22, first_fn=refresh)
+        def kernel24(w, mask_, beta_, inv_scale, dtype_, transposed=True, count=True):
+            flips, fwd, bwd, amax = self.engine.kernels().refresh24_cutlass_fp8(w, mask_, beta_, inv_scale, dtype_,
+                                                                                transposed=transposed, count=count)
+            return (flips, *self._forms(fwd, bwd, w.shape), amax)
+        refreshed = fused_refresh_operand(self.scaling, weight, mask, beta, dtype, backward, count,
+                                          self.engine.kernels().prepare24_cutlass_amax, self._kernel22, kernel24)
         self.engine.stats["fused_refreshes"] += 1
-        return flips[0], operand
+        return refreshed
 
     def _compressed(self, operand: FP8Operand, transposed: bool) -> ops.SparseOperand:
         if transposed:
