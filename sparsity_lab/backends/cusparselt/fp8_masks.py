@@ -9,6 +9,7 @@ products come next and its scale is known: ``refresh_and_prepare``), elsewhere t
 from __future__ import annotations
 
 from ...methods.flip_rate import mask_flips_tensor
+from .fp8_operand import HALF, fused_refresh_operand
 
 
 class FP8MaskWork:
@@ -75,7 +76,6 @@ class FP8MaskWork:
         the scale before the pass: at a step whose scale is the new S(W)'s own amax (current scaling, delayed
         scaling's first step) the mask is refreshed alone, then kernel 18 takes the amax and writes the forms,
         counted in ``stats["refresh_then_prepare_current_scaling"]``. Elsewhere the separate calls run."""
-        from .fp8_train import HALF, fused_refresh_operand
         if not (self._refreshes_in_one_pass(weight, mask, n, m, transposable) and dtype in HALF
                 and self.scaling.recipe.format_of("w") == "e4m3"):
             return super().refresh_and_prepare(weight, mask, beta, n, m, transposable, dtype, backward=backward,

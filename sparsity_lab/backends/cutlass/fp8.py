@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import torch
 
-from ..cusparselt.fp8_train import (HALF, FP8Backend, FP8Engine, FP8Operand, _pad_rows, _padded_rows,
-                                    fused_mvue_operand, fused_refresh_operand, fused_weight_operand)
+from ..cusparselt.fp8_operand import HALF, FP8Operand, fused_mvue_operand, fused_refresh_operand, fused_weight_operand
+from ..cusparselt.fp8_train import FP8Backend, FP8Engine, _pad_rows, _padded_rows
 from . import ops
 from .backend import _fused_device, refresh_kernel_takes, require_cutlass
 
