@@ -47,7 +47,11 @@ MATERIAL = {
                  # kernel profiles, ceilings beside a figure, and repeats of a run the course quotes
                  "fp8_ffn_profile_*.json", "*_ceilings.json", "*_repeat.json",
                  # the H200 FP8 step profiles (the course quotes the H100 step profile) and launch-time probes
-                 "step_profile_h200_fp8*.json", "fp8_scale_update_*.json"]),
+                 "step_profile_h200_fp8*.json", "fp8_scale_update_*.json",
+                 # the later FFN and step runs of docs/measuring.md (the course reads one FP8 FFN run, named in
+                 # sparsity_lab/course/headlines.py) and their launch sweeps
+                 "fp8_training_ffn_h200_refresh21_fp8*.json", "fp8_training_ffn_h200_ab_*.json",
+                 "step_profile_h200_meet_in_the_middle.json", "step_kernels_sweep_h200_refresh21_fp8.json"]),
 }
 
 
