@@ -46,8 +46,9 @@ def fused_weight_operand(state: FP8ScalingState, weight, mask, beta, dtype, back
     (current scaling: after the amax pass ``amax_fn(w, mask, beta, dtype)``). ``prepare_fn(w, mask, beta,
     inv_scale, dtype, forward=, transposed=) -> (forward form, transposed form, amax)``: kernel 18
     (cuSPARSELt's layout) or kernel 22 (CUTLASS's). ``first_fn``: what writes this step's forms instead of
-    ``prepare_fn`` (the same arguments but ``forward``, the same results): kernel 21 or 24 in its E4M3 form, which refreshes the mask
-    in the same pass, so only with the history's scale (the amax pass would read the mask before its refresh)."""
+    ``prepare_fn`` (the same arguments but ``forward``, the same results): kernel 21's or 24's E4M3 form, which
+    refreshes the mask in the same pass, so only with the history's scale (the amax pass would read the mask
+    before its refresh)."""
     if first_fn is not None and not state.uses_history:
         raise RuntimeError("a refresh that writes the FP8 operand in its pass needs the scale before the pass: "
                            "this step's scale comes from the new S(W)'s amax (current scaling)")
