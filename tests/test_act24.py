@@ -172,7 +172,7 @@ def test_config_relu2_hidden_flops_and_errors():
     assert len(act24_modules(model)) == 2
 
 
-def test_trainer_combined_dense_tail_stats_and_exact_resume(tmp_path, corpus):
+def test_trainer_combined_dense_tail_stats_and_exact_resume(tmp_path, corpus, one_thread):
     cfg = dict(method="ste", method_options={"dense_finetune_at": 0.5}, steps=8)
     straight = Trainer(tiny_config(ACT24, **cfg), corpus=corpus)
     assert [n for n, _ in straight.layers] == [f"blocks.{i}.mlp.{p}" for i in (0, 1) for p in ("fc", "proj")]
@@ -189,6 +189,8 @@ def test_trainer_combined_dense_tail_stats_and_exact_resume(tmp_path, corpus):
     first.close()
     resumed = Trainer.resume(ckpt, corpus=corpus)
     assert all(m.sparse_now and int(m.step) == 3 for _, m in act24_modules(resumed.model))
+    saved, loaded = first.model.state_dict(), resumed.model.state_dict()
+    assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)
     resumed.run()
     assert without_speed(resumed.history) == without_speed(straight.history[3:])
 

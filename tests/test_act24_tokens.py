@@ -280,7 +280,7 @@ def test_reference_products_can_round_the_sparse_features_as_cusparselt_does():
 
 
 # --- the lab: GPTConfig, the trainer and `sparsity-lab train` ----------------------------------------
-def test_lab_config_trains_with_token_gradients_and_resumes_exactly(tmp_path):
+def test_lab_config_trains_with_token_gradients_and_resumes_exactly(tmp_path, one_thread):
     from _lab_testing import tiny_config
 
     from sparsity_lab.lab import GPTConfig, Trainer, load_corpus
