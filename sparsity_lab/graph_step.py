@@ -59,8 +59,12 @@ of phase (the dense fine-tune switch) or of the set of layers refreshed inside t
 Host constants: a product that takes a host value (an FP8 2:4 product with
 ``FP8Recipe(scale_in_product="host_alpha")`` takes ``alpha = s_a s_b`` as a host float) holds it in a
 captured graph as a constant. Before each replay the step asks every layer's backend for those values
-(``Backend.graph_constants``) and recaptures, without an eager step, when one changed since the capture
-(a power-of-two scale that moved: rare); ``scale_recaptures`` counts those captures (also in ``recaptures``).
+(``Backend.graph_constants``). When one changed since the capture (a power-of-two scale that moved), the
+step runs eagerly until the new values have held for ``scale_settle_steps`` steps in a row, then captures
+them (``graph_settle.py`` says why: early in a run the scales move every few steps, and a capture costs
+about an eager step); values that come back to the captured ones replay at once. ``scale_recaptures``
+counts those captures (also in ``recaptures``), ``scale_eager_steps`` the eager steps spent waiting (also
+in ``eager_steps``). ``scale_settle_steps=0`` recaptures at the first step with new values.
 """
 from __future__ import annotations
 
@@ -71,6 +75,7 @@ from torch import nn
 
 from .graph_layer import (after_graph_refresh, fill_device_seed, mask_rule_capturable, refresh_mask_in_graph,
                           release_device_seed, release_graph_flips, use_device_seed, use_graph_flips)
+from .graph_settle import CAPTURE, EAGER, SettledConstants
 from .layers import SparseLinear, refreshes_mask_with_own_hooks
 from .methods.handlers import method_handler
 from .training_hooks import sparse_layers
@@ -187,6 +192,8 @@ class CudaGraphStep:
     allocations, the auto policy's measurements; PyTorch asks for warm-up before capture).
     masks_in_graph: refresh the masks that are due every step inside the graph (True), or all masks
     eagerly before each replay (False, the default: measured as fast or faster, see the module docstring). Which layers qualify: ``eager_refresh_reason``.
+    scale_settle_steps: after a host constant the graph holds has changed, eager steps until the new values
+    have held this many steps in a row, then a capture (``graph_settle.py``); 0 recaptures at once.
     The returned loss is a tensor the next replay overwrites: ``.item()`` or ``.clone()`` it to keep it.
 
     After a capture: ``mask_refresh`` ("graph", "eager", "mixed" or "none"), ``eager_refresh_reasons``
@@ -194,7 +201,7 @@ class CudaGraphStep:
     """
 
     def __init__(self, model: nn.Module, loss_fn: Callable[..., torch.Tensor], warmup_steps: int = 3,
-                 masks_in_graph: bool = False) -> None:
+                 masks_in_graph: bool = False, scale_settle_steps: int = 4) -> None:
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable (loss_fn(model, *inputs) -> loss), got {type(loss_fn).__name__}")
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
@@ -211,6 +218,7 @@ class CudaGraphStep:
         self.steps = 0
         self.recaptures = 0
         self.scale_recaptures = 0  # captures because a backend's host constants changed (module docstring)
+        self._settle = SettledConstants(scale_settle_steps)  # raises on a bad value, naming the argument
         self._constants: tuple = ()  # the backends' host constants the latest capture holds
         self.eager_steps = 0  # warm-up, a new state's first step, a step whose in-graph masks were not due
         self._layers = dict(sparse_layers(model))
@@ -243,6 +251,11 @@ class CudaGraphStep:
         phases = tuple(layer.dense_now for layer in self._layers.values())
         inside = tuple(name for name, reason in plan.items() if reason is None)
         return tuple((tuple(t.shape), t.dtype) for t in inputs), phases, inside
+
+    @property
+    def scale_eager_steps(self) -> int:
+        """Eager steps run while new host constants settled (module docstring); also in ``eager_steps``."""
+        return self._settle.waited
 
     # --- which mode is in use -------------------------------------------------------------------------
     @property
@@ -277,9 +290,13 @@ class CudaGraphStep:
             return self._eager(inputs)
         if self.graph is None or key != self._key:
             self._capture(inputs, device, key, plan)
-        elif self._graph_constants() != self._constants:  # a host alpha the graph holds has changed
-            self.scale_recaptures += 1
-            self._capture(inputs, device, key, plan)
+        else:  # a host alpha the graph holds may have changed: wait for the new ones to settle (module docstring)
+            action = self._settle.decide(self._constants, self._graph_constants())
+            if action == EAGER:
+                return self._eager(inputs)
+            if action == CAPTURE:
+                self.scale_recaptures += 1
+                self._capture(inputs, device, key, plan)
         for static, given in zip(self._static_inputs, inputs):
             static.copy_(given)
         refresh_due_masks(self.model, skip=self._graph_refresh)

@@ -313,17 +313,19 @@ def test_gpu_host_alpha_training_matches_the_reference(method):
 
 
 @pytest.mark.gpu
-def test_gpu_graph_step_recaptures_when_a_host_scale_changes():
+@pytest.mark.parametrize("settle", [0, 2])
+def test_gpu_graph_step_recaptures_when_a_host_scale_changes(settle):
+    """settle 0: a capture at the first step with the new host scales; settle 2: two eager steps first."""
     from sparsity_lab.graph_step import CudaGraphStep
     torch.manual_seed(5)
     model = torch.nn.Sequential(SparseLinear(256, 512, method=STE(transposable=True, mvue=True, backend="cusparselt_fp8"),
                                              device="cuda", dtype=torch.bfloat16))
     set_fp8_recipe(model, dataclasses.replace(HOST, history_len=2))
     eager = copy.deepcopy(model)
-    gains = [1, 1, 1, 1, 64, 64, 64, 64]  # the jump reaches the host scales two steps later
+    gains = [1, 1, 1, 1] + [64] * 8  # the jump reaches the host scales two steps later
     xs = [torch.randn(128, 256, device="cuda", dtype=torch.bfloat16) * g for g in gains]
     loss_fn = lambda m, x: m(x).float().square().mean()  # noqa: E731
-    step = CudaGraphStep(model, loss_fn, warmup_steps=2)
+    step = CudaGraphStep(model, loss_fn, warmup_steps=2, scale_settle_steps=settle)
     opts = [torch.optim.SGD(m.parameters(), lr=1e-3) for m in (model, eager)]
     for m, opt in zip((model, eager), opts):
         attach_optimizer(m, opt)
@@ -337,6 +339,9 @@ def test_gpu_graph_step_recaptures_when_a_host_scale_changes():
         assert lg == pytest.approx(float(le), rel=1e-3)
         assert model[0].backend.scaling.host_exponents == eager[0].backend.scaling.host_exponents
     assert step.scale_recaptures >= 1 and step.recaptures == 1 + step.scale_recaptures
+    # a capture for new scales follows `settle` eager steps with them (a wait restarts when they move again)
+    assert step.scale_eager_steps >= settle * step.scale_recaptures and step.eager_steps >= 2 + step.scale_eager_steps
+    assert (step.scale_eager_steps == 0) == (settle == 0)
 
 
 # --- the benchmark's report -----------------------------------------------------------------------------------------

@@ -79,9 +79,10 @@ RUN_ONLY_FIELDS = ("log_path", "checkpoint_path", "checkpoint_interval", "progre
 
 
 def graph_step_report(step) -> dict:
-    """What a CudaGraphStep did: captures, eager steps, and where it refreshed the masks (and why not in
-    the graph, per layer)."""
-    return {"captures": step.recaptures, "eager_steps": step.eager_steps, "masks_in_graph": step.masks_in_graph,
+    """What a CudaGraphStep did: captures and eager steps (those for new host scales also on their own), and
+    where it refreshed the masks (and why not in the graph, per layer)."""
+    return {"captures": step.recaptures, "eager_steps": step.eager_steps, "scale_recaptures": step.scale_recaptures,
+            "scale_eager_steps": step.scale_eager_steps, "masks_in_graph": step.masks_in_graph,
             "mask_refresh": step.mask_refresh, "eager_refresh_reasons": step.eager_refresh_reasons}
 
 

@@ -44,8 +44,8 @@ host must know every scale without a device sync, so the recipe changes in two w
 
 * power-of-two scales: ``scale = 2**ceil(log2(amax / fp8_max)) * 2**margin`` (``pow2_scale``), so that
   ``s_a s_b`` is exact in float32, ``inv_scale = 1 / scale`` too, and a scale changes only when the
-  window's amax crosses a power of two (rarely: a CUDA graph holding alpha as a constant is recaptured
-  then, ``CudaGraphStep.scale_recaptures``);
+  window's amax crosses a power of two (a CUDA graph holding alpha as a constant is recaptured then, once
+  the new scales have settled: ``CudaGraphStep.scale_settle_steps``, ``scale_recaptures``);
 * a lag of one step: with ``D_k`` the scales that the k-th ``advance`` computes from the window that
   ends with step k-1's amaxes (steps counted from 0), step t quantizes with
 
