@@ -1,7 +1,9 @@
 """Where the per-step work of 2:4 training goes in an optimizer step.
 
 ``attach_optimizer(model, optimizer)`` registers two hooks on the optimizer:
-* a step *pre*-hook: masked decay, grad += decay * (1 - m) * W. ``optimizer.step()`` runs after the
+* a step *pre*-hook: masked decay, grad += decay * (1 - m) * W (an optimizer with ``takes_masked_decay(W)``
+  true, MasterWeights' fused update, is handed the term through ``defer_masked_decay`` and adds it inside
+  its update instead). ``optimizer.step()`` runs after the
   user has unscaled (``GradScaler.step`` unscales first and skips the step on inf) and clipped the
   gradients, so the decay lands after unscaling and clipping and before the update: the placement
   of Hu et al. 2024, and AdamW normalises it. A *fused* optimizer (``fused=True``) under a GradScaler
@@ -132,7 +134,12 @@ class AttachedOptimizer:
             done = self._decayed[k]
             if grad is None or (done is not None and done[0]() is grad and done[1] == grad._version):
                 continue  # no gradient, or this very gradient already carries the decay
-            layer.apply_masked_decay(self._grad_scale)
+            decay = layer.gradient_decay_now()
+            if decay and getattr(optimizer, "takes_masked_decay", lambda p: False)(layer.weight):
+                # the optimizer adds lambda (1 - m) W inside its update (MasterWeights' fused one): no pass here
+                optimizer.defer_masked_decay(layer.weight, layer.mask, decay * self._grad_scale)
+            else:
+                layer.apply_masked_decay(self._grad_scale)
             self._decayed[k] = (weakref.ref(grad), grad._version)
 
     def _after_step(self) -> None:

@@ -74,3 +74,70 @@ def test_bad_inputs_name_the_argument():
         adamw_master_(s["lows"], g, s["masters"], s["exp_avgs"], s["exp_avg_sqs"], **{**kw, "step": 0})
     with pytest.raises(ValueError, match="power of two"):
         adamw_master_(s["lows"], g, s["masters"], s["exp_avgs"], s["exp_avg_sqs"], block=100, **HYPER | {"step": 1})
+
+
+def _with_ties(shape, seed):
+    """Masters holding bf16 rounding ties and signed zeros among random values: the decay's W must be the
+    master rounded to nearest even, as the bf16 weight is."""
+    gen = torch.Generator().manual_seed(seed)
+    master = torch.randn(shape, generator=gen)
+    one = torch.tensor(1.0).view(torch.int32).item()
+    ties = torch.tensor([one + 0x8000, one + 0x18000, -(2**31) + one + 0x8000], dtype=torch.int32).view(torch.float32)
+    flat = master.view(-1)
+    flat[:3], flat[3], flat[4] = ties, -0.0, 0.0
+    return master
+
+
+@pytest.mark.parametrize("decay", [2e-4, 0.5])
+def test_masked_decay_in_the_pass_equals_the_reference_and_leaves_other_weights_alone(decay):
+    shapes = [(33, 8), (16, 12), (5,)]
+    gen = torch.Generator().manual_seed(3)
+    masters = [_with_ties(s, i) for i, s in enumerate(shapes)]
+    masks = [torch.rand(s, generator=gen) < 0.5 for s in shapes]
+    ref = {"masters": [m.clone() for m in masters], "lows": [m.to(torch.bfloat16) for m in masters],
+           "exp_avgs": [torch.zeros(s) for s in shapes], "exp_avg_sqs": [torch.zeros(s) for s in shapes]}
+    got = _to(ref, DEVICE)
+    ref = {k: [x.clone() for x in v] for k, v in ref.items()}
+    for step in (1, 2):
+        grads = [(torch.randn(s, generator=gen) * 1e-3).to(torch.bfloat16) for s in shapes]
+        for i in range(len(shapes)):
+            adamw_master_step_(ref["lows"][i], grads[i], ref["masters"][i], ref["exp_avgs"][i], ref["exp_avg_sqs"][i],
+                               step=step, **HYPER, **({"mask": masks[i], "decay": decay} if i < 2 else {}))
+        adamw_master_(got["lows"], [g.to(DEVICE) for g in grads], got["masters"], got["exp_avgs"], got["exp_avg_sqs"],
+                      step=step, block=16, masked_decays={0: (masks[0].to(DEVICE), decay), 1: (masks[1].to(DEVICE), decay)},
+                      **HYPER)
+    for name in ("masters", "exp_avgs", "exp_avg_sqs"):
+        for a, e in zip(got[name], ref[name]):
+            if DEVICE.type == "cpu":
+                assert torch.equal(a, e), name
+            else:
+                assert_close_ulp(a.cpu(), e, ulps=4, atol=1e-12)
+    # the decay reached the pruned entries' first moments only: (1 - beta1) * decay * W after one step is there
+    plain = _to({"masters": [masters[0].clone()], "lows": [masters[0].to(torch.bfloat16)],
+                 "exp_avgs": [torch.zeros(shapes[0])], "exp_avg_sqs": [torch.zeros(shapes[0])]}, DEVICE)
+    adamw_master_(plain["lows"], [torch.zeros(shapes[0], dtype=torch.bfloat16, device=DEVICE)], plain["masters"],
+                  plain["exp_avgs"], plain["exp_avg_sqs"], step=1, masked_decays={0: (masks[0].to(DEVICE), decay)},
+                  **HYPER)
+    m1 = plain["exp_avgs"][0].cpu()
+    assert torch.equal(m1[masks[0]], torch.zeros_like(m1[masks[0]]))
+    w = masters[0].to(torch.bfloat16).float()[~masks[0]]
+    torch.testing.assert_close(m1[~masks[0]], 0.1 * decay * w, rtol=1e-6, atol=0)
+
+
+def test_bad_masked_decays_name_the_argument():
+    s = _to(_state([(8, 4)], 0), DEVICE)
+    g = [torch.zeros(8, 4, dtype=torch.bfloat16, device=DEVICE)]
+    kw = dict(step=1, **HYPER)
+    mask = torch.ones(8, 4, dtype=torch.bool, device=DEVICE)
+    with pytest.raises(ValueError, match="key 1 is not the index"):
+        adamw_master_(s["lows"], g, s["masters"], s["exp_avgs"], s["exp_avg_sqs"], masked_decays={1: (mask, 0.1)}, **kw)
+    with pytest.raises(TypeError, match=r"masked_decays\[0\]'s mask must be a torch.bool"):
+        adamw_master_(s["lows"], g, s["masters"], s["exp_avgs"], s["exp_avg_sqs"], masked_decays={0: (mask.float(), 0.1)},
+                      **kw)
+    with pytest.raises(ValueError, match=r"masked_decays\[0\]'s mask must be contiguous"):
+        adamw_master_(s["lows"], g, s["masters"], s["exp_avgs"], s["exp_avg_sqs"], masked_decays={0: (mask[:4], 0.1)},
+                      **kw)
+    with pytest.raises(TypeError, match="a \\(mask, decay\\) pair"):
+        adamw_master_(s["lows"], g, s["masters"], s["exp_avgs"], s["exp_avg_sqs"], masked_decays={0: mask}, **kw)
+    with pytest.raises(TypeError, match="decay must be a number"):
+        adamw_master_(s["lows"], g, s["masters"], s["exp_avgs"], s["exp_avg_sqs"], masked_decays={0: (mask, "x")}, **kw)

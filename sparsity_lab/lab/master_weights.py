@@ -30,6 +30,11 @@ run may switch between the two updates at a checkpoint. The fused update compute
 the order of PyTorch's fused kernel, not bit for bit as the inner ``AdamW`` does: the masters agree with
 it to float32 rounding (``tests/test_master_weights.py``), and the bf16 weights are the masters rounded to
 nearest, exactly. The float32 parameters (norms, position embedding) are still stepped by the inner one.
+
+The fused update also takes the masked decay on gradients of the 2:4 layers (``MaskedDecay``): the optimizer
+pre-hook of ``attach_optimizer`` hands it over (``defer_masked_decay``) instead of running its own pass over
+the bf16 gradient, and the kernel adds decay * (1 - m) * W in float32 before the moments (where the pass
+would have rounded the decayed gradient to bf16 first).
 """
 from __future__ import annotations
 
@@ -102,6 +107,7 @@ class MasterWeights(torch.optim.Optimizer):
         # per param group, its lowered (working weight, master) pairs: what one fused launch serves
         self._group_pairs = [[(p, self._master[id(p)]) for p in g["params"] if id(p) in self._master]
                              for g in self.param_groups]
+        self._masked_decays: dict[int, tuple[torch.Tensor, float]] = {}  # id(weight) -> this step's (mask, decay)
 
     def _choose_fused(self, fused_update, optimizer_class: type, lower: list) -> bool:
         """Whether the lowered weights take the fused update; ValueError for True where it cannot."""
@@ -139,6 +145,20 @@ class MasterWeights(torch.optim.Optimizer):
         return {**{k: v for k, v in group.items() if k != "params"},
                 "params": [self._master.get(id(p), p) for p in group["params"]]}
 
+    def takes_masked_decay(self, param: torch.Tensor) -> bool:
+        """Whether this optimizer's update adds a masked decay for ``param`` itself (``defer_masked_decay``):
+        True for a lowered weight under the fused update."""
+        return bool(self.fused_update) and id(param) in self._master
+
+    def defer_masked_decay(self, param: torch.Tensor, mask: torch.Tensor, decay: float) -> None:
+        """Add ``decay * (1 - mask) * param`` to ``param``'s gradient inside the next step's fused update, in
+        float32 (``adamw_master_``'s ``masked_decays``); ``attach_optimizer``'s pre-hook calls it in place of
+        the masked-decay pass over the bf16 gradient."""
+        if not self.takes_masked_decay(param):
+            raise ValueError("defer_masked_decay: param is not a lowered weight under the fused update "
+                             "(takes_masked_decay(param) is False)")
+        self._masked_decays[id(param)] = (mask, float(decay))
+
     def master(self, param: torch.Tensor) -> torch.Tensor:
         """The float32 master of a lowered parameter (the parameter itself for one kept in float32)."""
         return self._master.get(id(param), param)
@@ -152,7 +172,10 @@ class MasterWeights(torch.optim.Optimizer):
         for group, inner in zip(self.param_groups, self.inner.param_groups):
             inner.update({k: v for k, v in group.items() if k != "params"})  # a scheduler's lr, ...
         if self.fused_update:
-            self._fused_lowered_step()
+            try:
+                self._fused_lowered_step()
+            finally:
+                self._masked_decays.clear()  # handed over for this step only
             self.inner.step()  # the float32 parameters; the lowered masters have no gradient there
             return loss
         lows, masters = [], []
@@ -207,10 +230,12 @@ class MasterWeights(torch.optim.Optimizer):
             block = ({"block": min(INTERPRETER_BLOCK, max(16, 1 << (longest - 1).bit_length()))}
                      if live[0][0].device.type == "cpu" else {})
             for step, items in by_step.items():
+                decays = {i: self._masked_decays[id(p)] for i, (p, _, _) in enumerate(items) if id(p) in self._masked_decays}
                 adamw_master_([p.data for p, _, _ in items], [p.grad for p, _, _ in items], [m for _, m, _ in items],
                               [st["exp_avg"] for _, _, st in items], [st["exp_avg_sq"] for _, _, st in items],
                               step=step, lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2),
-                              eps=float(group["eps"]), weight_decay=float(group["weight_decay"]), **block)
+                              eps=float(group["eps"]), weight_decay=float(group["weight_decay"]),
+                              masked_decays=decays or None, **block)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)

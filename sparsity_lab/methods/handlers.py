@@ -26,6 +26,8 @@ The hooks (each with the default every built-in method starts from: STE's):
     mvue(layer)             the weight gradient is MVUE(dZ^T) X (groups of 4 along the tokens)
     backward_decay(layer)   lambda added as lambda * (1 - m) * W to dW inside the backward (once per step)
     decay_gradient_(...)    on dW after unscaling and clipping, before the optimizer step
+    gradient_decay(layer)   lambda when decay_gradient_ adds exactly lambda * (1 - m) * W (an optimizer
+                            may then add it inside its update: MasterWeights' fused one); else 0
     decay_weight_(...)      on W after the optimizer step
 
 A handler keeps no state of its own (one instance serves every layer of its config type): per-layer
@@ -91,6 +93,12 @@ class MethodHandler:
                         grad_scale: float) -> None:
         """Before the optimizer step, after unscaling and clipping: change ``grad`` in place. grad_scale:
         the factor the gradients still carry (a fused optimizer under a GradScaler). Nothing here."""
+
+    def gradient_decay(self, layer) -> float:
+        """lambda when ``decay_gradient_`` adds exactly ``lambda * grad_scale * (1 - m) * W`` and nothing else, so
+        an optimizer may add that term inside its own update instead (MasterWeights' fused update); 0.0 for
+        any other ``decay_gradient_`` (a handler overriding one overrides both). Nothing here."""
+        return 0.0
 
     def decay_weight_(self, layer, weight: torch.Tensor, mask: torch.Tensor, lr: float) -> None:
         """After the optimizer step: change ``weight`` in place (lr: its param group's). Nothing here."""
@@ -160,9 +168,12 @@ class MaskedDecayHandler(MethodHandler):
     """Masked decay on gradients: grad += decay * (1 - m) * W right before the optimizer step."""
 
     def decay_gradient_(self, layer, grad, weight, mask, grad_scale) -> None:
-        decay = layer.method.decay_before_step
+        decay = self.gradient_decay(layer)
         if decay:
             layer.backend.masked_decay_(grad, weight, mask, decay * grad_scale)
+
+    def gradient_decay(self, layer) -> float:
+        return float(layer.method.decay_before_step or 0.0)
 
 
 @register_method(MaskedDecayOnWeights)

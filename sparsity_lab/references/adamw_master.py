@@ -3,6 +3,7 @@
 One step for one tensor, in the order of the kernel ``sparsity_lab.kernels.adamw_master_`` (and of
 PyTorch's fused AdamW), every operation in float32:
 
+    g  <- g + decay * (1 - mask) * low            masked decay, only where a mask is given (low: the bf16 weight)
     p  <- p * (1 - lr * wd)                       decoupled weight decay
     m  <- beta1 * m + (1 - beta1) * g             g: the bf16 gradient, exactly in float32
     v  <- beta2 * v + (1 - beta2) * g * g
@@ -31,15 +32,19 @@ def adamw_scalars(step: int, lr: float, beta1: float, beta2: float, weight_decay
 @torch.no_grad()
 def adamw_master_step_(low: torch.Tensor, grad: torch.Tensor, master: torch.Tensor, exp_avg: torch.Tensor,
                        exp_avg_sq: torch.Tensor, step: int, lr: float, beta1: float, beta2: float, eps: float,
-                       weight_decay: float) -> None:
+                       weight_decay: float, mask: torch.Tensor | None = None, decay: float = 0.0) -> None:
     """One AdamW step in place on ``master``, ``exp_avg``, ``exp_avg_sq`` (float32) from ``grad`` (bf16),
-    then ``low`` (bf16, the same shape) <- master rounded to nearest. ``step``: this update's count (>= 1)."""
+    then ``low`` (bf16, the same shape) <- master rounded to nearest. ``step``: this update's count (>= 1).
+    mask (bool, the same shape): the gradient first takes the masked decay ``decay * (1 - mask) * low``, in
+    float32 (``low`` as it is before the step: the master rounded)."""
     s = adamw_scalars(step, lr, beta1, beta2, weight_decay)
     f32 = torch.float32
 
     def c(x: float) -> torch.Tensor:  # a scalar rounded to float32 once, as the kernel receives it
         return torch.tensor(x, dtype=f32)
     g = grad.to(f32)
+    if mask is not None:
+        g = torch.where(mask, g, g + c(decay) * low.to(f32))
     p = master * c(s["keep"])
     m = c(beta1) * exp_avg + c(1.0 - beta1) * g
     v = c(beta2) * exp_avg_sq + (c(1.0 - beta2) * g) * g
