@@ -24,7 +24,7 @@ package (named in its docstring) and a test against it (tests/test_kernels_*.py)
     prune24_tokens    17. permuted tokens of chosen features gathered, 2:4 along the tokens, compressed, one pass
     prepare24_fp8     18. q(S(W)) and q(S(W))^T in FP8 (kernel 11 casting before its stores), and amax(S(W))
     mvue_compress24   19. mvue_compress24_fp8: kernel 10 casting MVUE(dZ) to FP8 before its store, and its amax
-    adamw_master      20. AdamW on float32 masters from bf16 gradients, the bf16 weights written back, one pass
+    adamw_master      20. AdamW on float32 masters from bf16 gradients (+ masked decay), bf16 weights out, one pass
     refresh24         21. a step's mask refresh: kernels 2, 9 and 11 in one pass (mask in place, flips, S(W), S(W)^T)
     refresh24_fp8     21. the same with E4M3 operands: kernels 2, 9 and 18 in one pass (delayed scaling)
     prepare24_cutlass 22. S(W) and S(W)^T (bf16, or E4M3 with a given scale) straight from W into CUTLASS's SM90 layout

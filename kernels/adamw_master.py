@@ -105,7 +105,8 @@ def _check_masked_decays(masked_decays: dict | None, masters: Sequence[torch.Ten
     if masked_decays is None:
         return {}
     if not isinstance(masked_decays, dict):
-        raise TypeError(f"masked_decays must be a dict {{weight index: (mask, decay)}}, got {type(masked_decays).__name__}")
+        raise TypeError("masked_decays must be a dict {weight index: (mask, decay)}, got "
+                        f"{type(masked_decays).__name__}")
     for i, entry in masked_decays.items():
         if not (isinstance(i, int) and 0 <= i < len(masters)):
             raise ValueError(f"masked_decays: key {i!r} is not the index of one of the {len(masters)} weights")
@@ -146,7 +147,8 @@ def adamw_master_(lows: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], m
     device = check_device(_adamw_master_kernel, **{f"{name}[{i}]": x for name, ts in lists.items()
                                                    for i, x in enumerate(ts)})
     if decays:
-        check_device(_adamw_master_kernel, masters=masters[0], **{f"masked_decays[{i}]": m for i, (m, _) in decays.items()})
+        masks = {f"masked_decays[{i}]": mask for i, (mask, _) in decays.items()}
+        check_device(_adamw_master_kernel, masters=masters[0], **masks)
     s = adamw_scalars(step, lr, beta1, beta2, weight_decay)
     for i, (g, p, m, v, low) in enumerate(zip(grads, masters, exp_avgs, exp_avg_sqs, lows)):
         n = p.numel()

@@ -230,7 +230,8 @@ class MasterWeights(torch.optim.Optimizer):
             block = ({"block": min(INTERPRETER_BLOCK, max(16, 1 << (longest - 1).bit_length()))}
                      if live[0][0].device.type == "cpu" else {})
             for step, items in by_step.items():
-                decays = {i: self._masked_decays[id(p)] for i, (p, _, _) in enumerate(items) if id(p) in self._masked_decays}
+                decays = {i: self._masked_decays[id(p)] for i, (p, _, _) in enumerate(items)
+                          if id(p) in self._masked_decays}
                 adamw_master_([p.data for p, _, _ in items], [p.grad for p, _, _ in items], [m for _, m, _ in items],
                               [st["exp_avg"] for _, _, st in items], [st["exp_avg_sq"] for _, _, st in items],
                               step=step, lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2),
