@@ -42,7 +42,26 @@ def test_the_same_kernels_agree_and_every_case_is_reported(tmp_path):
     code, result = _run(_copy_tree(tmp_path / "same"), tmp_path)
     assert code == 0
     names = set(result["kernels"])
-    assert {n.split()[0] for n in names} == {"7", "10", "11", "14", "19", "21", "23", "24"}
+    assert {n.split()[0] for n in names} == {"7", "10", "11", "14", "19", "20", "21", "23", "24"}
     assert "24 refresh24_cutlass_fp8 W 128x64" in names
     assert all(row["same_bytes"] for row in result["kernels"].values())
     assert result["provenance"]["command"].startswith("python -m benchmarks.kernels_ab")
+
+
+def test_kernel_20_without_the_masked_decay_runs_kernel_5_first_and_writes_the_same_bytes(tmp_path):
+    """A tree whose kernel 20 takes no masked decay (its form before the term joined the pass) runs kernel 5's pass
+    and then kernel 20: with the case's all-True mask both trees write the same bytes."""
+    older = _copy_tree(tmp_path / "older")
+    kernel = older / "kernels" / "adamw_master.py"
+    text = kernel.read_text()
+    start, end = text.index("    if MASKED_DECAY:"), text.index("    p = p * keep")
+    text = text[:start] + text[end:]  # the kernel without the term (its wrapper then refuses masked_decays)
+    text = text.replace("masked_decays: dict | None = None,", "")
+    text = text.replace("    decays = _check_masked_decays(masked_decays, masters)\n", "    decays = {}\n")
+    kernel.write_text(text)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.kernels_ab", "--before", str(older), "--smoke", "--rounds",
+                           "1", "--only", "20", "--out-dir", str(tmp_path), "--name", "ab"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads((tmp_path / "ab_smoke.json").read_text())["kernels"]
+    assert list(rows) == ["20 adamw_master masked decay W 128x64"] and rows[list(rows)[0]]["same_bytes"]
