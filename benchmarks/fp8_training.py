@@ -20,7 +20,8 @@ that dense's TFLOP/s beside it.
    same FP8 2:4 with the unfused kernels ("fp8_24_unfused": what the fusion saves, measured in the same rounds), and
    FP8 2:4 with ``FP8Recipe(scale_in_product="host_alpha")`` ("fp8_24_host_alpha": power-of-two scales held by the
    host one step late, applied inside each sparse product as cuSPARSELt's scalar alpha, no scale pass; its graph is
-   recaptured when a host scale changes, counted in ``scale_recaptures``), and the FP8 2:4 step on CUTLASS's SM90
+   recaptured once a changed host scale has settled, counted in ``scale_recaptures``, the eager steps while it
+   settled in ``scale_eager_steps``), and the FP8 2:4 step on CUTLASS's SM90
    sparse E4M3 GEMMs ("fp8_24_cutlass": backend "cutlass_fp8", the same recipe with the scales read in the GEMM's
    epilogue; compared with "fp8_24" in the same rounds, ``fp8_24_cutlass_vs_fp8_24``).
    ``--ffn-variants`` picks the variants; a variant whose library cannot run here (CUTLASS without a Hopper
@@ -489,7 +490,8 @@ def ffn_speed(tokens: int, d: int, rounds: int = 5, n: int = 10, variants: tuple
             out["eager"][v] = row
             continue
         graphed = steps[v, mode][1]
-        out["variants"][v] = {**row, "recaptures": graphed.recaptures, "scale_recaptures": graphed.scale_recaptures}
+        out["variants"][v] = {**row, "recaptures": graphed.recaptures, "scale_recaptures": graphed.scale_recaptures,
+                              "scale_eager_steps": graphed.scale_eager_steps}  # eager while new scales settled
         if v == "fp8_24_host_alpha":  # did the host scales reach the products? (None: still the first two steps)
             from sparsity_lab.training_hooks import sparse_layers
             out["variants"][v]["host_exponents"] = {name: layer.backend.scaling.host_exponents
