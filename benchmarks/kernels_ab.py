@@ -5,8 +5,8 @@ benchmarks.kernels_ab --before DIR`` times kernels 10, 11, 19, 21, 23 and 24 at 
 (dZ of 8192 tokens x 16384 and x 4096, bf16 weights 16384 x 4096 and 4096 x 16384, S-STE's scale, E4M3 with a
 given scale for 19 and the FP8 forms of 21, 23 and 24, each kernel's default launch; a tree without kernel 21's
 FP8 form runs the chain it replaces, kernel 21's mask-only pass and kernel 18), the FP8 casts 7 and 14
-of X (8192 x 4096) and kernel 20 with MaskedDecay's term on a 16384 x 4096 weight (a tree whose kernel 20 does
-not take it runs kernel 5 first), once with this tree's ``sparsity_lab`` and
+of X (8192 x 4096) and kernel 20 on a 16384 x 4096 weight, alone and with MaskedDecay's term (a tree whose
+kernel 20 does not take it runs kernel 5 first), once with this tree's ``sparsity_lab`` and
 once with the one under DIR (a checkout or ``git archive`` of another commit: its ``sparsity_lab/`` and
 ``kernels/``), alternating the trees for ``--rounds`` rounds, each tree in its own process. Each process also
 hashes every kernel's outputs: the two trees must write the same bytes (a speed change that changes results is
@@ -102,6 +102,8 @@ def _cases(k, torch, device, smoke: bool) -> dict:
                  "m": torch.zeros_like(master), "v": torch.zeros_like(master),
                  "mask": torch.ones(hidden, d_model, dtype=torch.bool, device=device)}
     cases[f"20 adamw_master masked decay W {hidden}x{d_model}"] = lambda: _adamw_masked_decay(k, **opt_state)
+    plain_state = {name: t.clone() for name, t in opt_state.items() if name != "mask"}
+    cases[f"20 adamw_master W {hidden}x{d_model}"] = lambda: _adamw_masked_decay(k, **plain_state)
     # the FP8 casts both FP8 recipes run: X for its products (q and q^T, kernel 14), dZ (kernel 7)
     x = torch.randn(tokens, d_model, device=device, dtype=torch.bfloat16, generator=gen)
     inv_x = (448.0 / x.float().abs().amax()).reshape(())
@@ -119,12 +121,15 @@ def _refresh24_fp8(k, w, mask, beta, inv_scale):
     return (flips, *k.prepare24_fp8(w, mask, beta, inv_scale))
 
 
-def _adamw_masked_decay(k, low, master, grad, m, v, mask):
-    """One AdamW step (the lab's betas, step 10) with MaskedDecay's term: (master, m, v, low) after it."""
+def _adamw_masked_decay(k, low, master, grad, m, v, mask=None):
+    """One AdamW step (the lab's betas, step 10), with MaskedDecay's term where a mask is given: (master, m, v, low)
+    after it."""
     import inspect
 
     hyper = dict(step=10, lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
-    if "masked_decays" in inspect.signature(k.adamw_master_).parameters:
+    if mask is None:
+        k.adamw_master_([low], [grad], [master], [m], [v], **hyper)
+    elif "masked_decays" in inspect.signature(k.adamw_master_).parameters:
         k.adamw_master_([low], [grad], [master], [m], [v], masked_decays={0: (mask, 2e-4)}, **hyper)
     else:
         k.masked_decay_(grad, low, mask, 2e-4)
