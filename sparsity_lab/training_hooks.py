@@ -136,10 +136,12 @@ class AttachedOptimizer:
                 continue  # no gradient, or this very gradient already carries the decay
             decay = layer.gradient_decay_now()
             if decay and getattr(optimizer, "takes_masked_decay", lambda p: False)(layer.weight):
-                # the optimizer adds lambda (1 - m) W inside its update (MasterWeights' fused one): no pass here
+                # the optimizer adds lambda (1 - m) W inside this update (MasterWeights' fused one): no pass here. The
+                # gradient stays as it is, so a later step on it is handed the term of its own W (a handover replaces
+                # the one before it: nested levels of one step add it once)
                 optimizer.defer_masked_decay(layer.weight, layer.mask, decay * self._grad_scale)
-            else:
-                layer.apply_masked_decay(self._grad_scale)
+                continue
+            layer.apply_masked_decay(self._grad_scale)
             self._decayed[k] = (weakref.ref(grad), grad._version)
 
     def _after_step(self) -> None:

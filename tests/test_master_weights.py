@@ -274,7 +274,39 @@ def test_fused_update_takes_the_masked_decay_in_its_pass(monkeypatch):
     # lr each (3.4e-4 of 3e-2 measured), where a missing or misplaced decay moves pruned weights by up to lr a step
     for layer, q in zip(layers, plain):
         assert (opt.master(layer.weight) - plain_opt.master(q.weight)).abs().max().item() <= 3 * 1e-2 * 2**-5
-    assert all(layer.step == 3 for layer in layers)
+    # a step on the same gradient again (no zero_grad) takes the term of that step's W (the unfused update, whose
+    # gradient already holds the previous step's term, does not add it twice and keeps the old one)
+    opt.step()
+    for layer, r, g in zip(layers, ref, grads):
+        adamw_master_step_(r["low"], g, r["master"], r["m"], r["v"], step=4, lr=1e-2, beta1=0.9, beta2=0.95,
+                           eps=1e-8, weight_decay=0.1, mask=r["mask"], decay=0.3)
+        assert torch.equal(opt.master(layer.weight), r["master"])
+    assert all(layer.step == 4 for layer in layers)
+
+
+def test_a_nested_step_hands_the_masked_decay_over_once():
+    """An optimizer class whose step calls super().step() runs the pre-hook at each level: the term still joins the
+    update once (the reference's master after one step, bit for bit)."""
+    from sparsity_lab.references.adamw_master import adamw_master_step_
+
+    class Nested(MasterWeights):
+        def step(self, closure=None):
+            return super().step(closure)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32, bias=False))
+    sl.sparsify(model, sl.MaskedDecay(decay=0.3, total_steps=10), select="all")
+    opt = Nested(model.parameters(), linear_weights(model), fused_update=True, lr=1e-2, weight_decay=0.0)
+    sl.attach_optimizer(model, opt)
+    layer = model[0]
+    low, master, mask = layer.weight.detach().clone(), opt.master(layer.weight).clone(), layer.mask.clone()
+    g = (torch.randn(layer.weight.shape) * 1e-2).to(torch.bfloat16)
+    layer.weight.grad = g.clone()
+    opt.step()
+    m, v = torch.zeros(master.shape), torch.zeros(master.shape)
+    adamw_master_step_(low, g, master, m, v, step=1, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
+                       mask=mask, decay=0.3)
+    assert torch.equal(opt.master(layer.weight), master) and layer.step == 1
 
 
 def test_fused_update_refuses_what_it_cannot_do():
