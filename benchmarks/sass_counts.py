@@ -7,9 +7,11 @@ instructions per source line (the cubin's line table) tells, before any GPU run,
 helper costs per element, and whether a change removed some.
 
 ``python -m benchmarks.sass_counts`` compiles kernels 10, 11, 21, 23 and 24 as the lab GPT's bf16 step launches
-them (S-STE, bf16 operands, their default warps and blocks), and the E4M3 forms of kernels 19 and 23 (16 groups a
-program, with the amax, as the FP8 backends launch them), with Triton's sm_90 compiler, disassembles them
-with the ``nvdisasm`` Triton ships, and prints per kernel: instructions per thread, per element, the opcode mix
+them (S-STE, bf16 operands, their default warps and blocks), the E4M3 forms of kernels 19 and 23 (16 groups a
+program, with the amax, as the FP8 backends launch them) and the optimizer's kernel 20 (alone and with the
+masked decay), with Triton's sm_90 compiler, disassembles them
+with the ``nvdisasm`` Triton ships, and prints per kernel: instructions per thread, per element, the barriers and
+shared-memory accesses (values moved between threads), the opcode mix
 (the ALU pipe runs at half the FP32 rate on Hopper: compares, selects and logic cost twice an add) and the
 count of every ``@triton.jit`` helper, its inlined callees included in the callee's own count. ``--json``
 writes ``results/sass_counts_<triton version>.json``.
@@ -69,8 +71,16 @@ def _kernel_specs() -> dict:
     sig24 = dict(w_ptr="*fp32", mask_ptr="*i32", beta_ptr="*fp32", flips_ptr="*i64", vals_ptr="*i16", meta_ptr="*u8",
                  vals_t_ptr="*i16", meta_t_ptr="*u8", inv_scale_ptr="*fp32", partial_ptr="*fp32", stride_r="i32",
                  stride_c="i32", n_rows="i32", n_cols="i32")
+    k20 = importlib.import_module("sparsity_lab.kernels.adamw_master")
+    sig20 = dict(g_ptr="*bf16", p_ptr="*fp32", m_ptr="*fp32", v_ptr="*fp32", low_ptr="*i16", n="i32", keep="fp32",
+                 beta1="fp32", one_minus_beta1="fp32", beta2="fp32", one_minus_beta2="fp32", step_size="fp32",
+                 bc2_sqrt="fp32", eps="fp32", mask_ptr="*u8", decay="fp32")
     bf16 = tl.bfloat16
     return {
+        "20 adamw_master": (k20._adamw_master_kernel, sig20, dict(BLOCK=k20.DEFAULT_BLOCK, MASKED_DECAY=False),
+                            k20.DEFAULT_WARPS, k20.DEFAULT_BLOCK),
+        "20 adamw_master masked decay": (k20._adamw_master_kernel, sig20, dict(BLOCK=k20.DEFAULT_BLOCK, MASKED_DECAY=True),
+                                         k20.DEFAULT_WARPS, k20.DEFAULT_BLOCK),
         "10 mvue_compress24": (k10, sig10, dict(BLOCK_G=32, SEED_PTR=True, **mvue_fp8_off),
                                _default_warps(m10.mvue_compress24), 64 * 4 * 32),
         "11 prepare24": (k11._prepare24_kernel, sig11, dict(
@@ -180,6 +190,8 @@ def kernel_report(name: str, spec, ranges) -> dict:
             "instructions_per_element": None if per_thread is None else round(total / per_thread, 1),
             "alu_pipe": alu, "fma_pipe": fma, "other": total - alu - fma,
             "alu_cycles_per_element": None if per_thread is None else round(2 * alu / per_thread, 1),
+            # values moved between threads: barriers and shared-memory accesses (a layout conversion, a transpose)
+            "barriers": ops["BAR"], "shared_memory": ops["LDS"] + ops["STS"] + ops["LDSM"] + ops["STSM"],
             "helpers": attribute(counts, ranges), "opcodes": dict(ops.most_common())}
 
 
@@ -214,7 +226,8 @@ def main(argv=None) -> int:
         per_el = k["instructions_per_element"]
         print(f"kernel {k['kernel']}: {k['instructions_per_thread']} instructions a thread"
               + (f", {per_el} an element, ALU-pipe cycles {k['alu_cycles_per_element']} an element" if per_el else "")
-              + f" (ALU {k['alu_pipe']}, FMA {k['fma_pipe']}, other {k['other']})")
+              + f" (ALU {k['alu_pipe']}, FMA {k['fma_pipe']}, other {k['other']}; {k['barriers']} barriers,"
+              f" {k['shared_memory']} shared-memory accesses)")
         for helper, n in list(k["helpers"].items())[:8]:
             print(f"    {n:5d}  {helper}")
     if args.json:
