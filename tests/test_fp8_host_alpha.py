@@ -322,8 +322,9 @@ def test_gpu_graph_step_recaptures_when_a_host_scale_changes(settle):
                                              device="cuda", dtype=torch.bfloat16))
     set_fp8_recipe(model, dataclasses.replace(HOST, history_len=2))
     eager = copy.deepcopy(model)
-    gains = [1, 1, 1, 1] + [64] * 8  # the jump reaches the host scales two steps later
-    xs = [torch.randn(128, 256, device="cuda", dtype=torch.bfloat16) * g for g in gains]
+    gains = [1, 1, 1, 1] + [64] * 12  # the jump reaches the host scales two steps later
+    base = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)  # one input a phase: its scales stay put
+    xs = [base * g for g in gains]
     loss_fn = lambda m, x: m(x).float().square().mean()  # noqa: E731
     step = CudaGraphStep(model, loss_fn, warmup_steps=2, scale_settle_steps=settle)
     opts = [torch.optim.SGD(m.parameters(), lr=1e-3) for m in (model, eager)]
