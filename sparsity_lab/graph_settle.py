@@ -2,12 +2,12 @@
 
 A captured graph holds each host value a product takes (an FP8 2:4 product's ``alpha = s_a s_b`` with
 ``FP8Recipe(scale_in_product="host_alpha")``) as a constant, so a step whose constants moved cannot replay
-it. Capturing again at every move costs about one eager step each time (the lab GPT, every block linear FP8
-2:4 on one H200: steps of 183-210 ms with a capture against 91-92 ms replayed and 94 ms eager,
-``results/step_profile_h200_cusparselt_fp8_row_major_dw.json``), and early in a run the power-of-two scales
-move every few steps (7 captures in 11 steps there). An eager step costs only the replay's saving (2-3 ms
-there). So a graph step waits: it steps eagerly until the new constants have held for ``settle`` steps in a
-row, then captures them. Constants that come back to the ones the graph holds replay it at once.
+it. In the recorded lab GPT step with every block linear FP8 2:4 (docs/measuring.md, the replayed FP8 row of
+``results/step_profile_h200_cusparselt_fp8_row_major_dw.json``) a capture cost about one more eager step,
+an eager step only the replay's small saving, and early in the run the power-of-two scales moved every few
+steps (7 captures in 11 steps). So a graph step waits: it steps eagerly until the new constants have held for
+``settle`` steps in a row, then captures them. Constants that come back to the ones the graph holds replay
+it at once.
 
 ``settle=0`` captures at the first step with new constants (the behaviour before this policy).
 """

@@ -370,15 +370,6 @@ class SparseLinear(nn.Linear):
         if not self.dense_now and self.weight.grad is not None:
             method_handler(self.method).decay_gradient_(self, self.weight.grad, self.weight, self.mask, grad_scale)
 
-    def gradient_decay_now(self) -> float:
-        """lambda of the masked decay lambda * (1 - m) * W that ``apply_masked_decay`` would add to the gradient
-        now, for an optimizer that adds it inside its update (``MethodHandler.gradient_decay``); 0.0 when none
-        is due (no such term, a dense phase, no gradient)."""
-        self.refuse_plain_fully_shard()
-        if self.dense_now or self.weight.grad is None:
-            return 0.0
-        return method_handler(self.method).gradient_decay(self)
-
     @torch.no_grad()
     def apply_decay_on_weights(self, lr: float) -> None:
         """The method's term on the weights after the optimizer step (the decoupled masked decay:

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from .layers import SparseLinear
+from .methods.handlers import method_handler
 
 
 def sparse_layers(model: nn.Module) -> list[tuple[str, SparseLinear]]:
@@ -62,6 +63,16 @@ def sum_flips_over_ranks(layers: list) -> None:
     counted its flips already."""
     for sum_flips in {getattr(type(layer), "sum_flips_over_ranks", None) for layer in layers} - {None}:
         sum_flips(layers)
+
+
+def gradient_decay_now(layer: SparseLinear) -> float:
+    """lambda of the masked decay lambda * (1 - m) * W that ``layer.apply_masked_decay`` would add to its gradient
+    now, for an optimizer that adds it inside its update (``MethodHandler.gradient_decay``); 0.0 when none is due
+    (no such term, a dense phase, no gradient)."""
+    layer.refuse_plain_fully_shard()
+    if layer.dense_now or layer.weight.grad is None:
+        return 0.0
+    return method_handler(layer.method).gradient_decay(layer)
 
 
 def _fused_scaler_state(optimizer: torch.optim.Optimizer) -> tuple[float, bool]:
@@ -134,7 +145,7 @@ class AttachedOptimizer:
             done = self._decayed[k]
             if grad is None or (done is not None and done[0]() is grad and done[1] == grad._version):
                 continue  # no gradient, or this very gradient already carries the decay
-            decay = layer.gradient_decay_now()
+            decay = gradient_decay_now(layer)
             if decay and getattr(optimizer, "takes_masked_decay", lambda p: False)(layer.weight):
                 # the optimizer adds lambda (1 - m) W inside this update (MasterWeights' fused one): no pass here. The
                 # gradient stays as it is, so a later step on it is handed the term of its own W (a handover replaces
