@@ -69,7 +69,7 @@ def _adamw_master_kernel(g_ptr, p_ptr, m_ptr, v_ptr, low_ptr, n, keep, beta1, on
     m = tl.load(m_ptr + offs, mask=ok, other=0.0)
     v = tl.load(v_ptr + offs, mask=ok, other=0.0)
     if MASKED_DECAY:  # g + decay * (1 - mask) * W, W the bf16 weight (the master rounded, rebuilt here): kernel 5
-        kept = tl.load(mask_ptr + offs, mask=ok, other=1)
+        kept = tl.load(mask_ptr + offs4, mask=ok, other=1)
         w = (_bf16_bits(p) << 16).to(tl.float32, bitcast=True)
         g = tl.where(kept != 0, g, g + decay * w)
     p = p * keep
