@@ -4,12 +4,12 @@ A captured graph holds each host value a product takes (an FP8 2:4 product's ``a
 ``FP8Recipe(scale_in_product="host_alpha")``) as a constant, so a step whose constants moved cannot replay
 it. In the recorded lab GPT step with every block linear FP8 2:4 (docs/measuring.md, the replayed FP8 row of
 ``results/step_profile_h200_cusparselt_fp8_row_major_dw.json``) a capture cost about one more eager step,
-an eager step only the replay's small saving, and early in the run the power-of-two scales moved every few
-steps (7 captures in 11 steps). So a graph step waits: it steps eagerly until the new constants have held for
+while an eager step ran only a little slower than a replay, and early in the run the power-of-two scales moved
+every few steps (7 captures in 11 steps). So a graph step waits: it steps eagerly until the new constants have held for
 ``settle`` steps in a row, then captures them. Constants that come back to the ones the graph holds replay
 it at once.
 
-``settle=0`` captures at the first step with new constants (the behaviour before this policy).
+``settle=0`` captures at the first step with new constants (no waiting).
 """
 from __future__ import annotations
 
