@@ -101,9 +101,9 @@ def _cases(k, torch, device, smoke: bool) -> dict:
                  "grad": torch.randn(hidden, d_model, device=device, generator=gen).to(torch.bfloat16),
                  "m": torch.zeros_like(master), "v": torch.zeros_like(master),
                  "mask": torch.ones(hidden, d_model, dtype=torch.bool, device=device)}
-    cases[f"20 adamw_master masked decay W {hidden}x{d_model}"] = lambda: _adamw_masked_decay(k, **opt_state)
+    cases[f"20 adamw_master masked decay W {hidden}x{d_model}"] = lambda: _adamw_step(k, **opt_state)
     plain_state = {name: t.clone() for name, t in opt_state.items() if name != "mask"}
-    cases[f"20 adamw_master W {hidden}x{d_model}"] = lambda: _adamw_masked_decay(k, **plain_state)
+    cases[f"20 adamw_master W {hidden}x{d_model}"] = lambda: _adamw_step(k, **plain_state)
     # the FP8 casts both FP8 recipes run: X for its products (q and q^T, kernel 14), dZ (kernel 7)
     x = torch.randn(tokens, d_model, device=device, dtype=torch.bfloat16, generator=gen)
     inv_x = (448.0 / x.float().abs().amax()).reshape(())
@@ -121,7 +121,7 @@ def _refresh24_fp8(k, w, mask, beta, inv_scale):
     return (flips, *k.prepare24_fp8(w, mask, beta, inv_scale))
 
 
-def _adamw_masked_decay(k, low, master, grad, m, v, mask=None):
+def _adamw_step(k, low, master, grad, m, v, mask=None):
     """One AdamW step (the lab's betas, step 10), with MaskedDecay's term where a mask is given: (master, m, v, low)
     after it."""
     import inspect

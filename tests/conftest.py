@@ -39,8 +39,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def one_thread():
     """Runs the test on one intra-op thread. A CPU reduction split over threads (LayerNorm's weight
-    gradient, a threaded sgemm) rounds by the split, so a thread count that differs between two runs
-    moves the last bit; a 2:4 activation model's top-2-of-4 choice turns that bit into a different
+    gradient, seen here) rounds by the split, so a thread count that differs between two runs moves
+    the last bit; a 2:4 activation model's top-2-of-4 choice turns that bit into a different
     trajectory. Bit-for-bit resume tests of such models pin the count so they compare the checkpoint,
     not the thread pool."""
     before = torch.get_num_threads()
