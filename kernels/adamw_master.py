@@ -55,6 +55,18 @@ def _bf16_bits(p):
 
 
 @triton.jit
+def _adamw_update(g, p, m, v, keep, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps):
+    """One AdamW step of float32 tiles (any one shape): (p, m, v) after it, in the reference's order (module
+    docstring of ``sparsity_lab.references.adamw_master``). Shared by kernels 20 and 26."""
+    p = p * keep
+    m = beta1 * m + one_minus_beta1 * g
+    v = beta2 * v + one_minus_beta2 * g * g
+    denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
+    p = p - tl.div_rn(step_size * m, denom)
+    return p, m, v
+
+
+@triton.jit
 def _adamw_master_kernel(g_ptr, p_ptr, m_ptr, v_ptr, low_ptr, n, keep, beta1, one_minus_beta1, beta2,
                          one_minus_beta2, step_size, bc2_sqrt, eps, mask_ptr, decay, BLOCK: tl.constexpr,
                          MASKED_DECAY: tl.constexpr = False):
@@ -72,11 +84,8 @@ def _adamw_master_kernel(g_ptr, p_ptr, m_ptr, v_ptr, low_ptr, n, keep, beta1, on
         kept = tl.load(mask_ptr + offs4, mask=ok, other=1)
         w = (_bf16_bits(p) << 16).to(tl.float32, bitcast=True)
         g = tl.where(kept != 0, g, g + decay * w)
-    p = p * keep
-    m = beta1 * m + one_minus_beta1 * g
-    v = beta2 * v + one_minus_beta2 * g * g
-    denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
-    p = p - tl.div_rn(step_size * m, denom)
+    p, m, v = _adamw_update(g, p, m, v, keep, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt,
+                            eps)
     tl.store(p_ptr + offs, p, mask=ok)
     tl.store(m_ptr + offs, m, mask=ok)
     tl.store(v_ptr + offs, v, mask=ok)
