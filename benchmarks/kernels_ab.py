@@ -6,7 +6,8 @@ benchmarks.kernels_ab --before DIR`` times kernels 10, 11, 19, 21, 23 and 24 at 
 given scale for 19 and the FP8 forms of 21, 23 and 24, each kernel's default launch; a tree without kernel 21's
 FP8 form runs the chain it replaces, kernel 21's mask-only pass and kernel 18), the FP8 casts 7 and 14
 of X (8192 x 4096) and kernel 20 on a 16384 x 4096 weight, alone and with MaskedDecay's term (a tree whose
-kernel 20 does not take it runs kernel 5 first), once with this tree's ``sparsity_lab`` and
+kernel 20 does not take it runs kernel 5 first), kernel 26 on that weight (a tree without it runs kernel 20 then
+kernel 11), once with this tree's ``sparsity_lab`` and
 once with the one under DIR (a checkout or ``git archive`` of another commit: its ``sparsity_lab/`` and
 ``kernels/``), alternating the trees for ``--rounds`` rounds, each tree in its own process. Each process also
 hashes every kernel's outputs: the two trees must write the same bytes (a speed change that changes results is
@@ -104,6 +105,10 @@ def _cases(k, torch, device, smoke: bool) -> dict:
     cases[f"20 adamw_master masked decay W {hidden}x{d_model}"] = lambda: _adamw_step(k, **opt_state)
     plain_state = {name: t.clone() for name, t in opt_state.items() if name != "mask"}
     cases[f"20 adamw_master W {hidden}x{d_model}"] = lambda: _adamw_step(k, **plain_state)
+    # a 2:4 weight's optimizer step and its next operands: kernel 26, or in a tree without it kernel 20 then kernel 11
+    w24_state = {name: t.clone() for name, t in opt_state.items() if name != "mask"}
+    w24_state["mask"] = k.transposable_mask24(w24_state["low"], pruned=False)[0]
+    cases[f"26 adamw_prepare24 W {hidden}x{d_model}"] = lambda: _adamw_prepare24(k, beta=beta, **w24_state)
     # the FP8 casts both FP8 recipes run: X for its products (q and q^T, kernel 14), dZ (kernel 7)
     x = torch.randn(tokens, d_model, device=device, dtype=torch.bfloat16, generator=gen)
     inv_x = (448.0 / x.float().abs().amax()).reshape(())
@@ -135,6 +140,18 @@ def _adamw_step(k, low, master, grad, m, v, mask=None):
         k.masked_decay_(grad, low, mask, 2e-4)
         k.adamw_master_([low], [grad], [master], [m], [v], **hyper)
     return master, m, v, low
+
+
+def _adamw_prepare24(k, low, master, grad, m, v, mask, beta):
+    """One AdamW step of a 2:4 weight (as ``_adamw_step``) and its compressed S(W), S(W)^T from the new bf16 weight:
+    kernel 26, or in a tree without it kernel 20 then kernel 11 (the same bytes). (master, m, v, low, S(W), S(W)^T)."""
+    hyper = dict(step=10, lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+    if hasattr(k, "adamw_master_prepare24_"):
+        forms = k.adamw_master_prepare24_(low, grad, master, m, v, mask, beta, **hyper)
+    else:
+        k.adamw_master_([low], [grad], [master], [m], [v], **hyper)
+        forms = k.prepare24(low, mask, beta)
+    return master, m, v, low, *forms
 
 
 def worker(tree: Path, smoke: bool, only: list[str] | None = None) -> dict:

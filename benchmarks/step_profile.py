@@ -13,6 +13,8 @@ always, plus ``bf16w`` (the linear weights held in bf16, float32 masters in the 
 ``sparsity_lab.lab.master_weights``, updated by its fused kernel: one pass from the bf16 gradients to the
 masters, moments and bf16 weights; under ``--smoke`` through Triton's interpreter when TRITON_INTERPRET=1),
 ``unfused`` (with bf16w: the masters updated by copy, PyTorch's fused AdamW, copy, as before the kernel),
+``operands_apart`` (with bf16w: the optimizer's kernel does not write the 2:4 layers' next compressed operands,
+kernel 26; each forward's kernel 11 does, as before that kernel),
 ``compile`` (``torch.compile`` of the model: Inductor fuses the norms,
 residual adds, GELU and casts; the dense products stay cuBLAS calls and each 2:4 layer one custom op) and
 ``graph`` (forward and backward replayed by ``CudaGraphStep``; not with compile; ``graph+masks_in_graph``: the
@@ -64,7 +66,7 @@ from benchmarks.step_ceiling import (BLOCK_LINEARS, HEAD, PRODUCTS, SELECTIONS, 
 
 MODEL = dict(d_model=4096, n_layer=8, n_head=32, context=1024, batch=8)
 SMOKE_MODEL = dict(d_model=64, n_layer=2, n_head=2, context=32, batch=2)
-OPTIONS = ("bf16w", "unfused", "compile", "graph", "masks_in_graph", "fp8")
+OPTIONS = ("bf16w", "unfused", "operands_apart", "compile", "graph", "masks_in_graph", "fp8")
 FP8_BACKENDS = ("cusparselt_fp8", "cutlass_fp8")  # --fp8-backend: where the fp8 mode's 2:4 products run
 DEFAULT_MODES = "baseline,bf16w+compile,bf16w"
 LR = 3e-4  # constant: the loss and flip rate over a few dozen steps, not a schedule
@@ -93,8 +95,9 @@ def parse_mode(mode: str) -> frozenset[str]:
     bad = [p for p in parts if p not in OPTIONS]
     if bad or not parts or len(set(parts)) != len(parts):
         raise ValueError(f"--modes: {mode!r} is not 'baseline' or a '+'-joined set of {OPTIONS}")
-    if "unfused" in parts and "bf16w" not in parts:
-        raise ValueError(f"--modes: {mode!r}: unfused is a form of the bf16w master update; write bf16w+unfused")
+    for form in ("unfused", "operands_apart"):
+        if form in parts and "bf16w" not in parts:
+            raise ValueError(f"--modes: {mode!r}: {form} is a form of the bf16w master update; write bf16w+{form}")
     if "fp8" in parts and "bf16w" not in parts:
         raise ValueError(f"--modes: {mode!r}: fp8 takes bf16 weights (the dense FP8 recipe casts bf16 operands); "
                          "write bf16w+fp8")
@@ -276,7 +279,8 @@ def build(config: Config, options: frozenset, args, batches: list, device: torch
     if "bf16w" in options:
         # the fused update: CUDA's default; on the CPU only through the interpreter (the smoke run under pytest)
         fused = False if "unfused" in options else (None if cuda else os.environ.get("TRITON_INTERPRET") == "1")
-        opt = lower_linear_weights(model, torch.optim.AdamW, fused_update=fused, **kwargs)
+        opt = lower_linear_weights(model, torch.optim.AdamW, fused_update=fused,
+                                   write_operands="operands_apart" not in options, **kwargs)
     else:
         opt = torch.optim.AdamW(model.parameters(), **kwargs)
     if config.select is not None:

@@ -339,6 +339,7 @@ class CudaGraphStep:
         self._static_inputs = tuple(t.detach().clone() for t in inputs)
         for _, layer in sparse_layers(self.model):
             layer.operand_cache.clear()  # the operand must be prepared inside the graph
+            layer.operand_in_graph = True  # and the optimizer need not write it (optimizer_operands.operand_request)
         for p in self._params:
             p.grad = None  # the backward allocates the gradients in the graph's pool
         graph = torch.cuda.CUDAGraph()
@@ -375,3 +376,5 @@ class CudaGraphStep:
         release_device_seeds(self._mvue)
         for layer in self._layers.values():
             release_graph_flips(layer)
+        for _, layer in sparse_layers(self.model):
+            layer.operand_in_graph = False

@@ -9,11 +9,14 @@
   of Hu et al. 2024, and AdamW normalises it. A *fused* optimizer (``fused=True``) under a GradScaler
   is the exception: the scaler calls its step with the gradients still scaled and with inf found,
   leaving both to the fused kernel; the hooks read ``optimizer.grad_scale`` / ``found_inf`` then,
-  scale the decay to match and treat an inf step as skipped.
+  scale the decay to match and treat an inf step as skipped. Then an optimizer that can write a 2:4 layer's
+  next compressed operands in its own pass (``takes_operand(W)``, MasterWeights' fused update) is asked to
+  (``defer_operand``) where the next forward would use them (``optimizer_operands.operand_request``).
 * a step *post*-hook: the decoupled masked decay of ``MaskedDecayOnWeights``,
   W -= lr * decay * (1 - m) * W with lr read from the weight's param group (the optimizer never sees
   it); then every sparse layer's step counter advances, which drives the mask refresh interval and
-  the dense fine-tune switch. A step the GradScaler skips runs neither.
+  the dense fine-tune switch; then the operands the optimizer wrote go into the layers' operand caches. A
+  step the GradScaler skips runs neither.
 Loops without a torch optimizer call ``apply_masked_decay(model)`` before their update,
 ``apply_decay_on_weights(model, lr)`` after it, and ``advance_step(model)``.
 
@@ -32,6 +35,7 @@ from torch import nn
 
 from .layers import SparseLinear
 from .methods.handlers import method_handler
+from .optimizer_operands import operand_request, put_optimizer_operand
 
 
 def sparse_layers(model: nn.Module) -> list[tuple[str, SparseLinear]]:
@@ -117,7 +121,7 @@ class AttachedOptimizer:
         # per layer: (weakref to the gradient that received the decay, its version afterwards)
         self._decayed: list[tuple | None] = [None] * len(self.layers)
         self._pre = optimizer.register_step_pre_hook(lambda opt, args, kwargs: self._before_step(opt))
-        self._post = optimizer.register_step_post_hook(lambda opt, args, kwargs: self._after_step())
+        self._post = optimizer.register_step_post_hook(lambda opt, args, kwargs: self._after_step(opt))
         for layer in self.layers:
             layer.attached_optimizer = True
 
@@ -154,8 +158,14 @@ class AttachedOptimizer:
                 continue
             layer.apply_masked_decay(self._grad_scale)
             self._decayed[k] = (weakref.ref(grad), grad._version)
+        if getattr(optimizer, "takes_operand", None) is None:
+            return
+        for layer in self.layers:  # the next forward's operands, written by the optimizer's pass over W
+            request = operand_request(layer) if optimizer.takes_operand(layer.weight) else None
+            if request is not None:
+                optimizer.defer_operand(layer.weight, *request)
 
-    def _after_step(self) -> None:
+    def _after_step(self, optimizer: torch.optim.Optimizer) -> None:
         if not self._close_step():  # a nested level of the same optimizer step
             return
         if self._skipping:  # the fused kernel skipped the update: the schedule does not advance
@@ -164,6 +174,11 @@ class AttachedOptimizer:
             layer.apply_decay_on_weights(group["lr"])
             layer.advance_step()
         sum_flips_over_ranks(self.layers)
+        take = getattr(optimizer, "take_operand", None)
+        for layer in self.layers if take is not None else ():
+            forms = take(layer.weight)
+            if forms is not None:
+                put_optimizer_operand(layer, forms)
 
     def remove(self) -> None:
         self._pre.remove()

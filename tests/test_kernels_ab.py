@@ -42,7 +42,7 @@ def test_the_same_kernels_agree_and_every_case_is_reported(tmp_path):
     code, result = _run(_copy_tree(tmp_path / "same"), tmp_path)
     assert code == 0
     names = set(result["kernels"])
-    assert {n.split()[0] for n in names} == {"7", "10", "11", "14", "19", "20", "21", "23", "24"}
+    assert {n.split()[0] for n in names} == {"7", "10", "11", "14", "19", "20", "21", "23", "24", "26"}
     assert "24 refresh24_cutlass_fp8 W 128x64" in names
     assert all(row["same_bytes"] for row in result["kernels"].values())
     assert result["provenance"]["command"].startswith("python -m benchmarks.kernels_ab")
@@ -54,7 +54,7 @@ def test_kernel_20_without_the_masked_decay_runs_kernel_5_first_and_writes_the_s
     older = _copy_tree(tmp_path / "older")
     kernel = older / "kernels" / "adamw_master.py"
     text = kernel.read_text()
-    start, end = text.index("    if MASKED_DECAY:"), text.index("    p = p * keep")
+    start, end = text.index("    if MASKED_DECAY:"), text.index("    p, m, v = _adamw_update(")
     text = text[:start] + text[end:]  # the kernel without the term (its wrapper then refuses masked_decays)
     text = text.replace("masked_decays: dict | None = None,", "")
     text = text.replace("    decays = _check_masked_decays(masked_decays, masters)\n", "    decays = {}\n")
@@ -66,3 +66,17 @@ def test_kernel_20_without_the_masked_decay_runs_kernel_5_first_and_writes_the_s
     rows = json.loads((tmp_path / "ab_smoke.json").read_text())["kernels"]
     assert list(rows) == ["20 adamw_master masked decay W 128x64", "20 adamw_master W 128x64"]
     assert all(row["same_bytes"] for row in rows.values())
+
+
+def test_a_tree_without_kernel_26_runs_kernels_20_and_11_and_writes_the_same_bytes(tmp_path):
+    """Kernel 26's case in a tree without it: kernel 20's step, then kernel 11 on the bf16 weight it wrote."""
+    older = _copy_tree(tmp_path / "older")
+    (older / "kernels" / "adamw_prepare24.py").unlink()
+    init = older / "kernels" / "__init__.py"
+    init.write_text(init.read_text().replace("from .adamw_prepare24 import adamw_master_prepare24_\n", ""))
+    done = subprocess.run([sys.executable, "-m", "benchmarks.kernels_ab", "--before", str(older), "--smoke", "--rounds",
+                           "1", "--only", "26", "--out-dir", str(tmp_path), "--name", "ab"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads((tmp_path / "ab_smoke.json").read_text())["kernels"]
+    assert list(rows) == ["26 adamw_prepare24 W 128x64"] and rows["26 adamw_prepare24 W 128x64"]["same_bytes"]

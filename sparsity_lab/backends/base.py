@@ -171,6 +171,13 @@ class Backend(abc.ABC):
         mask.copy_(new)
         return flips
 
+    def takes_optimizer_operand(self, weight: torch.Tensor, mask: torch.Tensor, n: int, m: int,
+                                dtype: torch.dtype) -> bool:
+        """Whether an optimizer's step may write this layer's next operand of (weight, mask) in ``dtype``
+        (``MasterWeights.defer_operand``: kernel 26's S(W) and S(W)^T in cuSPARSELt's layout); the backend then
+        builds it with ``operand_from_forms``. Default: no."""
+        return False
+
     def prepare_dense(self, weight: torch.Tensor, dtype: torch.dtype) -> Any:
         """The operand of a dense phase's products from the dense W (out, in): asked only of backends with
         ``products_in_dense_phase``; ``linear``/``grad_input`` then take it like a prepared S(W)."""

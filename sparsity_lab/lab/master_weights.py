@@ -35,6 +35,12 @@ The fused update also takes the masked decay on gradients of the 2:4 layers (``M
 pre-hook of ``attach_optimizer`` hands it over (``defer_masked_decay``) instead of running its own pass over
 the bf16 gradient, and the kernel adds decay * (1 - m) * W in float32 before the moments (where the pass
 would have rounded the decayed gradient to bf16 first).
+
+It also writes a 2:4 layer's next compressed operands where the layer asks (``write_operands``, on by default):
+with a mask kept for several steps, the next forward's S(W) and S(W)^T come from the new bf16 weight alone, so
+the pre-hook hands the mask and S-STE's beta over (``defer_operand``) and the weight's update runs kernel 26
+(``sparsity_lab.kernels.adamw_master_prepare24_``), which writes them in the same pass; the post-hook puts them
+into the layer's operand cache (``take_operand``). They are kernel 11's bytes of the same bf16 weight.
 """
 from __future__ import annotations
 
@@ -77,10 +83,15 @@ class MasterWeights(torch.optim.Optimizer):
     fused_update: update the lowered weights with one kernel pass (``sparsity_lab.kernels.adamw_master_``)
     instead of copy, inner step, copy; None (default): where it applies (AdamW, bf16, CUDA tensors, no
     amsgrad / maximize / capturable / differentiable); True where it does not is refused, naming why.
+    write_operands: under the fused update, write the next compressed operands of the 2:4 weights handed over by
+    ``defer_operand`` in the same pass (kernel 26); False leaves them to the layers' forwards (kernel 11).
     """
 
     def __init__(self, params, lower: Iterable[torch.Tensor], dtype: torch.dtype = torch.bfloat16,
-                 optimizer_class: type = torch.optim.AdamW, fused_update: bool | None = None, **defaults) -> None:
+                 optimizer_class: type = torch.optim.AdamW, fused_update: bool | None = None,
+                 write_operands: bool = True, **defaults) -> None:
+        if not isinstance(write_operands, bool):
+            raise ValueError(f"write_operands must be True or False, got {write_operands!r}")
         if dtype not in LOW_DTYPES:
             raise ValueError(f"dtype must be one of {LOW_DTYPES}, got {dtype!r}")
         super().__init__(params, defaults)
@@ -108,6 +119,9 @@ class MasterWeights(torch.optim.Optimizer):
         self._group_pairs = [[(p, self._master[id(p)]) for p in g["params"] if id(p) in self._master]
                              for g in self.param_groups]
         self._masked_decays: dict[int, tuple[torch.Tensor, float]] = {}  # id(weight) -> this step's (mask, decay)
+        self.write_operands = write_operands
+        self._operand_requests: dict[int, tuple] = {}  # id(weight) -> this step's (mask, beta)
+        self._operands: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(weight) -> (S(W), S(W)^T) written
 
     def _choose_fused(self, fused_update, optimizer_class: type, lower: list) -> bool:
         """Whether the lowered weights take the fused update; ValueError for True where it cannot."""
@@ -159,6 +173,24 @@ class MasterWeights(torch.optim.Optimizer):
                              "(takes_masked_decay(param) is False)")
         self._masked_decays[id(param)] = (mask, float(decay))
 
+    def takes_operand(self, param: torch.Tensor) -> bool:
+        """Whether this optimizer's update can write ``param``'s next compressed 2:4 operands (``defer_operand``):
+        a lowered bf16 weight under the fused update, with ``write_operands`` on."""
+        return self.write_operands and self.takes_masked_decay(param)
+
+    def defer_operand(self, param: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | None) -> None:
+        """Write S(W) and S(W)^T of ``param``'s new bf16 weight in cuSPARSELt's layout inside the next step's fused
+        update (kernel 26; mask: bool, transposable 2:4; beta: S-STE's scale or None for m * W); ``take_operand``
+        returns them after the step. The weight must be 2-D with sizes multiples of 64 (the caller checks)."""
+        if not self.takes_operand(param):
+            raise ValueError("defer_operand: param is not a lowered weight under the fused update with "
+                             "write_operands on (takes_operand(param) is False)")
+        self._operand_requests[id(param)] = (mask, beta)
+
+    def take_operand(self, param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(S(W), S(W)^T) that the latest step wrote for ``param`` (``defer_operand``), once; else None."""
+        return self._operands.pop(id(param), None)
+
     def master(self, param: torch.Tensor) -> torch.Tensor:
         """The float32 master of a lowered parameter (the parameter itself for one kept in float32)."""
         return self._master.get(id(param), param)
@@ -172,10 +204,12 @@ class MasterWeights(torch.optim.Optimizer):
         for group, inner in zip(self.param_groups, self.inner.param_groups):
             inner.update({k: v for k, v in group.items() if k != "params"})  # a scheduler's lr, ...
         if self.fused_update:
+            self._operands.clear()  # operands not taken after an earlier step are stale now
             try:
                 self._fused_lowered_step()
             finally:
                 self._masked_decays.clear()  # handed over for this step only
+                self._operand_requests.clear()
             self.inner.step()  # the float32 parameters; the lowered masters have no gradient there
             return loss
         lows, masters = [], []
@@ -230,6 +264,9 @@ class MasterWeights(torch.optim.Optimizer):
             block = ({"block": min(INTERPRETER_BLOCK, max(16, 1 << (longest - 1).bit_length()))}
                      if live[0][0].device.type == "cpu" else {})
             for step, items in by_step.items():
+                items = self._update_writing_operands(items, step, group)
+                if not items:
+                    continue
                 decays = {i: self._masked_decays[id(p)] for i, (p, _, _) in enumerate(items)
                           if id(p) in self._masked_decays}
                 adamw_master_([p.data for p, _, _ in items], [p.grad for p, _, _ in items], [m for _, m, _ in items],
@@ -237,6 +274,26 @@ class MasterWeights(torch.optim.Optimizer):
                               step=step, lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2),
                               eps=float(group["eps"]), weight_decay=float(group["weight_decay"]),
                               masked_decays=decays or None, **block)
+
+    def _update_writing_operands(self, items: list, step: int, group: dict) -> list:
+        """Kernel 26 for the weights among ``items`` ((weight, master, state) of one step count) that asked for their
+        operands (``defer_operand``), each with its masked decay if handed over; returns the others."""
+        from sparsity_lab.kernels.adamw_prepare24 import adamw_master_prepare24_
+
+        rest = []
+        beta1, beta2 = group["betas"]
+        for p, m, st in items:
+            request = self._operand_requests.get(id(p))
+            if request is None:
+                rest.append((p, m, st))
+                continue
+            mask, beta = request
+            decay = self._masked_decays.get(id(p), (None, None))[1]
+            self._operands[id(p)] = adamw_master_prepare24_(
+                p.data, p.grad, m, st["exp_avg"], st["exp_avg_sq"], mask, beta, step=step, lr=float(group["lr"]),
+                beta1=float(beta1), beta2=float(beta2), eps=float(group["eps"]),
+                weight_decay=float(group["weight_decay"]), decay=decay)
+        return rest
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
@@ -273,17 +330,18 @@ class MasterWeights(torch.optim.Optimizer):
 
 def lower_linear_weights(model: nn.Module, optimizer_class: type = torch.optim.AdamW,
                          dtype: torch.dtype = torch.bfloat16, param_groups=None, fused_update: bool | None = None,
-                         **defaults) -> MasterWeights:
+                         write_operands: bool = True, **defaults) -> MasterWeights:
     """``MasterWeights`` for ``model``: its linear weights (``linear_weights``) held in ``dtype`` from now on.
 
     Call after ``sparsify`` (masks and S-STE's beta come from the float32 weights) and before
     ``attach_optimizer``. param_groups: the optimizer's groups (default: ``model.parameters()``).
-    fused_update: as ``MasterWeights``'s."""
+    fused_update, write_operands: as ``MasterWeights``'s."""
     check_lowerable(model)
     from ..training_hooks import sparse_layers
 
     opt = MasterWeights(param_groups if param_groups is not None else model.parameters(), linear_weights(model),
-                        dtype=dtype, optimizer_class=optimizer_class, fused_update=fused_update, **defaults)
+                        dtype=dtype, optimizer_class=optimizer_class, fused_update=fused_update,
+                        write_operands=write_operands, **defaults)
     for _, layer in sparse_layers(model):
         layer.operand_cache.clear()  # prepared from the float32 weight, if any was
     return opt

@@ -113,6 +113,23 @@ class OperandPreparation:
         return CusparseltOperand(shape=tuple(weight.shape), dtype=dtype, dense_fn=dense, backward=backward,
                                  source=(weight, mask, beta, dtype) if self._from_weight(weight, mask, dtype) else None)
 
+    def takes_optimizer_operand(self, weight: torch.Tensor, mask: torch.Tensor, n: int, m: int,
+                                dtype: torch.dtype) -> bool:
+        """``Backend.takes_optimizer_operand``: where kernel 11 would write the operand of a bf16 W in bf16 and every
+        product runs sparse (no auto policy), the optimizer's kernel 26 may write the same bytes instead."""
+        return (self.policy is None and (n, m) == (2, 4) and dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
+                and weight.dim() == 2 and weight.is_contiguous() and self._from_weight(weight, mask, dtype))
+
+    def operand_from_forms(self, weight, mask, beta, n, m, dtype, forms: tuple) -> CusparseltOperand:
+        """The operand of (weight, mask) whose compressed S(W) and S(W)^T were written elsewhere (``forms``, by the
+        optimizer's kernel 26), counted as kernel 11's two forms would be ("optimizer_prepares")."""
+        operand = self.prepare_masked(weight, mask, beta, n, m, dtype, backward=True)
+        operand.compressed, operand.compressed_t = forms
+        self.stats["compressions"] += 2
+        self.stats["fast_compressions"] += 2
+        self.stats["optimizer_prepares"] += 1
+        return operand
+
     def _from_weight(self, weight: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> bool:
         """Whether the compressed forms of (weight, mask) in ``dtype`` are written straight from W (kernels 11
         and 21): a Triton device, whole 64 x 64 tiles, a contiguous mask, the fast compression switched on."""
