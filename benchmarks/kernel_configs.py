@@ -12,6 +12,9 @@ read 2, write 2).
 kernel 10 (``mvue_compress24``, dZ of 8192 tokens x 16384, bf16), 11 (``prepare24``) and 21 (``refresh24``,
 the mask refresh with both operands; and its E4M3 form, the FP8 step's) on both bf16 FFN weights (16384 x 4096
 and 4096 x 16384) with S-STE's scale, with a copy of each input as its bandwidth reference.
+
+``--sections optimizer`` times kernel 26 (``adamw_master_prepare24_``: a 2:4 weight's AdamW step writing its next
+compressed operands) at 4 to 32 warps beside kernel 20 followed by kernel 11, on both FFN weights.
 """
 from __future__ import annotations
 
@@ -86,6 +89,54 @@ def measure_step_work(tokens: int = 8192, hidden: int = 16384, d_model: int = 40
     return out
 
 
+def measure_optimizer_pass(hidden: int = 16384, d_model: int = 4096) -> dict:
+    """Kernel 26 (a 2:4 weight's AdamW step writing its next operands) at every warp count, beside the pair it
+    replaces (kernel 20, then kernel 11 on the weight written), on both bf16 FFN weights with S-STE's scale. Each
+    configuration's bytes (master, moments, W, both operands) after one step from the same state are checked
+    against the pair's; the timed calls then keep stepping that state (the lab's AdamW settings)."""
+    from triton.testing import do_bench
+    from sparsity_lab import kernels as k
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    beta = torch.tensor(0.9, device="cuda")
+    hyper = dict(step=10, lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+    out = {"shapes": {"weights": [[hidden, d_model], [d_model, hidden]]}}
+    for name, shape in (("up", (hidden, d_model)), ("down", (d_model, hidden))):
+        master = torch.randn(*shape, device="cuda", generator=gen)
+        start = {"low": master.to(torch.bfloat16), "master": master, "m": torch.zeros_like(master),
+                 "v": torch.zeros_like(master).add_(1e-4),
+                 "grad": torch.randn(*shape, device="cuda", generator=gen).to(torch.bfloat16)}
+        mask = k.transposable_mask24(start["low"], pruned=False)[0]
+
+        def pair(s):
+            k.adamw_master_([s["low"]], [s["grad"]], [s["master"]], [s["m"]], [s["v"]], **hyper)
+            return (s["master"], s["m"], s["v"], s["low"], *k.prepare24(s["low"], mask, beta))
+
+        def fused(s, **c):
+            forms = k.adamw_master_prepare24_(s["low"], s["grad"], s["master"], s["m"], s["v"], mask, beta, **hyper, **c)
+            return (s["master"], s["m"], s["v"], s["low"], *forms)
+
+        def fresh():
+            return {key: t.clone() for key, t in start.items()}
+        expected = pair(fresh())
+        state = fresh()
+        rows = {"kernels 20 + 11": do_bench(lambda: pair(state), warmup=25, rep=200)}
+        for n in (4, 8, 16, 32):
+            got = fused(fresh(), num_warps=n)
+            # the masters may differ in the last bits where the compilers contract a * b + c differently: the
+            # operands are compared as kernel 11's of the W written here, the float state to a float32 rounding
+            same_forms = _same(got[4:], k.prepare24(got[3], mask, beta))
+            close = all(torch.allclose(a, b, rtol=1e-6, atol=1e-9) for a, b in zip(got[:3], expected[:3]))
+            if not (same_forms and close):
+                rows[f"num_warps={n}"] = "output differs from kernels 20 + 11"
+                continue
+            state = fresh()
+            rows[f"num_warps={n}"] = do_bench(lambda n=n: fused(state, num_warps=n), warmup=25, rep=200)
+        out[f"adamw_prepare24_{name}"] = rows
+        out[f"copy_master_{name}_ms"] = do_bench(lambda: master.clone(), warmup=25, rep=200)
+    out["defaults"] = {"adamw_master_prepare24": f"num_warps {k.adamw_master_prepare24_.__kwdefaults__['num_warps']}"}
+    return out
+
+
 def measure(tokens: int = 16384, hidden: int = 16384, d_model: int = 4096) -> dict:
     from triton.testing import do_bench
     from sparsity_lab import kernels as k
@@ -120,12 +171,13 @@ def main(argv=None) -> int:
     p.add_argument("--out-dir", default="results")
     p.add_argument("--name", default=None, help="JSON name (default act24_kernels_sweep_h100; "
                    "step_kernels_sweep_<gpu> with --sections step)")
-    p.add_argument("--sections", choices=("act24", "step"), default="act24",
-                   help="act24: the activation and FP8 kernels (default); step: the bf16 step's 2:4 work")
+    p.add_argument("--sections", choices=("act24", "step", "optimizer"), default="act24",
+                   help="act24: the activation and FP8 kernels (default); step: the bf16 step's 2:4 work; "
+                        "optimizer: kernel 26 beside kernels 20 + 11")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("kernel_configs times kernels on a CUDA GPU; none is available here")
-    result = measure() if args.sections == "act24" else measure_step_work()
+    result = {"act24": measure, "step": measure_step_work, "optimizer": measure_optimizer_pass}[args.sections]()
     for kernel, rows in result.items():
         if isinstance(rows, dict) and kernel not in ("shapes", "defaults"):
             for label, ms in rows.items():
@@ -135,8 +187,9 @@ def main(argv=None) -> int:
             print(f"{key}: {value:.3f} ms")
     if args.name is None:
         from benchmarks.step_profile import gpu_tag
-        args.name = ("act24_kernels_sweep_h100" if args.sections == "act24"
-                     else f"step_kernels_sweep_{gpu_tag(torch.cuda.get_device_name())}")
+        gpu = gpu_tag(torch.cuda.get_device_name())
+        args.name = {"act24": "act24_kernels_sweep_h100", "step": f"step_kernels_sweep_{gpu}",
+                     "optimizer": f"optimizer_kernels_sweep_{gpu}"}[args.sections]
     print("wrote", write_result(args.name, result, directory=Path(args.out_dir)))
     return 0
 

@@ -75,8 +75,15 @@ def _kernel_specs() -> dict:
     sig20 = dict(g_ptr="*bf16", p_ptr="*fp32", m_ptr="*fp32", v_ptr="*fp32", low_ptr="*i16", n="i32", keep="fp32",
                  beta1="fp32", one_minus_beta1="fp32", beta2="fp32", one_minus_beta2="fp32", step_size="fp32",
                  bc2_sqrt="fp32", eps="fp32", mask_ptr="*u8", decay="fp32")
+    k26 = importlib.import_module("sparsity_lab.kernels.adamw_prepare24")
+    sig26 = dict(g_ptr="*bf16", p_ptr="*fp32", m_ptr="*fp32", v_ptr="*fp32", low_ptr="*i16", mask_ptr="*u8",
+                 beta_ptr="*fp32", vals_ptr="*i16", meta_ptr="*u8", vals_t_ptr="*i16", meta_t_ptr="*u8", n_rows="i32",
+                 n_cols="i32", keep="fp32", beta1="fp32", one_minus_beta1="fp32", beta2="fp32", one_minus_beta2="fp32",
+                 step_size="fp32", bc2_sqrt="fp32", eps="fp32", decay="fp32")
     bf16 = tl.bfloat16
     return {
+        "26 adamw_prepare24": (k26._adamw_prepare24_kernel, sig26, dict(SOFT=True, MASKED_DECAY=False, SIGN_OFF=0x7FFF, TILE_COLS=32),
+                               k26.DEFAULT_WARPS, 64 * 64),
         "20 adamw_master": (k20._adamw_master_kernel, sig20, dict(BLOCK=k20.DEFAULT_BLOCK, MASKED_DECAY=False),
                             k20.DEFAULT_WARPS, k20.DEFAULT_BLOCK),
         "20 adamw_master masked decay": (k20._adamw_master_kernel, sig20, dict(BLOCK=k20.DEFAULT_BLOCK, MASKED_DECAY=True),

@@ -36,7 +36,7 @@ from .adamw_master import _adamw_update, _bf16_bits
 from .compress24 import _pick, _store_compressed
 from .prepare24 import TILE, _join_groups, _operand_bits, _sparse_groups, _split_groups
 
-DEFAULT_WARPS = 8
+DEFAULT_WARPS = 16
 
 
 @triton.jit

@@ -48,3 +48,23 @@ def allocate_dirty(monkeypatch, byte: int = 0xA5) -> None:
             t.view(torch.uint8).fill_(byte)
         return t
     monkeypatch.setattr(torch, "empty", dirty)
+
+
+class AdamwMagnitudes:
+    """Running sums over AdamW steps of the magnitudes of each step's operands, per element: the scale of the
+    float32 rounding differences between two correct implementations.
+
+    On the GPU a kernel may contract ``p * keep - u`` or ``beta1 * m + (1 - beta1) * g`` into one fused
+    multiply-add, rounding once where the reference rounds twice: a difference of an ulp of the *operands*, which
+    cancellation makes many ulps of a small result, and which later steps carry along. ``add`` one step of the
+    reference (its state before and after); ``masters`` and ``exp_avgs`` are then the ``scale`` for
+    ``assert_close_ulp`` (the second moment sums positive terms: its own magnitude is its scale)."""
+
+    def __init__(self) -> None:
+        self.masters: torch.Tensor | float = 0.0
+        self.exp_avgs: torch.Tensor | float = 0.0
+
+    def add(self, master_before, exp_avg_before, grad, master_after, keep: float, beta1: float) -> None:
+        kept = master_before * keep
+        self.masters = self.masters + kept.abs() + (kept - master_after).abs() + master_after.abs()
+        self.exp_avgs = self.exp_avgs + beta1 * exp_avg_before.abs() + (1 - beta1) * grad.float().abs()

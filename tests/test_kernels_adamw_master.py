@@ -1,7 +1,7 @@
 """Kernel 20 (AdamW on float32 masters from bf16 gradients, bf16 weights written back) against its reference."""
 import pytest
 import torch
-from _kernel_testing import DEVICE, assert_close_ulp
+from _kernel_testing import DEVICE, AdamwMagnitudes, assert_close_ulp
 
 from sparsity_lab.kernels.adamw_master import adamw_master_
 from sparsity_lab.references.adamw_master import adamw_master_step_
@@ -24,20 +24,23 @@ def _to(state, device):
 def test_three_steps_of_tensors_of_several_sizes_equal_the_reference(block):
     shapes = [(7,), (33, 5), (16, 12), (3, 40)] if block == 16 else [(7,), (64, 48), (3, 1000)]
     ref, got = _state(shapes, 0), _to(_state(shapes, 0), DEVICE)
+    mags = [AdamwMagnitudes() for _ in shapes]
     for step in (1, 2, 3):
         gen = torch.Generator().manual_seed(10 + step)
         grads = [torch.randn(s, generator=gen).to(torch.bfloat16) for s in shapes]
         for i in range(len(shapes)):
+            before = (ref["masters"][i].clone(), ref["exp_avgs"][i].clone())
             adamw_master_step_(ref["lows"][i], grads[i], ref["masters"][i], ref["exp_avgs"][i], ref["exp_avg_sqs"][i],
                                step=step, **HYPER)
+            mags[i].add(*before, grads[i], ref["masters"][i], 1 - HYPER["lr"] * HYPER["weight_decay"], HYPER["beta1"])
         adamw_master_(got["lows"], [g.to(DEVICE) for g in grads], got["masters"], got["exp_avgs"],
                       got["exp_avg_sqs"], step=step, block=block, **HYPER)
     for name in ("masters", "exp_avgs", "exp_avg_sqs"):
-        for a, e in zip(got[name], ref[name]):
+        for a, e, mag in zip(got[name], ref[name], mags):
             if DEVICE.type == "cpu":  # the interpreter computes in numpy float32, op for op as the reference
                 assert torch.equal(a, e), name
-            else:  # the GPU may contract a * b + c into one fused multiply-add
-                assert_close_ulp(a.cpu(), e, ulps=4, atol=1e-12)
+            else:  # the GPU may contract a * b + c into one fused multiply-add (AdamwMagnitudes says what it bounds)
+                assert_close_ulp(a.cpu(), e, ulps=4, scale=getattr(mag, name, e.abs()) + e.abs(), atol=1e-12)
     for low, master in zip(got["lows"], got["masters"]):
         assert torch.equal(low, master.to(torch.bfloat16))  # the bf16 weight: its own master, rounded
 
@@ -98,20 +101,25 @@ def test_masked_decay_in_the_pass_equals_the_reference_and_leaves_other_weights_
            "exp_avgs": [torch.zeros(s) for s in shapes], "exp_avg_sqs": [torch.zeros(s) for s in shapes]}
     got = _to(ref, DEVICE)
     ref = {k: [x.clone() for x in v] for k, v in ref.items()}
+    mags = [AdamwMagnitudes() for _ in shapes]
     for step in (1, 2):
         grads = [(torch.randn(s, generator=gen) * 1e-3).to(torch.bfloat16) for s in shapes]
         for i in range(len(shapes)):
+            before = (ref["masters"][i].clone(), ref["exp_avgs"][i].clone())
+            # the decayed gradient's magnitude: |g| + decay |W| where pruned
+            g_mag = grads[i].float().abs() + (decay * (~masks[i]) * ref["lows"][i].float().abs() if i < 2 else 0)
             adamw_master_step_(ref["lows"][i], grads[i], ref["masters"][i], ref["exp_avgs"][i], ref["exp_avg_sqs"][i],
                                step=step, **HYPER, **({"mask": masks[i], "decay": decay} if i < 2 else {}))
+            mags[i].add(*before, g_mag, ref["masters"][i], 1 - HYPER["lr"] * HYPER["weight_decay"], HYPER["beta1"])
         adamw_master_(got["lows"], [g.to(DEVICE) for g in grads], got["masters"], got["exp_avgs"], got["exp_avg_sqs"],
                       step=step, block=16, masked_decays={0: (masks[0].to(DEVICE), decay), 1: (masks[1].to(DEVICE), decay)},
                       **HYPER)
     for name in ("masters", "exp_avgs", "exp_avg_sqs"):
-        for a, e in zip(got[name], ref[name]):
+        for a, e, mag in zip(got[name], ref[name], mags):
             if DEVICE.type == "cpu":
                 assert torch.equal(a, e), name
             else:
-                assert_close_ulp(a.cpu(), e, ulps=4, atol=1e-12)
+                assert_close_ulp(a.cpu(), e, ulps=4, scale=getattr(mag, name, e.abs()) + e.abs(), atol=1e-12)
     # the decay reached the pruned entries' first moments only: (1 - beta1) * decay * W after one step is there
     plain = _to({"masters": [masters[0].clone()], "lows": [masters[0].to(torch.bfloat16)],
                  "exp_avgs": [torch.zeros(shapes[0])], "exp_avg_sqs": [torch.zeros(shapes[0])]}, DEVICE)
