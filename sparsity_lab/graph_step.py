@@ -220,6 +220,7 @@ class CudaGraphStep:
         self.scale_recaptures = 0  # captures because a backend's host constants changed (module docstring)
         self._settle = SettledConstants(scale_settle_steps)  # raises on a bad value, naming the argument
         self._constants: tuple = ()  # the backends' host constants the latest capture holds
+        self._side: torch.cuda.Stream | None = None  # the eager steps' stream (``_eager``)
         self.eager_steps = 0  # warm-up, a new state's first step, a step whose in-graph masks were not due
         self._layers = dict(sparse_layers(model))
         self._plan: dict[str, str | None] | None = None  # the latest capture's mask_refresh_plan
@@ -314,7 +315,11 @@ class CudaGraphStep:
             # after a capture the layers read their seed on the device: write this step's draw, or the
             # eager step would reuse the last replay's seed and fall one draw behind an eager run
             fill_seeds(self._mvue)
-        side = torch.cuda.Stream()
+        if self._side is None:
+            # one side stream for every eager step: the caching allocator keeps freed blocks per stream, so a new
+            # stream each step would allocate the whole step afresh and leave the old streams' blocks unused
+            self._side = torch.cuda.Stream()
+        side = self._side
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), graph_timing(self.model):
             loss = self.loss_fn(self.model, *inputs)

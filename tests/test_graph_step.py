@@ -569,3 +569,27 @@ def test_the_dense_finetune_switch_recaptures_without_the_refresh_on_gpu():
     assert step.recaptures == 2 and step.eager_steps == 4 and step.mask_refresh == "none"
     _same_masks_and_counters(eager, graphed, want_seen, got_seen)
     assert all(l.mask_updates == 5 and l.dense_now for l in _layers(graphed))
+
+
+@pytest.mark.gpu
+def test_eager_steps_share_one_side_stream_and_reuse_the_cached_memory_on_gpu():
+    """Eager steps of a CudaGraphStep (its warm-up here) run on one side stream: the caching allocator keeps freed
+    blocks per stream, so a stream per step would allocate every step afresh and the reserved memory would grow
+    by a step's worth each time (a cudaMalloc per tensor, and a free-all-and-retry once the card fills)."""
+    model = _mlp("triton", "cuda", d=256).to(torch.bfloat16)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(4096, 256, device="cuda", generator=gen).to(torch.bfloat16)
+    y = torch.randn(4096, 256, device="cuda", generator=gen).to(torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    sl.attach_optimizer(model, opt)
+    step = CudaGraphStep(model, _loss, warmup_steps=8)
+    reserved, streams = [], set()
+    for _ in range(8):
+        opt.zero_grad(set_to_none=True)
+        step(x, y)
+        opt.step()
+        torch.cuda.synchronize()
+        reserved.append(torch.cuda.memory_reserved())
+        streams.add(step._side.stream_id)
+    assert step.eager_steps == 8 and len(streams) == 1
+    assert reserved[-1] == reserved[1], reserved  # from the second step on, every block comes from the cache
