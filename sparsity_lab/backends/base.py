@@ -178,6 +178,13 @@ class Backend(abc.ABC):
         builds it with ``operand_from_forms``. Default: no."""
         return False
 
+    def operand_from_forms(self, weight: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | None, n: int, m: int,
+                           dtype: torch.dtype, forms: tuple) -> Any:
+        """The operand of (weight, mask) from compressed forms written elsewhere (``forms``: the optimizer's), for a
+        backend whose ``takes_optimizer_operand`` says yes."""
+        raise NotImplementedError(f"backend {self.name!r} takes no operand from the optimizer "
+                                  "(takes_optimizer_operand is False)")
+
     def prepare_dense(self, weight: torch.Tensor, dtype: torch.dtype) -> Any:
         """The operand of a dense phase's products from the dense W (out, in): asked only of backends with
         ``products_in_dense_phase``; ``linear``/``grad_input`` then take it like a prepared S(W)."""
