@@ -112,7 +112,8 @@ def measure_optimizer_pass(hidden: int = 16384, d_model: int = 4096) -> dict:
             return (s["master"], s["m"], s["v"], s["low"], *k.prepare24(s["low"], mask, beta))
 
         def fused(s, **c):
-            forms = k.adamw_master_prepare24_(s["low"], s["grad"], s["master"], s["m"], s["v"], mask, beta, **hyper, **c)
+            forms = k.adamw_master_prepare24_(s["low"], s["grad"], s["master"], s["m"], s["v"], mask, beta, **hyper,
+                                              **c)
             return (s["master"], s["m"], s["v"], s["low"], *forms)
 
         def fresh():

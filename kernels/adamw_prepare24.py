@@ -34,7 +34,7 @@ from sparsity_lab.references.adamw_master import adamw_scalars
 from ._common import check_device
 from .adamw_master import _adamw_update, _bf16_bits
 from .compress24 import _pick, _store_compressed
-from .prepare24 import TILE, _join_groups, _operand_bits, _sparse_groups, _split_groups
+from .prepare24 import TILE, _join_groups, _operand_bits, _sparse_groups, _split_groups, check_beta, compressed_buffers
 
 DEFAULT_WARPS = 16
 
@@ -109,29 +109,18 @@ def adamw_master_prepare24_(low: torch.Tensor, grad: torch.Tensor, master: torch
 
     Returns the compressed S(W) (out, in) and S(W)^T (in, out) in cuSPARSELt's layout, bit for bit
     ``prepare24(low, mask, beta)`` of the ``low`` written here."""
-    from sparsity_lab.references import cusparselt_layout as layout
-
     tensors = {"low": low, "grad": grad, "master": master, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, "mask": mask}
     rows, cols = _check(tensors, {"low": torch.bfloat16, "grad": torch.bfloat16, "master": torch.float32,
                                   "exp_avg": torch.float32, "exp_avg_sq": torch.float32, "mask": torch.bool})
     if decay is not None and (isinstance(decay, bool) or not isinstance(decay, (int, float))):
         raise TypeError(f"decay must be a number or None, got {decay!r}")
-    if beta is not None and not isinstance(beta, torch.Tensor):
-        beta = torch.tensor(float(beta), dtype=torch.float32, device=master.device)
+    beta = check_beta(beta, master.device)
     if beta is not None:
-        if beta.numel() != 1 or not beta.dtype.is_floating_point:
-            raise ValueError(f"beta must be a floating-point scalar, got shape {tuple(beta.shape)}, {beta.dtype}")
         tensors["beta"] = beta
     check_device(_adamw_prepare24_kernel, **tensors)
     s = adamw_scalars(step, lr, beta1, beta2, weight_decay)
-
-    def empty(r: int, c: int):
-        out = torch.empty(layout.compressed_shape(r, c, torch.bfloat16), dtype=torch.bfloat16, device=master.device)
-        n_values = r * c // 2
-        return out, out.view(torch.int16).reshape(-1)[:n_values], out.view(torch.uint8).reshape(-1)[2 * n_values:]
-
-    fwd, fwd_vals, fwd_meta = empty(rows, cols)
-    bwd, bwd_vals, bwd_meta = empty(cols, rows)
+    fwd, fwd_vals, fwd_meta = compressed_buffers(rows, cols, torch.bfloat16, master.device)
+    bwd, bwd_vals, bwd_meta = compressed_buffers(cols, rows, torch.bfloat16, master.device)
     mask_u8 = mask.view(torch.uint8)
     beta_t = beta.reshape(()).float() if beta is not None else master
     _adamw_prepare24_kernel[(rows // TILE, cols // TILE)](

@@ -190,14 +190,33 @@ def check_weight_mask_beta(w: torch.Tensor, mask: torch.Tensor, beta, dtype: tor
     if rows * cols > 2**31 - 1 or (rows - 1) * abs(w.stride(0)) + (cols - 1) * abs(w.stride(1)) > 2**31 - 1:
         raise ValueError(f"w with shape {tuple(w.shape)} and strides {w.stride()} exceeds int32 offsets")
     tensors = {"w": w, "mask": mask}
-    if beta is not None and not isinstance(beta, torch.Tensor):
-        beta = torch.tensor(float(beta), dtype=torch.float32, device=w.device)
+    beta = check_beta(beta, w.device)
     if beta is not None:
-        if beta.numel() != 1 or not beta.dtype.is_floating_point:
-            raise ValueError(f"beta must be a floating-point scalar, got shape {tuple(beta.shape)}, {beta.dtype}")
         tensors["beta"] = beta
     check_device(_prepare24_kernel, **tensors)
     return beta
+
+
+def check_beta(beta, device: torch.device) -> torch.Tensor | None:
+    """S-STE's scale as a float tensor (a Python float goes to ``device``), or None; ValueError unless it is a
+    floating-point scalar."""
+    if beta is None:
+        return None
+    if not isinstance(beta, torch.Tensor):
+        beta = torch.tensor(float(beta), dtype=torch.float32, device=device)
+    if beta.numel() != 1 or not beta.dtype.is_floating_point:
+        raise ValueError(f"beta must be a floating-point scalar, got shape {tuple(beta.shape)}, {beta.dtype}")
+    return beta
+
+
+def compressed_buffers(rows: int, cols: int, dtype: torch.dtype, device: torch.device):
+    """An uninitialised compressed operand of a (rows, cols) 2:4 matrix in cuSPARSELt's layout, with the views
+    the kernels write: (operand, its values as int16, its metadata bytes)."""
+    from sparsity_lab.references import cusparselt_layout as layout
+
+    out = torch.empty(layout.compressed_shape(rows, cols, dtype), dtype=dtype, device=device)
+    n_values = rows * cols // 2
+    return out, out.view(torch.int16).reshape(-1)[:n_values], out.view(torch.uint8).reshape(-1)[2 * n_values:]
 
 
 def prepare24(w: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | float | None = None,
@@ -217,8 +236,6 @@ def prepare24(w: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | float | 
     Returns ``(compress24(S), compress24(S.t()))`` bit for bit, S = the dense masked weight in
     out_dtype (``soft_threshold24(w, mask, beta, out_dtype=...)`` or ``w.to(out_dtype) * mask``).
     """
-    from sparsity_lab.references import cusparselt_layout as layout
-
     out_dtype = out_dtype or w.dtype
     beta = check_weight_mask_beta(w, mask, beta, out_dtype, "out_dtype")
     if not (forward or transposed):
@@ -226,14 +243,9 @@ def prepare24(w: torch.Tensor, mask: torch.Tensor, beta: torch.Tensor | float | 
     rows, cols = w.shape
     mask_u8 = mask.contiguous().view(torch.uint8)
     beta_t = beta.reshape(()).float() if beta is not None else w
-
-    def empty(r: int, c: int):
-        out = torch.empty(layout.compressed_shape(r, c, out_dtype), dtype=out_dtype, device=w.device)
-        n_values = r * c // 2
-        return out, out.view(torch.int16).reshape(-1)[:n_values], out.view(torch.uint8).reshape(-1)[2 * n_values:]
-
-    fwd, fwd_vals, fwd_meta = empty(rows, cols) if forward else (None, mask_u8, mask_u8)
-    bwd, bwd_vals, bwd_meta = empty(cols, rows) if transposed else (None, mask_u8, mask_u8)
+    unused = (None, mask_u8, mask_u8)  # a form not written: its pointers are never stored to
+    fwd, fwd_vals, fwd_meta = compressed_buffers(rows, cols, out_dtype, w.device) if forward else unused
+    bwd, bwd_vals, bwd_meta = compressed_buffers(cols, rows, out_dtype, w.device) if transposed else unused
     _prepare24_kernel[(rows // TILE, cols // TILE)](
         w, mask_u8, beta_t, fwd_vals, fwd_meta, bwd_vals, bwd_meta, mask_u8, mask_u8, w.stride(0), w.stride(1),
         rows, cols,
