@@ -79,6 +79,6 @@ def test_nested_hook_calls_decay_once_and_count_once():
     once = grad.clone()
     handle._before_step(opt)  # a nested level: the same gradient, untouched
     assert torch.equal(grad, once)
-    handle._after_step()
-    handle._after_step()  # the outer level's post-hook
+    handle._after_step(opt)
+    handle._after_step(opt)  # the outer level's post-hook
     assert model.mlp.step == 1
