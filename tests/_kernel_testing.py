@@ -58,13 +58,33 @@ class AdamwMagnitudes:
     multiply-add, rounding once where the reference rounds twice: a difference of an ulp of the *operands*, which
     cancellation makes many ulps of a small result, and which later steps carry along. ``add`` one step of the
     reference (its state before and after); ``masters`` and ``exp_avgs`` are then the ``scale`` for
-    ``assert_close_ulp`` (the second moment sums positive terms: its own magnitude is its scale)."""
+    ``assert_close_ulp`` (the second moment sums positive terms: its own magnitude is its scale).
+
+    One more case: where a step's gradient is itself a sum that nearly cancels (MaskedDecay's g + decay W), its
+    few-ulp difference is all there is of it, and AdamW's normalisation m / (sqrt(v) + eps) turns it into a
+    difference of up to lr in the weight. ``add`` marks the elements whose computed gradient (``effective_grad``,
+    given where it is such a sum) came within ``NEAR_ZERO`` eps of zero; ``masters_atol(lr)`` allows them lr a step,
+    the others nothing."""
+
+    NEAR_ZERO = 1e4  # |g| below this many eps: the normalised step depends on g's last bits
 
     def __init__(self) -> None:
         self.masters: torch.Tensor | float = 0.0
         self.exp_avgs: torch.Tensor | float = 0.0
+        self.steps = 0
+        self.near_zero: torch.Tensor | bool = False
 
-    def add(self, master_before, exp_avg_before, grad, master_after, keep: float, beta1: float) -> None:
+    def add(self, master_before, exp_avg_before, grad, master_after, keep: float, beta1: float,
+            effective_grad: torch.Tensor | None = None, eps: float = 1e-8) -> None:
         kept = master_before * keep
         self.masters = self.masters + kept.abs() + (kept - master_after).abs() + master_after.abs()
         self.exp_avgs = self.exp_avgs + beta1 * exp_avg_before.abs() + (1 - beta1) * grad.float().abs()
+        self.steps += 1
+        if effective_grad is not None:
+            self.near_zero = self.near_zero | (effective_grad.float().abs() < self.NEAR_ZERO * eps)
+
+    def masters_atol(self, lr: float) -> torch.Tensor | float:
+        """Per element: lr for each step where the gradient nearly cancelled, else a negligible 1e-12."""
+        if isinstance(self.near_zero, bool):
+            return 1e-12
+        return torch.where(self.near_zero, torch.tensor(lr * self.steps), torch.tensor(1e-12))
