@@ -11,9 +11,10 @@ The idea
     compressed twice in cuSPARSELt's layout. W is not read back, and the launch of kernel 11 is gone.
 
     What is exact: the compressed forms are kernel 11's of the bf16 weight this kernel writes, bit for bit (the
-    same helpers on the same bf16 values). The master, the moments and W are kernel 20's step (bit for bit in
-    the CPU interpreter; on the GPU both may contract a * b + c into one fused multiply-add, within a few
-    float32 ulps of the reference, as kernel 20's test allows).
+    same helpers on the same bf16 values). The master, the moments and W are kernel 20's step: bit for bit in
+    the CPU interpreter; on the GPU both may contract a * b + c into one fused multiply-add, a few float32 ulps
+    of the operands away from the reference (and up to lr where a decayed gradient cancels to zero, which AdamW
+    normalises; ``tests/_kernel_testing.AdamwMagnitudes``).
 
     Optional masked decay (``decay``): ``MaskedDecay``'s g + decay * (1 - m) * W in float32, as kernel 20 adds
     it; the mask is read once for both uses.
@@ -87,7 +88,7 @@ def _check(tensors: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype]) -> 
             raise ValueError(f"{name} must be contiguous (it is read or updated in place)")
     if len(shape) != 2 or shape[0] % TILE or shape[1] % TILE:
         raise ValueError(f"the weight must be 2-D (out, in) with both sizes multiples of {TILE}, got {tuple(shape)} "
-                         "(other shapes: adamw_master_ then prepare24's callers' fallbacks)")
+                         "(other shapes: adamw_master_, and the operands compressed by the backend's own path)")
     if shape[0] * shape[1] > 2**31 - 1:
         raise ValueError(f"the weight {tuple(shape)} exceeds int32 offsets")
     return shape[0], shape[1]
