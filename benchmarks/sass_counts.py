@@ -82,12 +82,13 @@ def _kernel_specs() -> dict:
                  step_size="fp32", bc2_sqrt="fp32", eps="fp32", decay="fp32")
     bf16 = tl.bfloat16
     return {
-        "26 adamw_prepare24": (k26._adamw_prepare24_kernel, sig26, dict(SOFT=True, MASKED_DECAY=False, SIGN_OFF=0x7FFF, TILE_COLS=32),
-                               k26.DEFAULT_WARPS, 64 * 64),
         "20 adamw_master": (k20._adamw_master_kernel, sig20, dict(BLOCK=k20.DEFAULT_BLOCK, MASKED_DECAY=False),
                             k20.DEFAULT_WARPS, k20.DEFAULT_BLOCK),
         "20 adamw_master masked decay": (k20._adamw_master_kernel, sig20, dict(BLOCK=k20.DEFAULT_BLOCK, MASKED_DECAY=True),
                                          k20.DEFAULT_WARPS, k20.DEFAULT_BLOCK),
+        "26 adamw_prepare24": (k26._adamw_prepare24_kernel, sig26,
+                               dict(SOFT=True, MASKED_DECAY=False, SIGN_OFF=0x7FFF, TILE_COLS=32), k26.DEFAULT_WARPS,
+                               64 * 64),
         "10 mvue_compress24": (k10, sig10, dict(BLOCK_G=32, SEED_PTR=True, **mvue_fp8_off),
                                _default_warps(m10.mvue_compress24), 64 * 4 * 32),
         "11 prepare24": (k11._prepare24_kernel, sig11, dict(
