@@ -61,12 +61,18 @@ def _mvue_tokens_inputs(dz_ptr, row0, g0, n_tokens, n_cols, quads_per_row, seed,
         x1 = tl.load(base + n_cols).to(tl.float32)
         x2 = tl.load(base + 2 * n_cols).to(tl.float32)
         x3 = tl.load(base + 3 * n_cols).to(tl.float32)
-    # one Philox call per (quad of columns, token group), as mvue24's strided quads kernel makes them
+    return x0, x1, x2, x3, _mvue_tokens_uniforms(row0, g0, quads_per_row, seed, BLOCK_G)
+
+
+@triton.jit
+def _mvue_tokens_uniforms(row0, g0, quads_per_row, seed, BLOCK_G: tl.constexpr):
+    """The uniform u[i, b] of token group g0 + b of column row0 + i of dZ, (64, BLOCK_G): one Philox call per
+    (quad of columns, token group), as mvue24's strided quads kernel makes them."""
+    g = g0 + tl.arange(0, BLOCK_G)[None, :]
     quads = g * quads_per_row + (row0 // 4 + tl.arange(0, 16)[:, None])  # (16, BLOCK_G)
     r0, r1, r2, r3 = tl.randint4x(seed, quads)
     u4 = tl.join(tl.join(_unit_float(r0), _unit_float(r2)), tl.join(_unit_float(r1), _unit_float(r3)))
-    u = tl.reshape(tl.permute(tl.reshape(u4, [16, BLOCK_G, 4]), (0, 2, 1)), [64, BLOCK_G])  # column 4q + m
-    return x0, x1, x2, x3, u
+    return tl.reshape(tl.permute(tl.reshape(u4, [16, BLOCK_G, 4]), (0, 2, 1)), [64, BLOCK_G])  # column 4q + m
 
 
 @triton.jit
