@@ -53,7 +53,8 @@ MATERIAL = {
                  "fp8_training_ffn_h200_refresh21_fp8*.json", "fp8_training_ffn_h200_ab_*.json",
                  "step_profile_h200_meet_in_the_middle.json", "step_kernels_sweep_h200_refresh21_fp8.json",
                  # the optimizer writing the operands (kernel 26): its sweep, step profiles and the day's FFN check
-                 "optimizer_kernels_sweep_*.json", "step_profile_h200_k26_*.json", "fp8_training_ffn_h200_k26.json"]),
+                 "optimizer_kernels_sweep_*.json", "step_profile_h200_k26_*.json", "fp8_training_ffn_h200_k26.json",
+                 "gelu_kernels_sweep_*.json"]),
 }
 
 

@@ -15,6 +15,10 @@ and 4096 x 16384) with S-STE's scale, with a copy of each input as its bandwidth
 
 ``--sections optimizer`` times kernel 26 (``adamw_master_prepare24_``: a 2:4 weight's AdamW step writing its next
 compressed operands) at 4 to 32 warps beside kernel 20 followed by kernel 11, on both FFN weights.
+
+``--sections gelu`` times the baseline ``benchmarks.baselines.gelu_mvue_compress24`` (GELU's backward and kernel 10's
+operand of its result, one pass; not shipped) at every block size and warp count beside the pair it replaces (PyTorch's GELU backward, then kernel
+10), each part alone, at the lab GPT's up projection (8192 tokens x 16384, bf16).
 """
 from __future__ import annotations
 
@@ -138,6 +142,34 @@ def measure_optimizer_pass(hidden: int = 16384, d_model: int = 4096) -> dict:
     return out
 
 
+def measure_gelu_mvue(tokens: int = 8192, hidden: int = 16384) -> dict:
+    """The GELU + MVUE baseline at every block size and warp count beside PyTorch's GELU backward, then kernel 10. A
+    configuration's dZ must equal the default configuration's and its operand must be kernel 10's of that dZ."""
+    from triton.testing import do_bench
+    from benchmarks.baselines.gelu_mvue_compress24 import gelu_backward_mvue_compress24
+    from sparsity_lab import kernels as k
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    dh = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
+    z = (3 * torch.randn(tokens, hidden, device="cuda", generator=gen)).to(torch.bfloat16)
+    seed = torch.tensor(7, dtype=torch.int64, device="cuda")
+    dz_torch = torch.ops.aten.gelu_backward(dh, z)
+    fused = gelu_backward_mvue_compress24(dh, z, seed)
+    out = {"shapes": {"dz": [tokens, hidden]},
+           "copy_dz_ms": do_bench(lambda: dh.clone(), warmup=25, rep=200),
+           "parts_ms": {"torch gelu_backward": do_bench(lambda: torch.ops.aten.gelu_backward(dh, z), warmup=25, rep=200),
+                        "kernel 10": do_bench(lambda: k.mvue_compress24(dz_torch, seed), warmup=25, rep=200),
+                        "torch gelu_backward, then kernel 10": do_bench(
+                            lambda: k.mvue_compress24(torch.ops.aten.gelu_backward(dh, z), seed), warmup=25, rep=200)},
+           "operand_is_kernel_10s": _same((fused[1],), (k.mvue_compress24(fused[0], seed),)),
+           "dz_entries_unlike_torch": int((fused[0] != dz_torch).sum()),
+           "gelu_mvue_compress24": sweep(lambda **c: gelu_backward_mvue_compress24(dh, z, seed, **c),
+                                         [(f"block_groups={b}, num_warps={n}", {"block_groups": b, "num_warps": n})
+                                          for b in (8, 16, 32) for n in (4, 8, 16)], fused)}
+    out["defaults"] = {"gelu_mvue_compress24": "block_groups 32, num_warps "
+                       f"{gelu_backward_mvue_compress24.__defaults__[-1]}"}
+    return out
+
+
 def measure(tokens: int = 16384, hidden: int = 16384, d_model: int = 4096) -> dict:
     from triton.testing import do_bench
     from sparsity_lab import kernels as k
@@ -172,13 +204,15 @@ def main(argv=None) -> int:
     p.add_argument("--out-dir", default="results")
     p.add_argument("--name", default=None, help="JSON name (default act24_kernels_sweep_h100; "
                    "step_kernels_sweep_<gpu> with --sections step)")
-    p.add_argument("--sections", choices=("act24", "step", "optimizer"), default="act24",
+    p.add_argument("--sections", choices=("act24", "step", "optimizer", "gelu"), default="act24",
                    help="act24: the activation and FP8 kernels (default); step: the bf16 step's 2:4 work; "
-                        "optimizer: kernel 26 beside kernels 20 + 11")
+                        "optimizer: kernel 26 beside kernels 20 + 11; gelu: the GELU + MVUE baseline beside GELU's "
+                        "backward + kernel 10")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("kernel_configs times kernels on a CUDA GPU; none is available here")
-    result = {"act24": measure, "step": measure_step_work, "optimizer": measure_optimizer_pass}[args.sections]()
+    result = {"act24": measure, "step": measure_step_work, "optimizer": measure_optimizer_pass,
+              "gelu": measure_gelu_mvue}[args.sections]()
     for kernel, rows in result.items():
         if isinstance(rows, dict) and kernel not in ("shapes", "defaults"):
             for label, ms in rows.items():
@@ -190,7 +224,7 @@ def main(argv=None) -> int:
         from benchmarks.step_profile import gpu_tag
         gpu = gpu_tag(torch.cuda.get_device_name())
         args.name = {"act24": "act24_kernels_sweep_h100", "step": f"step_kernels_sweep_{gpu}",
-                     "optimizer": f"optimizer_kernels_sweep_{gpu}"}[args.sections]
+                     "optimizer": f"optimizer_kernels_sweep_{gpu}", "gelu": f"gelu_kernels_sweep_{gpu}"}[args.sections]
     print("wrote", write_result(args.name, result, directory=Path(args.out_dir)))
     return 0
 

@@ -7,8 +7,7 @@ given scale for 19 and the FP8 forms of 21, 23 and 24, each kernel's default lau
 FP8 form runs the chain it replaces, kernel 21's mask-only pass and kernel 18), the FP8 casts 7 and 14
 of X (8192 x 4096) and kernel 20 on a 16384 x 4096 weight, alone and with MaskedDecay's term (a tree whose
 kernel 20 does not take it runs kernel 5 first), kernel 26 on that weight (a tree without it runs kernel 20 then
-kernel 11), kernel 27 on the up projection's dH and Z (a tree without it runs PyTorch's GELU backward, then kernel
-10), once with this tree's ``sparsity_lab`` and
+kernel 11), once with this tree's ``sparsity_lab`` and
 once with the one under DIR (a checkout or ``git archive`` of another commit: its ``sparsity_lab/`` and
 ``kernels/``), alternating the trees for ``--rounds`` rounds, each tree in its own process. Each process also
 hashes every kernel's outputs: the two trees must write the same bytes (a speed change that changes results is
@@ -83,11 +82,6 @@ def _cases(k, torch, device, smoke: bool) -> dict:
             dz, seed, s)
         cases[f"23 mvue_compress24_cutlass_fp8 dZ {tokens}x{out_f}"] = (
             lambda dz=dz, s=inv_scale: k.mvue_compress24_cutlass_fp8(dz, seed, s))
-    # the up projection's dZ from GELU's backward with its MVUE operand: kernel 27, or in a tree without it PyTorch's
-    # GELU backward then kernel 10 (the bytes agree where the two GELU backwards round alike)
-    dh = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16, generator=gen)
-    z = (3 * torch.randn(tokens, hidden, device=device, generator=gen)).to(torch.bfloat16)
-    cases[f"27 gelu_mvue_compress24 dZ {tokens}x{hidden}"] = lambda: _gelu_mvue(k, torch, dh, z, seed)
     for shape in ((hidden, d_model), (d_model, hidden)):
         w = torch.randn(*shape, device=device, generator=gen).to(torch.bfloat16)
         mask = k.transposable_mask24(w, pruned=False)[0]
@@ -146,15 +140,6 @@ def _adamw_step(k, low, master, grad, m, v, mask=None):
         k.masked_decay_(grad, low, mask, 2e-4)
         k.adamw_master_([low], [grad], [master], [m], [v], **hyper)
     return master, m, v, low
-
-
-def _gelu_mvue(k, torch, dh, z, seed):
-    """GELU's backward dZ and kernel 10's operand of it: kernel 27, or in a tree without it PyTorch's GELU backward
-    and kernel 10. (dZ, compressed MVUE(dZ)^T)."""
-    if hasattr(k, "gelu_backward_mvue_compress24"):
-        return k.gelu_backward_mvue_compress24(dh, z, seed)
-    dz = torch.ops.aten.gelu_backward(dh, z)
-    return dz, k.mvue_compress24(dz, seed)
 
 
 def _adamw_prepare24(k, low, master, grad, m, v, mask, beta):

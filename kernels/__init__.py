@@ -32,7 +32,6 @@ package (named in its docstring) and a test against it (tests/test_kernels_*.py)
     refresh24_cutlass 24. kernel 21 for CUTLASS: kernels 2, 9 and 22 in one pass (mask in place, flips, bf16 or E4M3 forms)
     fp8_scale_update  25. an FP8 layer's end-of-step scale update (amax window, scales, rolled history) in one launch
     adamw_prepare24   26. kernel 20's step of a 2:4 weight also writing kernel 11's S(W) and S(W)^T from the new W
-    gelu_mvue_compress24 27. GELU's backward dZ and kernel 10's compressed MVUE(dZ)^T from one read of dH and Z
 
 Importing this package imports triton: set TRITON_INTERPRET=1 first to run on a CPU.
 """
@@ -46,7 +45,6 @@ from .fp8_cast import amax, dequantize_fp8, quantize_fp8, quantize_fp8_with_scal
 from .fp8_cast_transpose import quantize_fp8_transposed
 from .fp8_scale_update import fp8_scale_update_
 from .gated import gated_backward, gated_forward
-from .gelu_mvue_compress24 import gelu_backward_mvue_compress24
 from .masked_decay import masked_decay_
 from .mvue24 import mvue24
 from .mvue_compress24 import mvue24_amax, mvue_compress24, mvue_compress24_fp8
@@ -64,8 +62,7 @@ from .soft_threshold24 import soft_threshold24
 from .transposable24 import transposable_mask24
 
 __all__ = [
-    "act24", "act24_backward", "adamw_master_", "adamw_master_prepare24_", "amax", "compress24", "count_flips", "dequantize_fp8", "fp8_scale_update_", "gated_backward", "gated_forward",
-    "gelu_backward_mvue_compress24", "masked_decay_", "mvue24", "mvue24_amax", "mvue_compress24",
+    "act24", "act24_backward", "adamw_master_", "adamw_master_prepare24_", "amax", "compress24", "count_flips", "dequantize_fp8", "fp8_scale_update_", "gated_backward", "gated_forward", "masked_decay_", "mvue24", "mvue24_amax", "mvue_compress24",
     "mvue_compress24_cutlass", "mvue_compress24_cutlass_amax", "mvue_compress24_cutlass_fp8", "mvue_compress24_fp8", "pack_mask24",
     "prepare24", "prepare24_amax", "prepare24_cutlass", "prepare24_cutlass_amax", "prepare24_cutlass_fp8", "prepare24_fp8", "prune24", "prune24_tokens", "quantize_fp8", "quantize_fp8_transposed", "quantize_fp8_with_scale", "refresh24", "refresh24_cutlass",
     "refresh24_cutlass_fp8", "refresh24_fp8", "relu2_backward",

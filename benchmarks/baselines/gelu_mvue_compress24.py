@@ -1,17 +1,23 @@
-"""Kernel 27: GELU's backward with kernel 10's MVUE draw of its result: dZ and the compressed MVUE(dZ)^T from one
-read of dH and Z.
+"""BASELINE, not shipped: GELU's backward with kernel 10's MVUE draw of its result, dZ and the compressed
+MVUE(dZ)^T from one read of dH and Z. It was measured against the pair it would replace and did not pay.
 
 The idea
     In the FFN ``H = gelu(Z)``, ``Z = X W1^T``, the up projection's weight gradient is ``MVUE(dZ^T) X``, and dZ
     is made by GELU's backward, ``dZ = dH * gelu'(Z)``. Unfused, GELU's backward reads dH and Z and writes dZ,
-    then kernel 10 reads dZ back to draw MVUE and write the compressed operand. Here one program reads a tile of
-    dH and Z, forms dZ in registers, stores it (the input gradient ``dZ W1`` still needs the dense dZ), rounds
-    it to dZ's dtype and draws from those rounded values exactly what kernel 10 draws from the stored dZ (the
-    same counters, the same Philox outputs, the same level arithmetic): the compressed bytes equal
-    ``mvue_compress24(dz, seed)`` of the dZ written (tested). One read of dZ fewer per step and FFN.
+    then kernel 10 (``sparsity_lab.kernels.mvue_compress24``) reads dZ back to draw MVUE and write the compressed
+    operand. Here one program reads a tile of dH and Z, forms dZ in registers, stores it (the input gradient
+    ``dZ W1`` still needs the dense dZ), rounds it to dZ's dtype and draws from those rounded values exactly what
+    kernel 10 draws from the stored dZ (the same counters, Philox outputs and level arithmetic): the compressed
+    bytes equal ``mvue_compress24(dz, seed)`` of the dZ written (tested). One read of dZ fewer per FFN and step.
 
     gelu'(z) = Phi(z) + z phi(z) with Phi(z) = (1 + erf(z / sqrt 2)) / 2 and phi(z) = exp(-z^2 / 2) / sqrt(2 pi),
-    the exact (erf) GELU of ``F.gelu(z)`` (approximate="none"), computed in float32 as kernel 6 computes it.
+    the exact (erf) GELU of ``F.gelu(z)`` (approximate="none"), in float32 as kernel 6 computes it.
+
+Why it lost
+    Kernel 10 is instruction-bound, not memory-bound (about 34 sm_90 instructions an element); the erf and exp
+    of GELU's derivative add about 42 more. PyTorch's GELU backward hides that arithmetic under its memory time;
+    fused, the sum is issued by one program and the saved read of dZ does not cover it. ``python -m
+    benchmarks.kernel_configs --sections gelu`` times every launch beside the pair (docs/measuring.md).
 
 Bytes (T x N, element size s)
     read ``2 s T N`` (dH, Z); write ``s T N`` (dZ) + ``s T N / 2`` + ``T N / 8`` (the compressed operand).
@@ -24,11 +30,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_device, check_tensor
-from .compress24 import _pick, _store_compressed
-from .gated import _act_and_grad
-from .mvue24 import _load_seed, _mvue_group_level, check_seed
-from .mvue_compress24 import _mvue_tokens_uniforms
+from sparsity_lab.kernels._common import check_device, check_tensor
+from sparsity_lab.kernels.compress24 import _pick, _store_compressed
+from sparsity_lab.kernels.gated import _act_and_grad
+from sparsity_lab.kernels.mvue24 import _load_seed, _mvue_group_level, check_seed
+from sparsity_lab.kernels.mvue_compress24 import _mvue_tokens_uniforms
 
 DEFAULT_WARPS = 8  # kernel 10's default: the same tile and the same draw
 

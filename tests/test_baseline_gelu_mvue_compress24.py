@@ -1,5 +1,5 @@
-"""Kernel 27 (GELU's backward with the MVUE draw of its result, compressed) against GELU's backward in PyTorch
-and kernel 10 run on the dZ it writes."""
+"""The GELU-backward + MVUE baseline (benchmarks/baselines/gelu_mvue_compress24.py) against GELU's backward in
+PyTorch and kernel 10 run on the dZ it writes: the measured fusion computes what the pair computes."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from _kernel_testing import DEVICE, assert_close_ulp
 
-from sparsity_lab.kernels.gelu_mvue_compress24 import gelu_backward_mvue_compress24
+from benchmarks.baselines.gelu_mvue_compress24 import gelu_backward_mvue_compress24
 from sparsity_lab.kernels.mvue_compress24 import mvue_compress24
 
 
