@@ -17,8 +17,9 @@ and 4096 x 16384) with S-STE's scale, with a copy of each input as its bandwidth
 compressed operands) at 4 to 32 warps beside kernel 20 followed by kernel 11, on both FFN weights.
 
 ``--sections gelu`` times the baseline ``benchmarks.baselines.gelu_mvue_compress24`` (GELU's backward and kernel 10's
-operand of its result, one pass; not shipped) at every block size and warp count beside the pair it replaces (PyTorch's GELU backward, then kernel
-10), each part alone, at the lab GPT's up projection (8192 tokens x 16384, bf16).
+operand of its result, one pass; not shipped) at every block size and warp count beside the pair it would replace
+(PyTorch's GELU backward, then kernel 10) and each part alone, at the lab GPT's up projection (8192 tokens x 16384,
+bf16).
 """
 from __future__ import annotations
 
@@ -156,7 +157,8 @@ def measure_gelu_mvue(tokens: int = 8192, hidden: int = 16384) -> dict:
     fused = gelu_backward_mvue_compress24(dh, z, seed)
     out = {"shapes": {"dz": [tokens, hidden]},
            "copy_dz_ms": do_bench(lambda: dh.clone(), warmup=25, rep=200),
-           "parts_ms": {"torch gelu_backward": do_bench(lambda: torch.ops.aten.gelu_backward(dh, z), warmup=25, rep=200),
+           "parts_ms": {"torch gelu_backward": do_bench(lambda: torch.ops.aten.gelu_backward(dh, z), warmup=25,
+                                                         rep=200),
                         "kernel 10": do_bench(lambda: k.mvue_compress24(dz_torch, seed), warmup=25, rep=200),
                         "torch gelu_backward, then kernel 10": do_bench(
                             lambda: k.mvue_compress24(torch.ops.aten.gelu_backward(dh, z), seed), warmup=25, rep=200)},
