@@ -33,7 +33,8 @@ def _inputs(tokens, cols, dtype, seed, magnitude=1.0, zeros=False):
 
 @settings(max_examples=10, deadline=None)
 @given(token_tiles=st.integers(1, 3), col_tiles=st.integers(1, 2),
-       dtype=st.sampled_from([torch.bfloat16, torch.float16]), zeros=st.booleans(), magnitude=st.sampled_from([1e-3, 1.0, 1e3]), seed=st.integers(0, 2**31 - 1))
+       dtype=st.sampled_from([torch.bfloat16, torch.float16]), zeros=st.booleans(),
+       magnitude=st.sampled_from([1e-3, 1.0, 1e3]), seed=st.integers(0, 2**31 - 1))
 def test_dz_is_gelus_backward_and_the_operand_is_kernel_10s_of_it(token_tiles, col_tiles, dtype, zeros, magnitude,
                                                                    seed):
     dh, z = _inputs(64 * token_tiles, 64 * col_tiles, dtype, seed, magnitude, zeros)
